@@ -1,0 +1,81 @@
+//! Wiring: opens the store, builds the one shared HTTP client, binds the listener and serves the
+//! router (HTTP/1.1 and h2c prior knowledge on one port) until the shutdown token fires.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::cursor::handlers;
+use crate::error::ServerError;
+use crate::run::registry::RunRegistry;
+use crate::store::Store;
+
+/// Everything a request handler or run actor needs, shared read-only (run state lives in actors).
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Store,
+    /// The single HTTP client for every provider call (connection pooling, TLS sessions).
+    pub http: reqwest::Client,
+    pub runs: RunRegistry,
+    /// Fires on shutdown: runs end `canceled`, the server stops accepting.
+    pub shutdown: CancellationToken,
+}
+
+pub struct App {
+    state: Arc<AppState>,
+    listener: TcpListener,
+}
+
+impl App {
+    /// Opens the database (running migrations) and binds the configured address.
+    pub async fn bind(config: Config) -> Result<App, ServerError> {
+        let store = Store::open(&config.database_url).await?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.provider_connect_timeout)
+            .build()
+            .map_err(|e| ServerError::HttpClient(e.to_string()))?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.listen.to_string(),
+                    source,
+                })?;
+        let state = Arc::new(AppState {
+            config: Arc::new(config),
+            store,
+            http,
+            runs: RunRegistry::default(),
+            shutdown: CancellationToken::new(),
+        });
+        Ok(App { state, listener })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        self.listener.local_addr().map_err(ServerError::Serve)
+    }
+
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Cancel this token to stop the server gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.state.shutdown.clone()
+    }
+
+    /// Serves until shutdown, then waits for open connections to finish and closes the store.
+    pub async fn serve(self) -> Result<(), ServerError> {
+        let router = handlers::router(Arc::clone(&self.state));
+        let shutdown = self.state.shutdown.clone();
+        let result = axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+            .map_err(ServerError::Serve);
+        self.state.store.close().await;
+        result
+    }
+}

@@ -1,0 +1,491 @@
+//! Server configuration: a TOML file plus environment overrides, validated once at start-up.
+//!
+//! Everything a run needs to know about providers (endpoint, key, models) is resolved here, so a bad
+//! config fails the start with a precise message instead of failing the first user turn.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG_PATH: &str = "cursor-byok.toml";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:3000";
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://cursor-byok.db";
+/// Largest Connect frame (and unary body) accepted from a client, in bytes.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS: u64 = 120;
+pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
+
+/// Environment variables that override the file (handy for containers and tests).
+pub const ENV_LISTEN: &str = "CURSOR_BYOK_LISTEN";
+pub const ENV_DATABASE_URL: &str = "CURSOR_BYOK_DATABASE_URL";
+pub const ENV_DEFAULT_MODEL: &str = "CURSOR_BYOK_DEFAULT_MODEL";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source} (copy cursor-byok.example.toml to start)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid listen address {value:?}: {message}")]
+    Listen { value: String, message: String },
+    #[error(
+        "provider {provider:?}: unknown kind {kind:?} (expected one of: openai-chat, openai-responses, anthropic)"
+    )]
+    UnknownKind { provider: String, kind: String },
+    #[error(
+        "provider {provider:?}: kind {kind:?} is not supported by this build yet; use kind = \"openai-chat\" (most endpoints offer an OpenAI-compatible Chat API)"
+    )]
+    KindNotYetSupported { provider: String, kind: String },
+    #[error(
+        "provider {provider:?}: no API key: set api_key, or api_key_env to the name of an environment variable"
+    )]
+    MissingKey { provider: String },
+    #[error("provider {provider:?}: environment variable {var} (api_key_env) is not set or empty")]
+    MissingKeyEnv { provider: String, var: String },
+    #[error("provider {provider:?}: both api_key and api_key_env are set; keep one")]
+    AmbiguousKey { provider: String },
+    #[error("provider {provider:?}: base_url {value:?} is not an http(s) URL")]
+    BaseUrl { provider: String, value: String },
+    #[error("provider {provider:?} has no models")]
+    NoModels { provider: String },
+    #[error("duplicate provider name {0:?}")]
+    DuplicateProvider(String),
+    #[error("duplicate model id {model:?} (in providers {first:?} and {second:?})")]
+    DuplicateModel {
+        model: String,
+        first: String,
+        second: String,
+    },
+    #[error("model {0:?}: id must not be empty")]
+    EmptyModelId(String),
+    #[error("no providers configured: add at least one [[providers]] table")]
+    NoProviders,
+    #[error("default_model {model:?} is not a configured model (configured: {configured})")]
+    UnknownDefaultModel { model: String, configured: String },
+    #[error("{field} must be greater than zero")]
+    Zero { field: &'static str },
+}
+
+/// An API key. Never printed: `Debug` and `Display` show a placeholder.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAiChat,
+    OpenAiResponses,
+    Anthropic,
+}
+
+impl ProviderKind {
+    fn parse(kind: &str) -> Option<Self> {
+        match kind {
+            "openai-chat" => Some(ProviderKind::OpenAiChat),
+            "openai-responses" => Some(ProviderKind::OpenAiResponses),
+            "anthropic" => Some(ProviderKind::Anthropic),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub id: String,
+    /// The id sent to the provider; defaults to `id`.
+    pub upstream_id: String,
+    pub display_name: String,
+    pub context_window: u32,
+    pub reasoning: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub name: String,
+    pub kind: ProviderKind,
+    pub base_url: String,
+    pub api_key: Secret,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub database_url: String,
+    pub default_model: String,
+    pub max_frame_bytes: usize,
+    pub provider_idle_timeout: Duration,
+    pub provider_connect_timeout: Duration,
+    /// How long a run session waits for its `run_request` before it is ended with an error.
+    pub run_request_timeout: Duration,
+    pub providers: Vec<ProviderConfig>,
+}
+
+/// A configured model together with the provider that serves it.
+#[derive(Debug, Clone, Copy)]
+pub struct ResolvedModel<'a> {
+    pub provider: &'a ProviderConfig,
+    pub model: &'a ModelConfig,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`, applying the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml(&text, path, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates `text`; `env` looks up environment variables (injectable for tests).
+    pub fn from_toml(
+        text: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        file.validate(env)
+    }
+
+    pub fn model_ids(&self) -> impl Iterator<Item = &str> {
+        self.providers
+            .iter()
+            .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
+    }
+
+    pub fn resolve_model(&self, id: &str) -> Option<ResolvedModel<'_>> {
+        self.providers.iter().find_map(|provider| {
+            provider
+                .models
+                .iter()
+                .find(|m| m.id == id)
+                .map(|model| ResolvedModel { provider, model })
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    database_url: Option<String>,
+    default_model: Option<String>,
+    max_frame_bytes: Option<usize>,
+    provider_idle_timeout_secs: Option<u64>,
+    provider_connect_timeout_secs: Option<u64>,
+    run_request_timeout_secs: Option<u64>,
+    #[serde(default)]
+    providers: Vec<FileProvider>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileProvider {
+    name: String,
+    kind: String,
+    base_url: String,
+    api_key: Option<String>,
+    api_key_env: Option<String>,
+    #[serde(default)]
+    models: Vec<FileModel>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    id: String,
+    upstream_id: Option<String>,
+    display_name: Option<String>,
+    context_window: Option<u32>,
+    #[serde(default)]
+    reasoning: bool,
+}
+
+const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
+
+impl FileConfig {
+    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let listen_text = env(ENV_LISTEN)
+            .or(self.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen = listen_text
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Listen {
+                value: listen_text.clone(),
+                message: e.to_string(),
+            })?;
+        let database_url = env(ENV_DATABASE_URL)
+            .or(self.database_url)
+            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
+
+        if self.providers.is_empty() {
+            return Err(ConfigError::NoProviders);
+        }
+        let mut providers = Vec::with_capacity(self.providers.len());
+        let mut provider_names = HashSet::new();
+        for provider in self.providers {
+            if !provider_names.insert(provider.name.clone()) {
+                return Err(ConfigError::DuplicateProvider(provider.name));
+            }
+            providers.push(provider.validate(env)?);
+        }
+        let mut model_owner: HashMap<&str, &str> = HashMap::new();
+        for provider in &providers {
+            for model in &provider.models {
+                if let Some(first) = model_owner.insert(&model.id, &provider.name) {
+                    return Err(ConfigError::DuplicateModel {
+                        model: model.id.clone(),
+                        first: first.to_owned(),
+                        second: provider.name.clone(),
+                    });
+                }
+            }
+        }
+
+        let all_models: Vec<&str> = providers
+            .iter()
+            .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
+            .collect();
+        let default_model = match env(ENV_DEFAULT_MODEL).or(self.default_model) {
+            Some(model) => model,
+            None => all_models[0].to_owned(),
+        };
+        if !all_models.contains(&default_model.as_str()) {
+            return Err(ConfigError::UnknownDefaultModel {
+                model: default_model,
+                configured: all_models.join(", "),
+            });
+        }
+
+        let max_frame_bytes = self.max_frame_bytes.unwrap_or(DEFAULT_MAX_FRAME_BYTES);
+        if max_frame_bytes == 0 {
+            return Err(ConfigError::Zero {
+                field: "max_frame_bytes",
+            });
+        }
+        Ok(Config {
+            listen,
+            database_url,
+            default_model,
+            max_frame_bytes,
+            provider_idle_timeout: positive_secs(
+                self.provider_idle_timeout_secs,
+                DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS,
+                "provider_idle_timeout_secs",
+            )?,
+            provider_connect_timeout: positive_secs(
+                self.provider_connect_timeout_secs,
+                DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS,
+                "provider_connect_timeout_secs",
+            )?,
+            run_request_timeout: positive_secs(
+                self.run_request_timeout_secs,
+                DEFAULT_RUN_REQUEST_TIMEOUT_SECS,
+                "run_request_timeout_secs",
+            )?,
+            providers,
+        })
+    }
+}
+
+fn positive_secs(
+    value: Option<u64>,
+    default: u64,
+    field: &'static str,
+) -> Result<Duration, ConfigError> {
+    match value.unwrap_or(default) {
+        0 => Err(ConfigError::Zero { field }),
+        secs => Ok(Duration::from_secs(secs)),
+    }
+}
+
+impl FileProvider {
+    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<ProviderConfig, ConfigError> {
+        let kind = ProviderKind::parse(&self.kind).ok_or_else(|| ConfigError::UnknownKind {
+            provider: self.name.clone(),
+            kind: self.kind.clone(),
+        })?;
+        if kind != ProviderKind::OpenAiChat {
+            return Err(ConfigError::KindNotYetSupported {
+                provider: self.name,
+                kind: self.kind,
+            });
+        }
+        if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
+            return Err(ConfigError::BaseUrl {
+                provider: self.name,
+                value: self.base_url,
+            });
+        }
+        let api_key = match (self.api_key, self.api_key_env) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::AmbiguousKey {
+                    provider: self.name,
+                });
+            }
+            (Some(key), None) if !key.is_empty() => Secret::new(key),
+            (Some(_), None) | (None, None) => {
+                return Err(ConfigError::MissingKey {
+                    provider: self.name,
+                });
+            }
+            (None, Some(var)) => match env(&var) {
+                Some(key) if !key.is_empty() => Secret::new(key),
+                _ => {
+                    return Err(ConfigError::MissingKeyEnv {
+                        provider: self.name,
+                        var,
+                    });
+                }
+            },
+        };
+        if self.models.is_empty() {
+            return Err(ConfigError::NoModels {
+                provider: self.name,
+            });
+        }
+        let mut models = Vec::with_capacity(self.models.len());
+        for model in self.models {
+            if model.id.trim().is_empty() {
+                return Err(ConfigError::EmptyModelId(self.name));
+            }
+            models.push(ModelConfig {
+                upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
+                display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
+                context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
+                reasoning: model.reasoning,
+                id: model.id,
+            });
+        }
+        Ok(ProviderConfig {
+            name: self.name,
+            kind,
+            base_url: self.base_url.trim_end_matches('/').to_owned(),
+            api_key,
+            models,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, Path::new("test.toml"), &|name| match name {
+            "TEST_KEY" => Some("sk-test".to_owned()),
+            _ => None,
+        })
+    }
+
+    const PROVIDER: &str = r#"
+        [[providers]]
+        name = "p"
+        kind = "openai-chat"
+        base_url = "http://127.0.0.1:9/v1/"
+        api_key_env = "TEST_KEY"
+        [[providers.models]]
+        id = "m1"
+        display_name = "Model One"
+        reasoning = true
+    "#;
+
+    #[test]
+    fn defaults_apply_and_key_comes_from_env() {
+        let config = parse(PROVIDER).expect("valid");
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
+        assert_eq!(config.default_model, "m1");
+        let provider = &config.providers[0];
+        assert_eq!(provider.api_key.expose(), "sk-test");
+        assert_eq!(provider.base_url, "http://127.0.0.1:9/v1");
+        assert!(provider.models[0].reasoning);
+        assert_eq!(format!("{:?}", provider.api_key), "Secret(***)");
+    }
+
+    #[test]
+    fn unknown_kind_is_named() {
+        let err = parse(&PROVIDER.replace("openai-chat", "gemini")).unwrap_err();
+        assert!(err.to_string().contains("unknown kind \"gemini\""), "{err}");
+    }
+
+    #[test]
+    fn missing_key_env_is_named() {
+        let err = parse(&PROVIDER.replace("TEST_KEY", "NOPE_KEY")).unwrap_err();
+        assert!(err.to_string().contains("NOPE_KEY"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_model_ids_are_rejected_across_providers() {
+        let text = format!(
+            "{PROVIDER}{}",
+            PROVIDER.replace("name = \"p\"", "name = \"q\"")
+        );
+        let err = parse(&text).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::DuplicateModel { model, first, second } if model == "m1" && first == "p" && second == "q"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_model_ids_are_rejected_within_a_provider() {
+        let text = format!("{PROVIDER}\n[[providers.models]]\nid = \"m1\"\n");
+        let err = parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::DuplicateModel { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_default_model_lists_configured_ones() {
+        let err = parse(&format!("default_model = \"zz\"\n{PROVIDER}")).unwrap_err();
+        assert!(err.to_string().contains("configured: m1"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = parse(&format!("lisen = \"x\"\n{PROVIDER}")).unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../cursor-byok.example.toml");
+        let config = Config::from_toml(text, Path::new("example"), &|name| {
+            name.ends_with("_API_KEY").then(|| "sk-x".to_owned())
+        })
+        .expect("the shipped example config must validate");
+        assert!(config.resolve_model(&config.default_model).is_some());
+    }
+}

@@ -1,0 +1,163 @@
+//! The uplink: `BidiAppendRequest` decoding (hex `data`, request id, `append_seqno`) and the translation
+//! of an `AgentClientMessage` into the loop's `ClientInput`. Both transports use `translate`.
+
+use super::connect::{WireError, decode_message};
+use super::exec;
+use super::proto::agent::{
+    AgentClientMessage, agent_client_message, conversation_action, exec_client_control_message,
+};
+use super::proto::aiserver::BidiAppendRequest;
+use crate::run::command::{ClientInput, ProtocolError, RunRequestInput};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BidiAppendError {
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("missing request_id")]
+    EmptyRequestId,
+    #[error("data is not valid hex: {0}")]
+    BadHex(String),
+    #[error("data does not decode as agent.v1.AgentClientMessage: {0}")]
+    BadMessage(String),
+    #[error("negative append_seqno {0}")]
+    NegativeSeqno(i64),
+}
+
+/// A decoded, validated BidiAppend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Append {
+    pub request_id: String,
+    pub seqno: i64,
+    pub message: AgentClientMessage,
+}
+
+/// Decodes the protobuf payload of a BidiAppend body.
+pub fn decode(payload: &[u8]) -> Result<Append, BidiAppendError> {
+    let request: BidiAppendRequest = decode_message(payload, "aiserver.v1.BidiAppendRequest")?;
+    let request_id = request
+        .request_id
+        .map(|id| id.request_id)
+        .filter(|id| !id.trim().is_empty())
+        .ok_or(BidiAppendError::EmptyRequestId)?;
+    if request.append_seqno < 0 {
+        return Err(BidiAppendError::NegativeSeqno(request.append_seqno));
+    }
+    let bytes =
+        hex::decode(request.data.trim()).map_err(|e| BidiAppendError::BadHex(e.to_string()))?;
+    let message = <AgentClientMessage as prost::Message>::decode(bytes.as_slice())
+        .map_err(|e| BidiAppendError::BadMessage(e.to_string()))?;
+    Ok(Append {
+        request_id,
+        seqno: request.append_seqno,
+        message,
+    })
+}
+
+/// Translates a client message into the loop's terms. Nothing is dropped silently: messages the
+/// server does not handle become `ClientInput::Unsupported` with their name.
+pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolError> {
+    use agent_client_message::Message;
+    let Some(message) = message.message else {
+        return Err(ProtocolError::Uplink(
+            "AgentClientMessage with no message set".to_owned(),
+        ));
+    };
+    Ok(match message {
+        Message::RunRequest(request) => {
+            let conversation_id = request
+                .conversation_id
+                .clone()
+                .filter(|id| !id.is_empty())
+                .ok_or(ProtocolError::MissingConversationId)?;
+            let model_id = request
+                .requested_model
+                .as_ref()
+                .map(|m| m.model_id.clone())
+                .filter(|id| !id.is_empty())
+                .or_else(|| {
+                    request
+                        .model_details
+                        .as_ref()
+                        .map(|m| m.model_id.clone())
+                        .filter(|id| !id.is_empty())
+                });
+            match request.action.and_then(|a| a.action) {
+                Some(conversation_action::Action::UserMessageAction(action)) => {
+                    let user = action.user_message.unwrap_or_default();
+                    ClientInput::RunRequest(Box::new(RunRequestInput {
+                        conversation_id,
+                        user_text: user.text,
+                        user_message_id: user.message_id,
+                        model_id,
+                    }))
+                }
+                Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
+                Some(other) => {
+                    ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
+                }
+                None => ClientInput::Unsupported("run_request without an action".to_owned()),
+            }
+        }
+        Message::ConversationAction(action) => match action.action {
+            Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
+            Some(other) => {
+                ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
+            }
+            None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
+        },
+        Message::ExecClientMessage(result) => match &result.message {
+            Some(kind) => ClientInput::ExecResult {
+                id: result.id,
+                kind: exec::result_kind(kind),
+            },
+            None => {
+                return Err(ProtocolError::Uplink(format!(
+                    "exec_client_message {} carries no result",
+                    result.id
+                )));
+            }
+        },
+        Message::ExecClientControlMessage(control) => match control.message {
+            Some(exec_client_control_message::Message::StreamClose(close)) => {
+                ClientInput::ExecControl {
+                    id: close.id,
+                    kind: "stream_close",
+                }
+            }
+            Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
+                id: throw.id,
+                kind: "throw",
+            },
+            Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
+            None => {
+                return Err(ProtocolError::Uplink(
+                    "exec_client_control_message with no message set".to_owned(),
+                ));
+            }
+        },
+        Message::KvClientMessage(kv) => ClientInput::KvResult { id: kv.id },
+        Message::InteractionResponse(response) => {
+            ClientInput::InteractionResponse { id: response.id }
+        }
+        Message::ClientHeartbeat(_) => ClientInput::Heartbeat,
+        Message::PrewarmRequest(_) => ClientInput::Prewarm,
+    })
+}
+
+fn action_name(action: &conversation_action::Action) -> &'static str {
+    use conversation_action::Action;
+    match action {
+        Action::UserMessageAction(_) => "user_message_action",
+        Action::ResumeAction(_) => "resume_action",
+        Action::CancelAction(_) => "cancel_action",
+        Action::SummarizeAction(_) => "summarize_action",
+        Action::ShellCommandAction(_) => "shell_command_action",
+        Action::StartPlanAction(_) => "start_plan_action",
+        Action::ExecutePlanAction(_) => "execute_plan_action",
+        Action::AsyncAskQuestionCompletionAction(_) => "async_ask_question_completion_action",
+        Action::CancelSubagentAction(_) => "cancel_subagent_action",
+        Action::BackgroundTaskCompletionAction(_) => "background_task_completion_action",
+        Action::BackgroundShellAction(_) => "background_shell_action",
+        Action::BackgroundSubagentAction(_) => "background_subagent_action",
+    }
+}

@@ -1,0 +1,204 @@
+//! The axum router: the served Connect routes (paths generated from the schema declarations), the
+//! HTTP/2 bidi `Run` route, BidiAppend, and a clear error for everything else.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures_util::StreamExt as _;
+use tokio::sync::mpsc;
+
+use super::bidi_append;
+use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder};
+use super::proto::agent::{AgentClientMessage, agent_service_routes};
+use super::proto::aiserver::{BidiAppendResponse, bidi_service_routes};
+use super::run_sse::{self, DOWNLINK_BUFFER};
+use crate::app::AppState;
+use crate::run::command::{ProtocolError, RunCommand};
+use crate::run::registry::{RegistryError, RunHandle, RunRegistry};
+
+pub fn router(state: Arc<AppState>) -> Router {
+    // Bodies are limited by our own checks (max_frame_bytes), with a little room for envelopes.
+    let body_limit = state.config.max_frame_bytes.saturating_add(1024);
+    Router::new()
+        .route(
+            agent_service_routes::RUN_SSE,
+            post(
+                |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes| {
+                    run_sse::handle(state, headers, body)
+                },
+            ),
+        )
+        .route(agent_service_routes::RUN, post(run_bidi))
+        .route(bidi_service_routes::BIDI_APPEND, post(bidi_append_route))
+        .fallback(unknown_route)
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// A Connect unary error: HTTP status from the code, JSON `{"code","message","details"?}` body.
+pub fn unary_error(error: &ConnectError) -> Response {
+    let status = StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_JSON)],
+        error.to_json().to_string(),
+    )
+        .into_response()
+}
+
+fn invalid(message: impl Into<String>) -> Response {
+    unary_error(&ConnectError::new(ConnectCode::InvalidArgument, message))
+}
+
+async fn unknown_route(request: Request) -> Response {
+    unary_error(&ConnectError::new(
+        ConnectCode::Unimplemented,
+        format!("{} is not served by cursor-server", request.uri().path()),
+    ))
+}
+
+/// `POST /aiserver.v1.BidiService/BidiAppend`: one client message for a RunSSE run.
+async fn bidi_append_route(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let encoding = match Encoding::parse(header_str(&headers, header::CONTENT_ENCODING.as_str())) {
+        Ok(encoding) => encoding,
+        Err(e) => return invalid(format!("BidiAppend: {e}")),
+    };
+    let append = match connect::decode_unary_body(&body, encoding, state.config.max_frame_bytes)
+        .map_err(bidi_append::BidiAppendError::from)
+        .and_then(|payload| bidi_append::decode(&payload))
+    {
+        Ok(append) => append,
+        Err(e) => return invalid(format!("BidiAppend: {e}")),
+    };
+    let input = match bidi_append::translate(append.message) {
+        Ok(input) => input,
+        Err(e) => return invalid(format!("BidiAppend: {e}")),
+    };
+    let handle = match RunRegistry::get_or_start(&state, &append.request_id) {
+        Ok(handle) => handle,
+        Err(e) => return registry_error(e),
+    };
+    let command = RunCommand::Appended {
+        seqno: append.seqno,
+        input,
+    };
+    if handle.send(command).await.is_err() {
+        return registry_error(RegistryError::Finished(append.request_id));
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_UNARY)],
+        prost::Message::encode_to_vec(&BidiAppendResponse {}),
+    )
+        .into_response()
+}
+
+fn registry_error(error: RegistryError) -> Response {
+    let code = match error {
+        RegistryError::Finished(_) => ConnectCode::NotFound,
+        RegistryError::AlreadyRunning(_) => ConnectCode::InvalidArgument,
+    };
+    unary_error(&ConnectError::new(code, error.to_string()))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// `POST /agent.v1.AgentService/Run`: the HTTP/2 bidi stream. The request body is a stream of
+/// `AgentClientMessage` envelopes (never half-closed by CLI clients); the response streams the run's
+/// downlink and ends when the run ends.
+async fn run_bidi(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let headers = request.headers();
+    let encoding = match Encoding::parse(header_str(headers, "connect-content-encoding")) {
+        Ok(encoding) => encoding,
+        Err(e) => return invalid(format!("Run: {e}")),
+    };
+    let request_id = header_str(headers, "x-request-id")
+        .filter(|id| !id.trim().is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let handle = match RunRegistry::start_new(&state, &request_id) {
+        Ok(handle) => handle,
+        Err(e) => {
+            return run_sse::stream_error(&ConnectError::new(
+                ConnectCode::InvalidArgument,
+                e.to_string(),
+            ));
+        }
+    };
+    let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
+    if handle.send(RunCommand::AttachDownlink(tx)).await.is_err() {
+        return run_sse::stream_error(&ConnectError::new(
+            ConnectCode::Internal,
+            "the run ended before it started",
+        ));
+    }
+    let max = state.config.max_frame_bytes;
+    tokio::spawn(forward_uplink(request.into_body(), handle, encoding, max));
+    run_sse::stream_response(rx)
+}
+
+/// Reads the `Run` request stream and hands each message to the run, until the run ends.
+async fn forward_uplink(body: Body, handle: RunHandle, encoding: Encoding, max_frame_bytes: usize) {
+    let mut stream = body.into_data_stream();
+    let mut decoder = FrameDecoder::new(max_frame_bytes);
+    let done = handle.done().clone();
+    loop {
+        let chunk = tokio::select! {
+            _ = done.cancelled() => return,
+            chunk = stream.next() => chunk,
+        };
+        let failure = match chunk {
+            None => match decoder.finish() {
+                // A clean half-close: the run goes on; the response ends when the run does.
+                Ok(()) => return,
+                Err(e) => e.to_string(),
+            },
+            Some(Err(e)) => format!("reading the request stream: {e}"),
+            Some(Ok(bytes)) => {
+                decoder.push(&bytes);
+                match drain_frames(&mut decoder, &handle, encoding, max_frame_bytes).await {
+                    Ok(()) => continue,
+                    Err(failure) => failure,
+                }
+            }
+        };
+        let _ = handle
+            .send(RunCommand::UplinkFailed(ProtocolError::Uplink(failure)))
+            .await;
+        return;
+    }
+}
+
+async fn drain_frames(
+    decoder: &mut FrameDecoder,
+    handle: &RunHandle,
+    encoding: Encoding,
+    max_frame_bytes: usize,
+) -> Result<(), String> {
+    while let Some(frame) = decoder.next_frame().map_err(|e| e.to_string())? {
+        if frame.is_end_stream() {
+            return Err("end-of-stream frame in a request stream".to_owned());
+        }
+        let payload =
+            connect::payload_of(&frame, encoding, max_frame_bytes).map_err(|e| e.to_string())?;
+        let message: AgentClientMessage =
+            connect::decode_message(&payload, "agent.v1.AgentClientMessage")
+                .map_err(|e| e.to_string())?;
+        let input = bidi_append::translate(message).map_err(|e| e.to_string())?;
+        if handle.send(RunCommand::Ordered(input)).await.is_err() {
+            return Err("the run has ended".to_owned());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! The Cursor protocol adapter: Connect framing, routes, and translation between protobuf and the
+//! loop's domain types. No loop decisions are made here.
+
+pub mod bidi_append;
+pub mod connect;
+pub mod exec;
+pub mod handlers;
+pub mod interaction;
+pub mod proto;
+pub mod run_sse;

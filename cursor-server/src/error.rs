@@ -1,0 +1,53 @@
+//! The service-wide error type: what can stop the server from starting or a run from completing.
+//!
+//! Each layer has its own precise error (`ConfigError`, `StoreError`, `ProviderError`, `ProtocolError`);
+//! this enum is where they meet, and the only place that decides which Connect code a failure gets.
+
+use crate::config::ConfigError;
+use crate::cursor::connect::ConnectCode;
+use crate::provider::ProviderError;
+use crate::run::command::ProtocolError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("provider: {0}")]
+    Provider(#[from] ProviderError),
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("serving HTTP: {0}")]
+    Serve(std::io::Error),
+    #[error("building the HTTP client: {0}")]
+    HttpClient(String),
+}
+
+impl ServerError {
+    /// The Connect code a client sees when this error ends a stream (protocol.md §8).
+    pub fn connect_code(&self) -> ConnectCode {
+        match self {
+            ServerError::Provider(_) => ConnectCode::Unavailable,
+            ServerError::Protocol(_) | ServerError::InvalidRequest(_) => {
+                ConnectCode::InvalidArgument
+            }
+            ServerError::NotFound(_) => ConnectCode::NotFound,
+            ServerError::Config(_)
+            | ServerError::Store(_)
+            | ServerError::Bind { .. }
+            | ServerError::Serve(_)
+            | ServerError::HttpClient(_) => ConnectCode::Internal,
+        }
+    }
+}

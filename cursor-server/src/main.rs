@@ -1,0 +1,83 @@
+//! `cursor-server`: loads the config, starts the server, stops cleanly on Ctrl-C / SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use cursor_server::app::App;
+use cursor_server::config::{Config, DEFAULT_CONFIG_PATH};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Self-hosted backend for the Cursor agent, on your own LLM provider"
+)]
+struct Args {
+    /// Path of the TOML configuration file.
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
+    #[arg(long, default_value = "info", env = "CURSOR_BYOK_LOG")]
+    log_level: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = match EnvFilter::try_new(&args.log_level) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("invalid --log-level {:?}: {e}", args.log_level);
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+
+    let config = match Config::load(&args.config) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("cursor-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = match App::bind(config).await {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("cursor-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match app.local_addr() {
+        Ok(addr) => tracing::info!("cursor-server listening on http://{addr} (HTTP/1.1 and h2c)"),
+        Err(e) => tracing::warn!("listening address unknown: {e}"),
+    }
+    let shutdown = app.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+    match app.serve().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cursor-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,4 @@
+//! Pure domain types: no Cursor protobuf, no provider JSON.
+
+pub mod message;
+pub mod usage;

@@ -1,0 +1,523 @@
+//! OpenAI Chat Completions (and compatible endpoints): sends one streaming request and maps its SSE
+//! chunks onto `ResponseEvent`s.
+//!
+//! A stream succeeds only if it reaches `data: [DONE]` after a `finish_reason`; an in-band
+//! `{"error":...}` chunk, EOF before `[DONE]`, or an idle gap longer than the limit is an error.
+
+use std::collections::HashMap;
+
+use eventsource_stream::Eventsource as _;
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::{CallLimits, FinishReason, ProviderError, ResponseEvent};
+use crate::config::{ProviderConfig, Secret};
+use crate::model::message::ProviderReplay;
+use crate::model::usage::Usage;
+
+pub struct ChatCall {
+    http: reqwest::Client,
+    provider: String,
+    url: String,
+    api_key: Secret,
+    body: serde_json::Value,
+    limits: CallLimits,
+}
+
+impl ChatCall {
+    pub fn new(
+        http: reqwest::Client,
+        provider: &ProviderConfig,
+        mut body: serde_json::Value,
+        limits: CallLimits,
+    ) -> Self {
+        body["stream"] = serde_json::Value::Bool(true);
+        body["stream_options"] = serde_json::json!({ "include_usage": true });
+        ChatCall {
+            http,
+            provider: provider.name.clone(),
+            url: format!("{}/chat/completions", provider.base_url),
+            api_key: provider.api_key.clone(),
+            body,
+            limits,
+        }
+    }
+
+    /// Runs the call to its end, sending events (and at most one error, last) into `tx`.
+    pub async fn run(self, tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>) {
+        if let Err(error) = self.stream(tx).await {
+            let _ = tx.send(Err(error)).await;
+        }
+    }
+
+    async fn stream(
+        &self,
+        tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
+    ) -> Result<(), ProviderError> {
+        let request = self
+            .http
+            .post(&self.url)
+            .bearer_auth(self.api_key.expose())
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .json(&self.body)
+            .send();
+        let response = tokio::time::timeout(self.limits.headers_timeout, request)
+            .await
+            .map_err(|_| ProviderError::HeadersTimeout {
+                provider: self.provider.clone(),
+                secs: self.limits.headers_timeout.as_secs(),
+            })?
+            .map_err(|e| ProviderError::Connect {
+                provider: self.provider.clone(),
+                message: without_url(&e),
+            })?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(ProviderError::Http {
+                provider: self.provider.clone(),
+                status: status.as_u16(),
+                message: super::error_message(response).await,
+            });
+        }
+
+        let mut events = response.bytes_stream().eventsource();
+        let mut parser = ChatStreamParser::new(&self.provider);
+        loop {
+            let next = tokio::time::timeout(self.limits.idle_timeout, events.next())
+                .await
+                .map_err(|_| ProviderError::Idle {
+                    provider: self.provider.clone(),
+                    secs: self.limits.idle_timeout.as_secs(),
+                })?;
+            let Some(event) = next else {
+                return Err(ProviderError::Truncated {
+                    provider: self.provider.clone(),
+                    missing: "data: [DONE]",
+                });
+            };
+            let event = event.map_err(|e| ProviderError::Stream {
+                provider: self.provider.clone(),
+                message: e.to_string(),
+            })?;
+            let (out, done) = parser.feed(&event.data)?;
+            for item in out {
+                if tx.send(Ok(item)).await.is_err() {
+                    // The loop stopped listening (canceled); drop the connection.
+                    return Ok(());
+                }
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// reqwest errors print the URL; keep logs and user-facing errors free of query strings and paths.
+fn without_url(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), "<provider url>");
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Turns Chat SSE `data` payloads into canonical events. Pure and synchronous, so it can be tested on
+/// transcripts.
+pub struct ChatStreamParser {
+    provider: String,
+    /// Provider tool index → (id, our dense ordinal). A new id on a used index opens a new ordinal.
+    tool_slots: HashMap<u64, (String, usize)>,
+    next_tool_ordinal: usize,
+    reasoning: String,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+}
+
+impl ChatStreamParser {
+    pub fn new(provider: &str) -> Self {
+        ChatStreamParser {
+            provider: provider.to_owned(),
+            tool_slots: HashMap::new(),
+            next_tool_ordinal: 0,
+            reasoning: String::new(),
+            finish: None,
+            usage: None,
+        }
+    }
+
+    /// Feeds one SSE `data` payload. Returns the events it yields and whether the stream is complete.
+    pub fn feed(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            return self.done().map(|events| (events, true));
+        }
+        if data.is_empty() {
+            return Ok((Vec::new(), false));
+        }
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| ProviderError::Decode {
+            provider: self.provider.clone(),
+            message: format!("{e} in chunk {}", truncate(data, 200)),
+        })?;
+        if let Some(error) = chunk.error {
+            return Err(ProviderError::InBand {
+                provider: self.provider.clone(),
+                message: error.message(),
+            });
+        }
+        let mut out = Vec::new();
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.normalise());
+        }
+        for choice in chunk.choices {
+            // Moonshot reports usage inside the finishing choice.
+            if let Some(usage) = choice.usage {
+                self.usage = Some(usage.normalise());
+            }
+            if let Some(delta) = choice.delta {
+                self.delta(delta, &mut out);
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish = Some(match reason.as_str() {
+                    "stop" => FinishReason::Stop,
+                    "length" => FinishReason::Length,
+                    "tool_calls" | "function_call" => FinishReason::ToolCalls,
+                    "content_filter" => FinishReason::ContentFilter,
+                    "error" => {
+                        return Err(ProviderError::InBand {
+                            provider: self.provider.clone(),
+                            message: "finish_reason \"error\"".to_owned(),
+                        });
+                    }
+                    other => FinishReason::Other(other.to_owned()),
+                });
+            }
+        }
+        Ok((out, false))
+    }
+
+    fn delta(&mut self, delta: Delta, out: &mut Vec<ResponseEvent>) {
+        let reasoning = delta.reasoning_content.or(delta.reasoning);
+        if let Some(reasoning) = reasoning.filter(|r| !r.is_empty()) {
+            self.reasoning.push_str(&reasoning);
+            out.push(ResponseEvent::ReasoningDelta(reasoning));
+        }
+        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+            out.push(ResponseEvent::TextDelta(text));
+        }
+        for call in delta.tool_calls.unwrap_or_default() {
+            let index = call.index.unwrap_or(0);
+            let id = call.id.filter(|id| !id.is_empty());
+            let function = call.function.unwrap_or_default();
+            let ordinal = match (self.tool_slots.get(&index), &id) {
+                (Some((known, ordinal)), Some(id)) if known == id => *ordinal,
+                (Some((_, ordinal)), None) => *ordinal,
+                _ => {
+                    let ordinal = self.next_tool_ordinal;
+                    self.next_tool_ordinal += 1;
+                    let id = id.clone().unwrap_or_else(|| format!("call_{ordinal}"));
+                    self.tool_slots.insert(index, (id.clone(), ordinal));
+                    out.push(ResponseEvent::ToolCallStart {
+                        index: ordinal,
+                        id,
+                        name: function.name.clone().unwrap_or_default(),
+                    });
+                    ordinal
+                }
+            };
+            if let Some(fragment) = function.arguments.filter(|a| !a.is_empty()) {
+                out.push(ResponseEvent::ToolArgsDelta {
+                    index: ordinal,
+                    fragment,
+                });
+            }
+        }
+    }
+
+    fn done(&mut self) -> Result<Vec<ResponseEvent>, ProviderError> {
+        let Some(finish) = self.finish.take() else {
+            return Err(ProviderError::Truncated {
+                provider: self.provider.clone(),
+                missing: "finish_reason before [DONE]",
+            });
+        };
+        let mut out = Vec::new();
+        if let Some(usage) = self.usage.take() {
+            out.push(ResponseEvent::Usage(usage));
+        }
+        out.push(ResponseEvent::Replay(ProviderReplay::OpenAiChat {
+            reasoning_content: std::mem::take(&mut self.reasoning),
+        }));
+        // Some servers say tool_calls without sending any: that is a plain stop.
+        let finish = match finish {
+            FinishReason::ToolCalls if self.next_tool_ordinal == 0 => FinishReason::Stop,
+            other => other,
+        };
+        out.push(ResponseEvent::Finished(finish));
+        Ok(out)
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => &text[..i],
+        None => text,
+    }
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    usage: Option<ChatUsage>,
+    error: Option<ChunkError>,
+}
+
+#[derive(Deserialize)]
+struct ChunkError {
+    message: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    code: Option<serde_json::Value>,
+}
+
+impl ChunkError {
+    fn message(&self) -> String {
+        let mut text = self
+            .message
+            .clone()
+            .unwrap_or_else(|| "unknown error".to_owned());
+        if let Some(kind) = &self.kind {
+            text.push_str(&format!(" ({kind})"));
+        } else if let Some(code) = &self.code {
+            text.push_str(&format!(" ({code})"));
+        }
+        text
+    }
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    delta: Option<Delta>,
+    finish_reason: Option<String>,
+    usage: Option<ChatUsage>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    content: Option<String>,
+    reasoning_content: Option<String>,
+    /// OpenRouter's reasoning text.
+    reasoning: Option<String>,
+    tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    index: Option<u64>,
+    id: Option<String>,
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize, Default)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+    completion_tokens_details: Option<CompletionDetails>,
+    /// DeepSeek.
+    prompt_cache_hit_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
+    /// OpenRouter.
+    cache_write_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    reasoning_tokens: Option<u64>,
+}
+
+impl ChatUsage {
+    fn normalise(self) -> Usage {
+        let details = self.prompt_tokens_details;
+        Usage {
+            input_tokens: self.prompt_tokens,
+            output_tokens: self.completion_tokens,
+            cache_read_tokens: details
+                .as_ref()
+                .and_then(|d| d.cached_tokens)
+                .or(self.prompt_cache_hit_tokens),
+            cache_write_tokens: details.and_then(|d| d.cache_write_tokens),
+            reasoning_tokens: self
+                .completion_tokens_details
+                .and_then(|d| d.reasoning_tokens),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(lines: &[&str]) -> Result<Vec<ResponseEvent>, ProviderError> {
+        let mut parser = ChatStreamParser::new("test");
+        let mut all = Vec::new();
+        for line in lines {
+            let (events, done) = parser.feed(line)?;
+            all.extend(events);
+            if done {
+                return Ok(all);
+            }
+        }
+        Err(ProviderError::Truncated {
+            provider: "test".into(),
+            missing: "data: [DONE]",
+        })
+    }
+
+    #[test]
+    fn text_with_usage_and_cached_tokens() {
+        let events = feed_all(&[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+            "[DONE]",
+        ])
+        .expect("complete stream");
+        assert_eq!(
+            events,
+            vec![
+                ResponseEvent::TextDelta("Hel".into()),
+                ResponseEvent::TextDelta("lo".into()),
+                ResponseEvent::Usage(Usage {
+                    input_tokens: Some(10),
+                    output_tokens: Some(2),
+                    cache_read_tokens: Some(4),
+                    cache_write_tokens: None,
+                    reasoning_tokens: Some(1),
+                }),
+                ResponseEvent::Replay(ProviderReplay::OpenAiChat {
+                    reasoning_content: String::new()
+                }),
+                ResponseEvent::Finished(FinishReason::Stop),
+            ]
+        );
+    }
+
+    #[test]
+    fn reasoning_and_content_in_one_delta_keep_their_order() {
+        let events = feed_all(&[
+            r#"{"choices":[{"delta":{"reasoning_content":"think","content":"say"}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":1}}]}"#,
+            "[DONE]",
+        ])
+        .expect("complete stream");
+        assert_eq!(events[0], ResponseEvent::ReasoningDelta("think".into()));
+        assert_eq!(events[1], ResponseEvent::TextDelta("say".into()));
+        assert_eq!(
+            events[2],
+            ResponseEvent::Usage(Usage {
+                input_tokens: Some(3),
+                output_tokens: Some(1),
+                ..Usage::default()
+            })
+        );
+        assert_eq!(
+            events[3],
+            ResponseEvent::Replay(ProviderReplay::OpenAiChat {
+                reasoning_content: "think".into()
+            })
+        );
+    }
+
+    #[test]
+    fn in_band_error_is_an_error() {
+        let err = feed_all(&[
+            r#"{"choices":[{"delta":{"content":"par"}}]}"#,
+            r#"{"error":{"message":"The server had an error","type":"server_error"}}"#,
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::InBand { message, .. } if message.contains("The server had an error")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn done_without_finish_reason_is_truncated() {
+        let err = feed_all(&[r#"{"choices":[{"delta":{"content":"x"}}]}"#, "[DONE]"]).unwrap_err();
+        assert!(matches!(err, ProviderError::Truncated { .. }), "{err}");
+    }
+
+    #[test]
+    fn parallel_tool_calls_get_dense_ordinals_by_index_and_id() {
+        let events = feed_all(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"a","function":{"name":"Read","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"","function":{"arguments":"{\"p\":1}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"Grep","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ])
+        .expect("complete stream");
+        assert_eq!(
+            &events[..4],
+            &[
+                ResponseEvent::ToolCallStart {
+                    index: 0,
+                    id: "a".into(),
+                    name: "Read".into()
+                },
+                ResponseEvent::ToolArgsDelta {
+                    index: 0,
+                    fragment: "{\"p\":1}".into()
+                },
+                ResponseEvent::ToolCallStart {
+                    index: 1,
+                    id: "b".into(),
+                    name: "Grep".into()
+                },
+                ResponseEvent::ToolArgsDelta {
+                    index: 1,
+                    fragment: "{}".into()
+                },
+            ]
+        );
+        assert_eq!(
+            events.last(),
+            Some(&ResponseEvent::Finished(FinishReason::ToolCalls))
+        );
+    }
+
+    #[test]
+    fn moonshot_and_deepseek_usage_variants() {
+        let events = feed_all(&[
+            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":"stop","usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_cache_hit_tokens":5}}]}"#,
+            "[DONE]",
+        ])
+        .expect("complete stream");
+        assert!(events.contains(&ResponseEvent::Usage(Usage {
+            input_tokens: Some(7),
+            output_tokens: Some(1),
+            cache_read_tokens: Some(5),
+            ..Usage::default()
+        })));
+    }
+}

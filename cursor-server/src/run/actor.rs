@@ -1,0 +1,344 @@
+//! One `RunActor` task per request id. It owns everything mutable about the run — the seqno inbox,
+//! the downlink, the turn loop — and is reached only through its command channel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::command::{ClientInput, ProtocolError, RunCommand};
+use super::inbox::{Accepted, Inbox};
+use super::lifecycle::{self, RunEnd};
+use super::loop_engine::{LoopStep, TurnLoop};
+use crate::app::AppState;
+use crate::cursor::connect::{self, ConnectCode, ConnectError};
+use crate::error::ServerError;
+use crate::model::usage::Usage;
+use crate::store::runs::{self, RunOutcome, RunStatus};
+
+/// The run's outgoing frames. Frames produced before a RunSSE attaches are kept and replayed to it
+/// in order; after `end` nothing more is sent.
+#[derive(Debug, Default)]
+pub struct Downlink {
+    sink: Option<mpsc::Sender<Bytes>>,
+    backlog: Vec<Bytes>,
+    ended: bool,
+    client_gone: bool,
+}
+
+impl Downlink {
+    pub fn attached(sink: mpsc::Sender<Bytes>) -> Self {
+        Downlink {
+            sink: Some(sink),
+            ..Downlink::default()
+        }
+    }
+
+    pub fn is_attached(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Attaches a RunSSE body and flushes the backlog into it.
+    async fn attach(&mut self, sink: mpsc::Sender<Bytes>) {
+        for frame in self.backlog.drain(..) {
+            if sink.send(frame).await.is_err() {
+                self.client_gone = true;
+                return;
+            }
+        }
+        if !self.ended {
+            self.sink = Some(sink);
+        }
+    }
+
+    pub async fn send_message<M: Message>(&mut self, message: &M) {
+        self.send(connect::encode_message(message)).await;
+    }
+
+    async fn send(&mut self, frame: Bytes) {
+        if self.ended {
+            tracing::error!("frame after end-of-stream dropped");
+            return;
+        }
+        match &self.sink {
+            Some(sink) => {
+                if sink.send(frame).await.is_err() {
+                    self.client_gone = true;
+                    self.sink = None;
+                }
+            }
+            None if self.client_gone => {}
+            None => self.backlog.push(frame),
+        }
+    }
+
+    /// Sends the end-of-stream frame and closes the downlink.
+    pub async fn end(&mut self, end_frame: Bytes) {
+        self.send(end_frame).await;
+        self.ended = true;
+        self.sink = None;
+    }
+
+    /// Resolves when an attached client has gone away (RunSSE closed, HTTP/2 stream reset).
+    async fn closed(&self) {
+        match &self.sink {
+            Some(sink) => sink.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whether frames are still waiting for a RunSSE that never came.
+    fn has_undelivered(&self) -> bool {
+        !self.backlog.is_empty() && !self.client_gone
+    }
+}
+
+enum State {
+    AwaitingRunRequest,
+    Running(Box<TurnLoop>),
+}
+
+pub struct RunActor {
+    app: Arc<AppState>,
+    request_id: String,
+    commands: mpsc::Receiver<RunCommand>,
+    inbox: Inbox<ClientInput>,
+    downlink: Downlink,
+    state: State,
+    /// Set once the run is recorded in the store (a run_request was accepted).
+    recorded: bool,
+}
+
+impl RunActor {
+    pub fn new(
+        app: Arc<AppState>,
+        request_id: String,
+        commands: mpsc::Receiver<RunCommand>,
+    ) -> Self {
+        RunActor {
+            app,
+            request_id,
+            commands,
+            inbox: Inbox::default(),
+            downlink: Downlink::default(),
+            state: State::AwaitingRunRequest,
+            recorded: false,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let started = Instant::now();
+        let end = self.drive().await;
+        let (provider_calls, usage) = match &self.state {
+            State::Running(turn) => (turn.provider_calls(), turn.usage()),
+            State::AwaitingRunRequest => (0, Usage::default()),
+        };
+        // Dropping the turn cancels its provider call before the client hears the ending.
+        self.state = State::AwaitingRunRequest;
+        let outcome = match &end {
+            RunEnd::Success { usage } => {
+                lifecycle::finish_success(&mut self.downlink, usage).await;
+                RunOutcome {
+                    status: RunStatus::Succeeded,
+                    provider_calls,
+                    usage: *usage,
+                    error: None,
+                }
+            }
+            RunEnd::Failed(error) => {
+                tracing::warn!(request_id = %self.request_id, "run failed: {error}");
+                lifecycle::finish_error(&mut self.downlink, error).await;
+                RunOutcome {
+                    status: RunStatus::Failed,
+                    provider_calls,
+                    usage,
+                    error: Some((error.connect_code().as_str().to_owned(), error.to_string())),
+                }
+            }
+            RunEnd::Canceled { reason } => {
+                tracing::info!(request_id = %self.request_id, "run canceled: {reason}");
+                lifecycle::finish_canceled(&mut self.downlink, reason).await;
+                RunOutcome {
+                    status: RunStatus::Canceled,
+                    provider_calls,
+                    usage,
+                    error: Some((ConnectCode::Canceled.as_str().to_owned(), reason.clone())),
+                }
+            }
+        };
+        if self.recorded
+            && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
+        {
+            tracing::error!(request_id = %self.request_id, "recording the run's end: {e}");
+        }
+        tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
+        self.deliver_backlog().await;
+    }
+
+    /// Runs until one of the three endings.
+    async fn drive(&mut self) -> RunEnd {
+        let run_request_deadline = Instant::now() + self.app.config.run_request_timeout;
+        loop {
+            let awaiting = matches!(self.state, State::AwaitingRunRequest);
+            tokio::select! {
+                _ = self.app.shutdown.cancelled() => {
+                    return RunEnd::Canceled { reason: "the server is shutting down".to_owned() };
+                }
+                _ = self.downlink.closed() => {
+                    return RunEnd::Canceled { reason: "the client disconnected".to_owned() };
+                }
+                command = self.commands.recv() => {
+                    let Some(command) = command else {
+                        return RunEnd::Canceled { reason: "the run was dropped".to_owned() };
+                    };
+                    if let Some(end) = self.handle_command(command).await {
+                        return end;
+                    }
+                }
+                event = next_provider_event(&mut self.state) => {
+                    let State::Running(turn) = &mut self.state else { continue };
+                    let step = match event {
+                        Ok(event) => turn.on_event(event, &mut self.downlink).await,
+                        Err(error) => Err(error.into()),
+                    };
+                    match step {
+                        Ok(LoopStep::Continue) => {}
+                        Ok(LoopStep::TurnComplete { usage }) => return RunEnd::Success { usage },
+                        Err(error) => return RunEnd::Failed(error),
+                    }
+                }
+                _ = tokio::time::sleep_until(run_request_deadline), if awaiting => {
+                    let secs = self.app.config.run_request_timeout.as_secs();
+                    return RunEnd::Failed(ServerError::InvalidRequest(format!(
+                        "no run_request arrived within {secs} s of the run being opened"
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn handle_command(&mut self, command: RunCommand) -> Option<RunEnd> {
+        match command {
+            RunCommand::Ordered(input) => self.handle_input(input).await,
+            RunCommand::Appended { seqno, input } => match self.inbox.push(seqno, input) {
+                Ok(Accepted::Ready(inputs)) => {
+                    for input in inputs {
+                        if let Some(end) = self.handle_input(input).await {
+                            return Some(end);
+                        }
+                    }
+                    None
+                }
+                Ok(Accepted::Buffered) => {
+                    tracing::debug!(request_id = %self.request_id, seqno, expected = self.inbox.expected(), "append buffered behind a gap");
+                    None
+                }
+                Ok(Accepted::Duplicate) => {
+                    tracing::debug!(request_id = %self.request_id, seqno, "duplicate append dropped");
+                    None
+                }
+                Err(error) => Some(RunEnd::Failed(
+                    ProtocolError::Seqno {
+                        seqno,
+                        reason: error.to_string(),
+                    }
+                    .into(),
+                )),
+            },
+            RunCommand::AttachDownlink(sink) => {
+                if self.downlink.is_attached() {
+                    let error = ConnectError::new(
+                        ConnectCode::InvalidArgument,
+                        format!(
+                            "a RunSSE stream is already open for request {}",
+                            self.request_id
+                        ),
+                    );
+                    let _ = sink.send(connect::end_stream_error(&error)).await;
+                } else {
+                    self.downlink.attach(sink).await;
+                }
+                None
+            }
+            RunCommand::UplinkFailed(error) => Some(RunEnd::Failed(error.into())),
+        }
+    }
+
+    async fn handle_input(&mut self, input: ClientInput) -> Option<RunEnd> {
+        let protocol = |e: ProtocolError| Some(RunEnd::Failed(e.into()));
+        match input {
+            ClientInput::RunRequest(request) => {
+                if matches!(self.state, State::Running(_)) {
+                    return protocol(ProtocolError::DuplicateRunRequest);
+                }
+                tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
+                self.recorded = true;
+                match TurnLoop::start(Arc::clone(&self.app), &self.request_id, *request).await {
+                    Ok(turn) => {
+                        self.state = State::Running(Box::new(turn));
+                        None
+                    }
+                    Err(error) => {
+                        if matches!(error, ServerError::NotFound(_)) {
+                            // Nothing was recorded: the model was resolved before the run row.
+                            self.recorded = false;
+                        }
+                        Some(RunEnd::Failed(error))
+                    }
+                }
+            }
+            ClientInput::Cancel => Some(RunEnd::Canceled {
+                reason: "canceled by the user".to_owned(),
+            }),
+            ClientInput::Heartbeat | ClientInput::Prewarm => None,
+            ClientInput::ExecResult { id, kind } | ClientInput::ExecControl { id, kind } => {
+                protocol(ProtocolError::UnknownExecId { id, kind })
+            }
+            ClientInput::KvResult { id } => protocol(ProtocolError::UnknownKvId(id)),
+            ClientInput::InteractionResponse { id } => {
+                protocol(ProtocolError::UnknownInteractionId(id))
+            }
+            ClientInput::Unsupported(what) => protocol(ProtocolError::Unsupported(what)),
+        }
+    }
+
+    /// A run can end before its RunSSE arrives (a fast failure); keep its frames for a while so the
+    /// client still sees how it ended.
+    async fn deliver_backlog(&mut self) {
+        if !self.downlink.has_undelivered() {
+            return;
+        }
+        let wait = self
+            .app
+            .config
+            .run_request_timeout
+            .min(Duration::from_secs(30));
+        let deadline = Instant::now() + wait;
+        loop {
+            tokio::select! {
+                command = self.commands.recv() => match command {
+                    Some(RunCommand::AttachDownlink(sink)) => {
+                        self.downlink.attach(sink).await;
+                        return;
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = self.app.shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+async fn next_provider_event(
+    state: &mut State,
+) -> Result<crate::provider::ResponseEvent, crate::provider::ProviderError> {
+    match state {
+        State::Running(turn) => turn.next_event().await,
+        State::AwaitingRunRequest => std::future::pending().await,
+    }
+}

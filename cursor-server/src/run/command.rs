@@ -1,0 +1,73 @@
+//! What the transports tell a run: client inputs (already translated from protobuf by `cursor/`),
+//! downlink attachment, and transport-level failures.
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+/// One client message, in protocol terms the loop understands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientInput {
+    /// `run_request` with a user message: starts the turn.
+    RunRequest(Box<RunRequestInput>),
+    /// `conversation_action.cancel_action`: the user pressed stop.
+    Cancel,
+    /// `client_heartbeat` / exec control heartbeats: liveness only.
+    Heartbeat,
+    /// `prewarm_request`: a hint that a run is coming; nothing to do.
+    Prewarm,
+    /// A result for exec `id` (`ExecClientMessage`), with the result oneof's name.
+    ExecResult { id: u32, kind: &'static str },
+    /// `stream_close` / `throw` for exec `id`.
+    ExecControl { id: u32, kind: &'static str },
+    /// A KV answer (`kv_client_message`) for KV request `id`.
+    KvResult { id: u32 },
+    /// An `interaction_response` for query `id`.
+    InteractionResponse { id: u32 },
+    /// A client message or action this server does not handle yet; ends the run with a clear error.
+    Unsupported(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRequestInput {
+    pub conversation_id: String,
+    pub user_text: String,
+    pub user_message_id: String,
+    /// `requested_model.model_id`, else `model_details.model_id`; `None` = the configured default.
+    pub model_id: Option<String>,
+}
+
+/// Messages to a run's actor.
+#[derive(Debug)]
+pub enum RunCommand {
+    /// A client message from the HTTP/2 `Run` stream, already in protocol order.
+    Ordered(ClientInput),
+    /// A client message from `BidiAppend`, to be ordered by its `append_seqno`.
+    Appended { seqno: i64, input: ClientInput },
+    /// A RunSSE response body wants the run's downlink frames.
+    AttachDownlink(mpsc::Sender<Bytes>),
+    /// The uplink broke (malformed frame); the run ends with this protocol error.
+    UplinkFailed(ProtocolError),
+}
+
+/// A client that broke the protocol at run time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("result for unknown exec id {id} ({kind})")]
+    UnknownExecId { id: u32, kind: &'static str },
+    #[error("KV result for unknown KV id {0}")]
+    UnknownKvId(u32),
+    #[error("interaction response for unknown query id {0}")]
+    UnknownInteractionId(u32),
+    #[error("a second run_request arrived for a run that already started")]
+    DuplicateRunRequest,
+    #[error("{0} before run_request")]
+    BeforeRunRequest(&'static str),
+    #[error("run_request without conversation_id")]
+    MissingConversationId,
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("append_seqno {seqno}: {reason}")]
+    Seqno { seqno: i64, reason: String },
+    #[error("request stream: {0}")]
+    Uplink(String),
+}

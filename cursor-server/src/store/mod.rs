@@ -1,0 +1,48 @@
+//! SQLite persistence. `messages` is the only source of truth for history; everything else is
+//! bookkeeping around it.
+
+pub mod conversations;
+pub mod messages;
+pub mod runs;
+pub mod sqlite;
+
+pub use sqlite::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("opening database {url}: {source}")]
+    Open { url: String, source: sqlx::Error },
+    #[error("running migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{context}: {source}")]
+    Query {
+        context: &'static str,
+        source: sqlx::Error,
+    },
+    #[error("message {seq} of conversation {conversation_id} is not valid JSON: {source}")]
+    CorruptMessage {
+        conversation_id: String,
+        seq: i64,
+        source: serde_json::Error,
+    },
+    #[error("encoding message: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Attaches a short description of the failed operation to a sqlx error.
+pub(crate) trait QueryContext<T> {
+    fn context(self, context: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> QueryContext<T> for Result<T, sqlx::Error> {
+    fn context(self, context: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::Query { context, source })
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,144 @@
+//! Run records: one row per request id with its status, provider call count, usage and error.
+
+use sqlx::Row;
+
+use super::{QueryContext, Store, StoreError, conversations, now_ms};
+use crate::model::usage::Usage;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Canceled => "canceled",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "running" => Some(RunStatus::Running),
+            "succeeded" => Some(RunStatus::Succeeded),
+            "failed" => Some(RunStatus::Failed),
+            "canceled" => Some(RunStatus::Canceled),
+            _ => None,
+        }
+    }
+}
+
+/// How a run ended, as recorded.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub status: RunStatus,
+    pub provider_calls: u32,
+    pub usage: Usage,
+    /// Connect code and message for failed runs.
+    pub error: Option<(String, String)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub request_id: String,
+    pub conversation_id: String,
+    pub model_id: String,
+    pub outcome: RunOutcome,
+}
+
+pub async fn start(
+    store: &Store,
+    request_id: &str,
+    conversation_id: &str,
+    model_id: &str,
+) -> Result<(), StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    conversations::ensure(&mut tx, conversation_id).await?;
+    sqlx::query(
+        "INSERT INTO runs (request_id, conversation_id, status, model_id, started_at_ms)
+         VALUES (?, ?, 'running', ?, ?)",
+    )
+    .bind(request_id)
+    .bind(conversation_id)
+    .bind(model_id)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await
+    .context("recording run start")?;
+    tx.commit().await.context("committing run start")?;
+    Ok(())
+}
+
+pub async fn finish(
+    store: &Store,
+    request_id: &str,
+    outcome: &RunOutcome,
+) -> Result<(), StoreError> {
+    let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    let (code, message) = match &outcome.error {
+        Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
+        None => (None, None),
+    };
+    sqlx::query(
+        "UPDATE runs SET status = ?, provider_calls = ?, input_tokens = ?, output_tokens = ?,
+             cache_read_tokens = ?, cache_write_tokens = ?, reasoning_tokens = ?,
+             error_code = ?, error_message = ?, finished_at_ms = ?
+         WHERE request_id = ?",
+    )
+    .bind(outcome.status.as_str())
+    .bind(i64::from(outcome.provider_calls))
+    .bind(as_i64(outcome.usage.input_tokens))
+    .bind(as_i64(outcome.usage.output_tokens))
+    .bind(as_i64(outcome.usage.cache_read_tokens))
+    .bind(as_i64(outcome.usage.cache_write_tokens))
+    .bind(as_i64(outcome.usage.reasoning_tokens))
+    .bind(code)
+    .bind(message)
+    .bind(now_ms())
+    .bind(request_id)
+    .execute(store.pool())
+    .await
+    .context("recording run end")?;
+    Ok(())
+}
+
+pub async fn get(store: &Store, request_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    let row = sqlx::query(
+        "SELECT request_id, conversation_id, status, model_id, provider_calls, input_tokens,
+                output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+                error_code, error_message
+         FROM runs WHERE request_id = ?",
+    )
+    .bind(request_id)
+    .fetch_optional(store.pool())
+    .await
+    .context("reading run")?;
+    Ok(row.map(|row| {
+        let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
+        let code: Option<String> = row.get("error_code");
+        let message: Option<String> = row.get("error_message");
+        RunRecord {
+            request_id: row.get("request_id"),
+            conversation_id: row.get("conversation_id"),
+            model_id: row.get("model_id"),
+            outcome: RunOutcome {
+                status: RunStatus::parse(row.get("status")).unwrap_or(RunStatus::Failed),
+                provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
+                usage: Usage {
+                    input_tokens: tokens("input_tokens"),
+                    output_tokens: tokens("output_tokens"),
+                    cache_read_tokens: tokens("cache_read_tokens"),
+                    cache_write_tokens: tokens("cache_write_tokens"),
+                    reasoning_tokens: tokens("reasoning_tokens"),
+                },
+                error: code.zip(message),
+            },
+        }
+    }))
+}
