@@ -1,0 +1,229 @@
+//! A fake Cursor client speaking the real wire: RunSSE + BidiAppend over HTTP/1.1 (the IDE) and the
+//! HTTP/2 bidi `Run` stream (the CLI), decoding every downlink envelope.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cursor_server::cursor::connect::{self, FrameDecoder};
+use cursor_server::cursor::proto::agent::{
+    AgentClientMessage, AgentServerMessage, agent_server_message, interaction_update,
+};
+use cursor_server::cursor::proto::aiserver::{BidiAppendRequest, BidiRequestId};
+use futures_util::StreamExt as _;
+use prost::Message as _;
+use tokio::sync::mpsc;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub struct FakeCursor {
+    base: String,
+    http1: reqwest::Client,
+    h2: reqwest::Client,
+}
+
+/// Everything a run sent down, and how its stream ended.
+#[derive(Debug)]
+pub struct Transcript {
+    pub messages: Vec<AgentServerMessage>,
+    /// The JSON of the end-of-stream frame; `None` if the stream closed without one.
+    pub end: Option<serde_json::Value>,
+    /// Raw bytes of the end-of-stream frame (header included).
+    pub end_frame: Option<Bytes>,
+}
+
+impl Transcript {
+    /// Short names of the interaction updates in order (`text_delta`, `turn_ended`, ...).
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.messages.iter().map(kind).collect()
+    }
+
+    pub fn text(&self) -> String {
+        self.updates()
+            .filter_map(|u| match u {
+                interaction_update::Message::TextDelta(d) => Some(d.text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn thinking(&self) -> String {
+        self.updates()
+            .filter_map(|u| match u {
+                interaction_update::Message::ThinkingDelta(d) => Some(d.text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn updates(&self) -> impl Iterator<Item = &interaction_update::Message> {
+        self.messages.iter().filter_map(|m| match &m.message {
+            Some(agent_server_message::Message::InteractionUpdate(u)) => u.message.as_ref(),
+            _ => None,
+        })
+    }
+
+    pub fn is_success(&self) -> bool {
+        self.end
+            .as_ref()
+            .is_some_and(|end| end == &serde_json::json!({}))
+    }
+
+    pub fn error_code(&self) -> Option<&str> {
+        self.end.as_ref()?.pointer("/error/code")?.as_str()
+    }
+
+    pub fn error_message(&self) -> Option<&str> {
+        self.end.as_ref()?.pointer("/error/message")?.as_str()
+    }
+}
+
+pub fn kind(message: &AgentServerMessage) -> &'static str {
+    use interaction_update::Message as U;
+    match &message.message {
+        Some(agent_server_message::Message::InteractionUpdate(update)) => match &update.message {
+            Some(U::TextDelta(_)) => "text_delta",
+            Some(U::ThinkingDelta(_)) => "thinking_delta",
+            Some(U::ThinkingCompleted(_)) => "thinking_completed",
+            Some(U::TurnEnded(_)) => "turn_ended",
+            Some(U::Heartbeat(_)) => "heartbeat",
+            Some(U::PartialToolCall(_)) => "partial_tool_call",
+            Some(U::ToolCallStarted(_)) => "tool_call_started",
+            Some(U::ToolCallCompleted(_)) => "tool_call_completed",
+            Some(U::ToolCallDelta(_)) => "tool_call_delta",
+            Some(_) => "other_update",
+            None => "empty_update",
+        },
+        Some(agent_server_message::Message::ConversationCheckpointUpdate(_)) => "checkpoint",
+        Some(agent_server_message::Message::KvServerMessage(_)) => "kv",
+        Some(agent_server_message::Message::ExecServerMessage(_)) => "exec",
+        Some(agent_server_message::Message::ExecServerControlMessage(_)) => "exec_control",
+        Some(agent_server_message::Message::InteractionQuery(_)) => "interaction_query",
+        None => "empty",
+    }
+}
+
+impl FakeCursor {
+    pub fn new(addr: SocketAddr) -> FakeCursor {
+        FakeCursor {
+            base: format!("http://{addr}"),
+            http1: reqwest::Client::builder()
+                .http1_only()
+                .build()
+                .expect("client"),
+            h2: reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .build()
+                .expect("client"),
+        }
+    }
+
+    /// Opens RunSSE for `request_id` (the response is streaming; read it with `read_transcript`).
+    pub async fn open_run_sse(&self, request_id: &str) -> reqwest::Response {
+        let body = connect::encode_message(&BidiRequestId {
+            request_id: request_id.to_owned(),
+        });
+        self.http1
+            .post(format!("{}/agent.v1.AgentService/RunSSE", self.base))
+            .header("content-type", "application/connect+proto")
+            .header("connect-protocol-version", "1")
+            .body(body)
+            .send()
+            .await
+            .expect("RunSSE request")
+    }
+
+    /// Posts one BidiAppend carrying `message` (hex inside a raw `application/proto` body).
+    pub async fn append(
+        &self,
+        request_id: &str,
+        seqno: i64,
+        message: &AgentClientMessage,
+    ) -> reqwest::Response {
+        let request = BidiAppendRequest {
+            data: hex::encode(message.encode_to_vec()),
+            request_id: Some(BidiRequestId {
+                request_id: request_id.to_owned(),
+            }),
+            append_seqno: seqno,
+        };
+        self.append_body(request.encode_to_vec(), None).await
+    }
+
+    /// Posts an arbitrary BidiAppend body, optionally with a `content-encoding`.
+    pub async fn append_body(
+        &self,
+        body: Vec<u8>,
+        content_encoding: Option<&str>,
+    ) -> reqwest::Response {
+        let mut request = self
+            .http1
+            .post(format!("{}/aiserver.v1.BidiService/BidiAppend", self.base))
+            .header("content-type", "application/proto")
+            .header("connect-protocol-version", "1");
+        if let Some(encoding) = content_encoding {
+            request = request.header("content-encoding", encoding);
+        }
+        request.body(body).send().await.expect("BidiAppend request")
+    }
+
+    /// Opens the HTTP/2 `Run` stream. Messages go into the returned sender; the request stream is
+    /// never half-closed while the sender lives (as the CLI behaves).
+    pub async fn open_run_h2(
+        &self,
+        request_id: &str,
+    ) -> (mpsc::Sender<AgentClientMessage>, reqwest::Response) {
+        let (tx, rx) = mpsc::channel::<AgentClientMessage>(16);
+        let body = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|m| Ok::<_, std::io::Error>(connect::encode_message(&m)));
+        let response = self
+            .h2
+            .post(format!("{}/agent.v1.AgentService/Run", self.base))
+            .header("content-type", "application/connect+proto")
+            .header("connect-protocol-version", "1")
+            .header("x-request-id", request_id)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await
+            .expect("Run request");
+        (tx, response)
+    }
+}
+
+/// Reads a downlink to its end-of-stream frame (or until the body closes).
+pub async fn read_transcript(response: reqwest::Response) -> Transcript {
+    assert_eq!(response.status(), 200, "stream responses are 200");
+    let mut stream = response.bytes_stream();
+    let mut decoder = FrameDecoder::new(64 * 1024 * 1024);
+    let mut transcript = Transcript {
+        messages: Vec::new(),
+        end: None,
+        end_frame: None,
+    };
+    loop {
+        let chunk = tokio::time::timeout(READ_TIMEOUT, stream.next())
+            .await
+            .expect("downlink stalled");
+        let Some(chunk) = chunk else {
+            decoder.finish().expect("downlink ended mid-frame");
+            return transcript;
+        };
+        decoder.push(&chunk.expect("downlink read"));
+        while let Some(frame) = decoder.next_frame().expect("downlink frame") {
+            assert!(
+                transcript.end.is_none(),
+                "a frame arrived after end-of-stream"
+            );
+            if frame.is_end_stream() {
+                transcript.end =
+                    Some(serde_json::from_slice(&frame.payload).expect("end-of-stream JSON"));
+                transcript.end_frame = Some(connect::encode_frame(frame.flags, &frame.payload));
+            } else {
+                transcript.messages.push(
+                    AgentServerMessage::decode(frame.payload.as_ref()).expect("AgentServerMessage"),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! A fake OpenAI-compatible Chat Completions endpoint on 127.0.0.1: answers each call with the next
+//! scripted reply (real SSE over HTTP), records every request body, and notices when a client drops
+//! a stream it was still sending.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use tokio::net::TcpListener;
+
+/// One scripted answer to one provider call.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// SSE `data:` payloads (without the `data: ` prefix), each sent after `gap`.
+    Sse { events: Vec<String>, gap: Duration },
+    /// An HTTP error status with a body.
+    Status { status: u16, body: String },
+    /// SSE payloads, then the connection is cut without `[DONE]`.
+    CutAfter { events: Vec<String> },
+}
+
+impl Reply {
+    pub fn sse(events: Vec<String>) -> Reply {
+        Reply::Sse {
+            events,
+            gap: Duration::from_millis(1),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    replies: VecDeque<Reply>,
+    requests: Vec<serde_json::Value>,
+    authorizations: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct FakeProvider {
+    shared: Arc<Mutex<Shared>>,
+    pub addr: SocketAddr,
+}
+
+impl FakeProvider {
+    pub async fn start() -> FakeProvider {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(Arc::clone(&shared));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake provider");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeProvider { shared, addr }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn push(&self, reply: Reply) {
+        self.shared.lock().unwrap().replies.push_back(reply);
+    }
+
+    /// The JSON bodies received so far, in order.
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        self.shared.lock().unwrap().requests.clone()
+    }
+
+    pub fn authorizations(&self) -> Vec<String> {
+        self.shared.lock().unwrap().authorizations.clone()
+    }
+}
+
+async fn chat(
+    State(shared): State<Arc<Mutex<Shared>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let json: serde_json::Value = serde_json::from_slice(&body).expect("provider request is JSON");
+    let reply = {
+        let mut shared = shared.lock().unwrap();
+        shared.requests.push(json);
+        shared.authorizations.push(
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        shared.replies.pop_front()
+    };
+    let Some(reply) = reply else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "fake provider: no reply scripted",
+        )
+            .into_response();
+    };
+    match reply {
+        Reply::Status { status, body } => (
+            StatusCode::from_u16(status).expect("status"),
+            [("content-type", "application/json")],
+            body,
+        )
+            .into_response(),
+        Reply::Sse { events, gap } => {
+            let stream = async_stream(events, gap, false);
+            sse_response(stream)
+        }
+        Reply::CutAfter { events } => {
+            sse_response(async_stream(events, Duration::from_millis(1), true))
+        }
+    }
+}
+
+fn sse_response(
+    stream: impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+) -> Response {
+    (
+        StatusCode::OK,
+        [("content-type", "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Yields `data: <event>\n\n` frames with a gap between them; when `cut`, ends with an I/O error so
+/// the connection is aborted mid-body.
+fn async_stream(
+    events: Vec<String>,
+    gap: Duration,
+    cut: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        for event in events {
+            tokio::time::sleep(gap).await;
+            if tx
+                .send(Ok(Bytes::from(format!("data: {event}\n\n"))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if cut {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tx
+                .send(Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "cut",
+                )))
+                .await;
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Chat SSE payloads for a plain text answer split into `parts`, with usage.
+pub fn text_events(parts: &[&str], usage: (u64, u64, u64)) -> Vec<String> {
+    let mut events = vec![
+        r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#.to_owned(),
+    ];
+    for part in parts {
+        events.push(
+            serde_json::json!({"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":part},"finish_reason":null}]})
+                .to_string(),
+        );
+    }
+    events.push(
+        r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.to_owned(),
+    );
+    events.push(usage_event(usage));
+    events.push("[DONE]".to_owned());
+    events
+}
+
+/// Reasoning deltas first, then text.
+pub fn thinking_then_text_events(
+    thinking: &[&str],
+    text: &[&str],
+    usage: (u64, u64, u64),
+) -> Vec<String> {
+    let mut events = Vec::new();
+    for part in thinking {
+        events.push(
+            serde_json::json!({"choices":[{"index":0,"delta":{"reasoning_content":part},"finish_reason":null}]})
+                .to_string(),
+        );
+    }
+    let mut rest = text_events(text, usage);
+    events.append(&mut rest);
+    events
+}
+
+/// The usage chunk: (prompt, completion, cached).
+pub fn usage_event((prompt, completion, cached): (u64, u64, u64)) -> String {
+    serde_json::json!({"choices":[],"usage":{"prompt_tokens":prompt,"completion_tokens":completion,"total_tokens":prompt+completion,"prompt_tokens_details":{"cached_tokens":cached}}})
+        .to_string()
+}

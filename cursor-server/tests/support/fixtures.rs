@@ -1,0 +1,130 @@
+//! Test fixtures: a real cursor-server on an ephemeral loopback port with its own SQLite file, wired
+//! to a fake provider; and builders for the client messages tests send.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use cursor_server::app::App;
+use cursor_server::config::Config;
+use cursor_server::cursor::proto::agent::{
+    AgentClientMessage, AgentRunRequest, ClientHeartbeat, ConversationAction, RequestedModel,
+    UserMessage, UserMessageAction, agent_client_message, conversation_action,
+};
+use tokio_util::sync::CancellationToken;
+
+pub const MODEL: &str = "test-model";
+pub const API_KEY: &str = "sk-test-secret";
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    pub db_dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    /// Starts a server with a fresh database, talking to `provider_base_url`.
+    pub async fn start(provider_base_url: &str) -> TestServer {
+        let db_dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(provider_base_url, db_dir, "").await
+    }
+
+    /// Starts a server on the database inside `db_dir`, with extra top-level TOML lines.
+    pub async fn start_in(
+        provider_base_url: &str,
+        db_dir: tempfile::TempDir,
+        extra: &str,
+    ) -> TestServer {
+        let config = config_for(provider_base_url, &db_dir.path().join("test.db"), extra);
+        let app = App::bind(config).await.expect("server starts");
+        let addr = app.local_addr().expect("addr");
+        let shutdown = app.shutdown_token();
+        let task = tokio::spawn(async move {
+            app.serve().await.expect("server runs");
+        });
+        TestServer {
+            addr,
+            shutdown,
+            db_dir,
+            task,
+        }
+    }
+
+    /// Stops the server and waits until it has closed its database.
+    pub async fn stop(self) -> tempfile::TempDir {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+        self.db_dir
+    }
+}
+
+pub fn config_for(provider_base_url: &str, db: &Path, extra: &str) -> Config {
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+database_url = "sqlite://{db}"
+provider_idle_timeout_secs = 5
+{extra}
+
+[[providers]]
+name = "fake"
+kind = "openai-chat"
+base_url = "{provider_base_url}"
+api_key = "{API_KEY}"
+
+[[providers.models]]
+id = "{MODEL}"
+upstream_id = "upstream-{MODEL}"
+display_name = "Test Model"
+reasoning = true
+"#,
+        db = db.display()
+    );
+    Config::from_toml(&text, Path::new("test.toml"), &|_| None).expect("test config is valid")
+}
+
+pub fn run_request(conversation_id: &str, text: &str) -> AgentClientMessage {
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::RunRequest(AgentRunRequest {
+            conversation_id: Some(conversation_id.to_owned()),
+            requested_model: Some(RequestedModel {
+                model_id: MODEL.to_owned(),
+                ..RequestedModel::default()
+            }),
+            action: Some(ConversationAction {
+                action: Some(conversation_action::Action::UserMessageAction(
+                    UserMessageAction {
+                        user_message: Some(UserMessage {
+                            text: text.to_owned(),
+                            message_id: format!("msg-{text}"),
+                            ..UserMessage::default()
+                        }),
+                        ..UserMessageAction::default()
+                    },
+                )),
+                ..ConversationAction::default()
+            }),
+            ..AgentRunRequest::default()
+        })),
+    }
+}
+
+pub fn run_request_for_model(conversation_id: &str, text: &str, model: &str) -> AgentClientMessage {
+    let mut message = run_request(conversation_id, text);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+        request.requested_model = Some(RequestedModel {
+            model_id: model.to_owned(),
+            ..RequestedModel::default()
+        });
+    }
+    message
+}
+
+pub fn heartbeat() -> AgentClientMessage {
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::ClientHeartbeat(
+            ClientHeartbeat {},
+        )),
+    }
+}

@@ -1,0 +1,396 @@
+//! A complete text turn, end to end: the real server on a loopback port, a fake Cursor client on the
+//! real transports, and a fake provider streaming real Chat SSE.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use base64::Engine as _;
+use cursor_server::cursor::proto::agent::interaction_update;
+use cursor_server::cursor::proto::aiserver::{ErrorDetails, error_details};
+use cursor_server::store::Store;
+use cursor_server::store::runs::{self, RunStatus};
+use fake_cursor::{FakeCursor, Transcript, read_transcript};
+use fake_provider::{FakeProvider, Reply, text_events, thinking_then_text_events};
+use fixtures::{TestServer, run_request};
+use prost::Message as _;
+
+/// Runs one turn over RunSSE + BidiAppend and returns what the client saw.
+async fn sse_turn(
+    cursor: &FakeCursor,
+    request_id: &str,
+    conversation: &str,
+    text: &str,
+) -> Transcript {
+    let sse = cursor.open_run_sse(request_id).await;
+    let accepted = cursor
+        .append(request_id, 0, &run_request(conversation, text))
+        .await;
+    assert_eq!(accepted.status(), 200);
+    assert!(
+        accepted.bytes().await.expect("body").is_empty(),
+        "empty BidiAppendResponse"
+    );
+    read_transcript(sse).await
+}
+
+fn turn_ended(
+    transcript: &Transcript,
+) -> Option<&cursor_server::cursor::proto::agent::TurnEndedUpdate> {
+    transcript.updates().find_map(|u| match u {
+        interaction_update::Message::TurnEnded(t) => Some(t),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(
+        &["Hel", "lo ", "world"],
+        (120, 7, 100),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-text-1", "conv-text", "say hello").await;
+
+    assert_eq!(
+        transcript.kinds(),
+        ["text_delta", "text_delta", "text_delta", "turn_ended"]
+    );
+    assert_eq!(transcript.text(), "Hello world");
+    let usage = turn_ended(&transcript).expect("turn_ended");
+    assert_eq!(usage.input_tokens, Some(120));
+    assert_eq!(usage.output_tokens, Some(7));
+    assert_eq!(usage.cache_read_tokens, Some(100));
+    assert_eq!(
+        usage.cache_write_tokens, None,
+        "unreported usage is omitted"
+    );
+    assert_eq!(
+        transcript.end_frame.as_deref(),
+        Some(&[0x02, 0, 0, 0, 2, b'{', b'}'][..]),
+        "success ends with exactly 02 00 00 00 02 7b 7d"
+    );
+
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    assert_eq!(request["model"], "upstream-test-model");
+    assert_eq!(request["stream"], true);
+    assert_eq!(request["stream_options"]["include_usage"], true);
+    let messages = request["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["role"], "system");
+    assert_eq!(
+        messages[1],
+        serde_json::json!({"role": "user", "content": "say hello"})
+    );
+    assert_eq!(
+        provider.authorizations(),
+        [format!("Bearer {}", fixtures::API_KEY)]
+    );
+
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .expect("reopen");
+    let record = runs::get(&store, "req-text-1")
+        .await
+        .expect("query")
+        .expect("run recorded");
+    assert_eq!(record.outcome.status, RunStatus::Succeeded);
+    assert_eq!(record.outcome.provider_calls, 1);
+    assert_eq!(record.outcome.usage.input_tokens, Some(120));
+    assert_eq!(record.conversation_id, "conv-text");
+}
+
+#[tokio::test]
+async fn thinking_streams_first_then_completes_before_text() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::Sse {
+        events: thinking_then_text_events(&["Let me ", "think."], &["Answer."], (50, 9, 0)),
+        gap: std::time::Duration::from_millis(3),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-think", "conv-think", "why?").await;
+
+    assert_eq!(
+        transcript.kinds(),
+        [
+            "thinking_delta",
+            "thinking_delta",
+            "thinking_completed",
+            "text_delta",
+            "turn_ended"
+        ]
+    );
+    assert_eq!(transcript.thinking(), "Let me think.");
+    assert_eq!(transcript.text(), "Answer.");
+    let duration = transcript
+        .updates()
+        .find_map(|u| match u {
+            interaction_update::Message::ThinkingCompleted(t) => Some(t.thinking_duration_ms),
+            _ => None,
+        })
+        .expect("thinking_completed");
+    assert!(
+        duration >= 1,
+        "thinking duration is at least 1 ms, got {duration}"
+    );
+    assert!(transcript.is_success());
+}
+
+#[tokio::test]
+async fn provider_http_500_ends_unavailable_with_error_details_and_no_turn_ended() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::Status {
+        status: 500,
+        body: r#"{"error":{"message":"upstream exploded","type":"server_error"}}"#.to_owned(),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-500", "conv-500", "hi").await;
+
+    assert!(
+        transcript.kinds().is_empty(),
+        "no turn_ended, no text: {:?}",
+        transcript.kinds()
+    );
+    assert_eq!(transcript.error_code(), Some("unavailable"));
+    let end = transcript.end.as_ref().expect("end");
+    let detail = &end["error"]["details"][0];
+    assert_eq!(detail["type"], "aiserver.v1.ErrorDetails");
+    let value = detail["value"].as_str().expect("base64 value");
+    assert!(!value.ends_with('='), "base64 without padding");
+    let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(value)
+        .expect("standard alphabet");
+    let details = ErrorDetails::decode(bytes.as_slice()).expect("ErrorDetails");
+    assert_eq!(details.error, error_details::Error::ProviderError as i32);
+    assert_eq!(details.is_expected, Some(false));
+    let custom = details.details.expect("custom details");
+    assert!(
+        custom.detail.contains("upstream exploded"),
+        "{}",
+        custom.detail
+    );
+    assert_eq!(custom.is_retryable, Some(true));
+    assert_eq!(custom.show_request_id, Some(true));
+    assert_eq!(custom.should_show_immediate_error, Some(false));
+
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .expect("reopen");
+    let record = runs::get(&store, "req-500")
+        .await
+        .expect("query")
+        .expect("run recorded");
+    assert_eq!(record.outcome.status, RunStatus::Failed);
+    let (code, message) = record.outcome.error.expect("error recorded");
+    assert_eq!(code, "unavailable");
+    assert!(message.contains("HTTP 500"), "{message}");
+}
+
+#[tokio::test]
+async fn a_provider_stream_cut_midway_is_an_error_not_a_success() {
+    let provider = FakeProvider::start().await;
+    let mut events = text_events(&["partial ", "answer"], (10, 2, 0));
+    events.truncate(2); // role chunk + first text, no finish, no [DONE]
+    provider.push(Reply::CutAfter { events });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-cut", "conv-cut", "hi").await;
+
+    assert!(
+        !transcript.kinds().contains(&"turn_ended"),
+        "{:?}",
+        transcript.kinds()
+    );
+    assert_eq!(transcript.text(), "partial ");
+    assert_eq!(transcript.error_code(), Some("unavailable"));
+}
+
+#[tokio::test]
+async fn a_stream_that_closes_cleanly_without_done_is_an_error() {
+    let provider = FakeProvider::start().await;
+    let mut events = text_events(&["no done"], (10, 2, 0));
+    events.pop(); // drop [DONE]; the body then ends normally
+    provider.push(Reply::sse(events));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-nodone", "conv-nodone", "hi").await;
+
+    assert!(!transcript.kinds().contains(&"turn_ended"));
+    assert_eq!(transcript.error_code(), Some("unavailable"));
+    assert!(
+        transcript
+            .error_message()
+            .is_some_and(|m| m.contains("[DONE]")),
+        "{:?}",
+        transcript.error_message()
+    );
+}
+
+#[tokio::test]
+async fn the_http2_run_transport_streams_the_same_turn_and_ends_the_stream_itself() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(thinking_then_text_events(
+        &["hm"],
+        &["Hi ", "CLI"],
+        (30, 4, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let (uplink, response) = cursor.open_run_h2("req-h2").await;
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    uplink.send(fixtures::heartbeat()).await.expect("send");
+    uplink
+        .send(run_request("conv-h2", "hello from the CLI"))
+        .await
+        .expect("send");
+    // The uplink stays open (never half-closed); the server must still end the response.
+    let transcript = read_transcript(response).await;
+
+    assert_eq!(
+        transcript.kinds(),
+        [
+            "thinking_delta",
+            "thinking_completed",
+            "text_delta",
+            "text_delta",
+            "turn_ended"
+        ]
+    );
+    assert_eq!(transcript.text(), "Hi CLI");
+    assert!(transcript.is_success());
+    drop(uplink);
+}
+
+#[tokio::test]
+async fn a_second_turn_sends_the_first_turn_as_an_exact_prefix() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(thinking_then_text_events(
+        &["plan"],
+        &["First answer."],
+        (20, 3, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["Second answer."], (40, 3, 20))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let first = sse_turn(&cursor, "req-turn-1", "conv-two", "first question").await;
+    assert!(first.is_success());
+    let second = sse_turn(&cursor, "req-turn-2", "conv-two", "second question").await;
+    assert!(second.is_success());
+    assert_eq!(second.text(), "Second answer.");
+
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    let first_messages = requests[0]["messages"]
+        .as_array()
+        .expect("messages")
+        .clone();
+    let second_messages = requests[1]["messages"]
+        .as_array()
+        .expect("messages")
+        .clone();
+    assert_eq!(
+        &second_messages[..first_messages.len()],
+        first_messages.as_slice()
+    );
+    assert_eq!(
+        &second_messages[first_messages.len()..],
+        &[
+            serde_json::json!({"role": "assistant", "content": "First answer.", "reasoning_content": "plan"}),
+            serde_json::json!({"role": "user", "content": "second question"}),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn run_sse_may_arrive_after_the_first_bidi_append() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["late reader"], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let accepted = cursor
+        .append("req-late-sse", 0, &run_request("conv-late", "hi"))
+        .await;
+    assert_eq!(accepted.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let transcript = read_transcript(cursor.open_run_sse("req-late-sse").await).await;
+
+    assert_eq!(transcript.kinds(), ["text_delta", "turn_ended"]);
+    assert!(transcript.is_success());
+}
+
+#[tokio::test]
+async fn late_traffic_for_a_finished_request_gets_a_clear_error() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["done"], (5, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    assert!(
+        sse_turn(&cursor, "req-finished", "conv-finished", "hi")
+            .await
+            .is_success()
+    );
+
+    let late_sse = read_transcript(cursor.open_run_sse("req-finished").await).await;
+    assert!(late_sse.messages.is_empty());
+    assert_eq!(late_sse.error_code(), Some("not_found"));
+    assert!(
+        late_sse
+            .error_message()
+            .is_some_and(|m| m.contains("req-finished"))
+    );
+
+    let late_append = cursor
+        .append("req-finished", 1, &fixtures::heartbeat())
+        .await;
+    assert_eq!(late_append.status(), 404);
+    let body: serde_json::Value = late_append.json().await.expect("JSON reason");
+    assert_eq!(body["code"], "not_found");
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_not_found_and_names_the_configured_models() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let sse = cursor.open_run_sse("req-unknown-model").await;
+    let message = fixtures::run_request_for_model("conv-unknown", "hi", "no-such-model");
+    assert_eq!(
+        cursor
+            .append("req-unknown-model", 0, &message)
+            .await
+            .status(),
+        200
+    );
+    let transcript = read_transcript(sse).await;
+
+    assert_eq!(transcript.error_code(), Some("not_found"));
+    let message = transcript.error_message().expect("message");
+    assert!(
+        message.contains("no-such-model") && message.contains(fixtures::MODEL),
+        "{message}"
+    );
+    assert!(
+        provider.requests().is_empty(),
+        "no provider call for an unknown model"
+    );
+}
