@@ -1,0 +1,348 @@
+//! Connect binary compatibility: envelopes, end-of-stream bytes, error JSON, BidiAppend decoding,
+//! append_seqno ordering, and precise rejection of malformed input — as functions and over HTTP.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::io::Write as _;
+
+use base64::Engine as _;
+use cursor_server::cursor::bidi_append::{self, BidiAppendError};
+use cursor_server::cursor::connect::{
+    self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError,
+};
+use cursor_server::cursor::proto::agent::{
+    AgentClientMessage, agent_client_message, kv_client_message,
+};
+use cursor_server::cursor::proto::aiserver::{BidiAppendRequest, BidiRequestId, ErrorDetails};
+use cursor_server::run::command::ClientInput;
+use cursor_server::run::inbox::{Accepted, Inbox, InboxError, MAX_BUFFERED};
+use fake_cursor::{FakeCursor, read_transcript};
+use fake_provider::{FakeProvider, Reply, text_events};
+use fixtures::TestServer;
+use prost::Message as _;
+
+const MAX: usize = 1024 * 1024;
+
+fn append_request(request_id: &str, seqno: i64, data: &str) -> Vec<u8> {
+    BidiAppendRequest {
+        data: data.to_owned(),
+        request_id: Some(BidiRequestId {
+            request_id: request_id.to_owned(),
+        }),
+        append_seqno: seqno,
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn envelopes_round_trip_through_the_incremental_decoder() {
+    let message = fixtures::run_request("conv", "hello");
+    let frame = connect::encode_message(&message);
+    assert_eq!(frame[0], 0x00, "data frame flags");
+    assert_eq!(
+        u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]) as usize,
+        frame.len() - 5
+    );
+
+    let mut stream = frame.to_vec();
+    stream.extend_from_slice(&connect::end_stream_ok());
+    let mut decoder = FrameDecoder::new(MAX);
+    let mut frames = Vec::new();
+    for byte in &stream {
+        // One byte at a time: frames must survive any chunking.
+        decoder.push(std::slice::from_ref(byte));
+        while let Some(frame) = decoder.next_frame().expect("valid") {
+            frames.push(frame);
+        }
+    }
+    decoder.finish().expect("nothing left over");
+    assert_eq!(frames.len(), 2);
+    assert_eq!(
+        AgentClientMessage::decode(frames[0].payload.as_ref()).expect("decodes"),
+        message
+    );
+    assert!(frames[1].is_end_stream());
+    assert_eq!(frames[1].payload.as_ref(), b"{}");
+}
+
+#[test]
+fn success_end_of_stream_is_exactly_these_bytes() {
+    assert_eq!(
+        connect::end_stream_ok().as_ref(),
+        &[0x02, 0x00, 0x00, 0x00, 0x02, 0x7b, 0x7d]
+    );
+}
+
+#[test]
+fn error_end_of_stream_is_json_with_unpadded_base64_error_details() {
+    let error = ConnectError::provider("Provider unavailable", "boom: quota");
+    let frame = connect::end_stream_error(&error);
+    assert_eq!(frame[0], connect::FLAG_END_STREAM);
+    let json: serde_json::Value = serde_json::from_slice(&frame[5..]).expect("JSON payload");
+    assert_eq!(json["error"]["code"], "unavailable");
+    assert_eq!(json["error"]["message"], "boom: quota");
+    let detail = &json["error"]["details"][0];
+    assert_eq!(detail["type"], "aiserver.v1.ErrorDetails");
+    let value = detail["value"].as_str().expect("string");
+    assert!(!value.contains('='));
+    let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(value)
+        .expect("standard alphabet, no padding");
+    let details = ErrorDetails::decode(bytes.as_slice()).expect("ErrorDetails");
+    assert_eq!(
+        details.details.expect("custom").title,
+        "Provider unavailable"
+    );
+
+    let plain = connect::end_stream_error(&ConnectError::new(ConnectCode::Canceled, "stop"));
+    let json: serde_json::Value = serde_json::from_slice(&plain[5..]).expect("JSON");
+    assert_eq!(
+        json,
+        serde_json::json!({"error": {"code": "canceled", "message": "stop"}})
+    );
+}
+
+#[test]
+fn bidi_append_decodes_a_hex_agent_client_message() {
+    let body = append_request("req-1", 3, "1a0408011a00");
+    let append = bidi_append::decode(&body).expect("valid append");
+    assert_eq!(append.request_id, "req-1");
+    assert_eq!(append.seqno, 3);
+    let Some(agent_client_message::Message::KvClientMessage(kv)) = &append.message.message else {
+        panic!("expected kv_client_message, got {:?}", append.message);
+    };
+    assert_eq!(kv.id, 1);
+    assert!(matches!(
+        kv.message,
+        Some(kv_client_message::Message::SetBlobResult(_))
+    ));
+    assert_eq!(
+        bidi_append::translate(append.message).expect("translates"),
+        ClientInput::KvResult { id: 1 }
+    );
+}
+
+#[test]
+fn unary_bodies_may_be_raw_enveloped_or_gzipped() {
+    let raw = append_request("req-1", 0, "1a0408011a00");
+    let payload =
+        |body: &[u8], encoding| connect::decode_unary_body(body, encoding, MAX).expect("decodes");
+    assert_eq!(payload(&raw, Encoding::Identity).as_ref(), raw.as_slice());
+    let enveloped = connect::encode_frame(0, &raw);
+    assert_eq!(
+        payload(&enveloped, Encoding::Identity).as_ref(),
+        raw.as_slice()
+    );
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&raw).expect("gzip");
+    let gzipped = gz.finish().expect("gzip");
+    assert_eq!(payload(&gzipped, Encoding::Gzip).as_ref(), raw.as_slice());
+    assert!(matches!(
+        Encoding::parse(Some("br")),
+        Err(WireError::UnsupportedEncoding(e)) if e == "br"
+    ));
+}
+
+#[test]
+fn append_seqno_orders_buffers_gaps_and_drops_duplicates() {
+    let mut inbox = Inbox::default();
+    assert_eq!(inbox.push(2, "c"), Ok(Accepted::Buffered));
+    assert_eq!(inbox.push(1, "b"), Ok(Accepted::Buffered));
+    assert_eq!(inbox.push(2, "c-again"), Ok(Accepted::Duplicate));
+    assert_eq!(inbox.push(0, "a"), Ok(Accepted::Ready(vec!["a", "b", "c"])));
+    assert_eq!(inbox.push(1, "b-again"), Ok(Accepted::Duplicate));
+    assert_eq!(inbox.push(3, "d"), Ok(Accepted::Ready(vec!["d"])));
+    assert_eq!(inbox.expected(), 4);
+    assert_eq!(inbox.push(-1, "x"), Err(InboxError::Negative(-1)));
+
+    let mut flooded = Inbox::default();
+    for seqno in 1..=MAX_BUFFERED as i64 {
+        assert_eq!(flooded.push(seqno, ()), Ok(Accepted::Buffered));
+    }
+    assert!(matches!(
+        flooded.push(MAX_BUFFERED as i64 + 1, ()),
+        Err(InboxError::GapTooLong { missing: 0, .. })
+    ));
+}
+
+#[test]
+fn malformed_input_is_rejected_with_a_specific_error() {
+    // Short frame: header promises 10 bytes, 3 arrive.
+    let short = [0u8, 0, 0, 0, 10, 1, 2, 3];
+    assert_eq!(
+        connect::decode_frames(&short, MAX),
+        Err(WireError::ShortFrame { have: 8, need: 15 })
+    );
+    // Oversized length prefix.
+    let huge = [0u8, 0x7f, 0xff, 0xff, 0xff];
+    assert_eq!(
+        connect::decode_frames(&huge, MAX),
+        Err(WireError::FrameTooLarge {
+            len: 0x7fff_ffff,
+            max: MAX
+        })
+    );
+    // Unknown flag bits.
+    assert_eq!(
+        connect::decode_frames(&[0x80, 0, 0, 0, 0], MAX),
+        Err(WireError::UnknownFlags(0x80))
+    );
+    // Bad hex.
+    assert!(matches!(
+        bidi_append::decode(&append_request("r", 0, "zz")),
+        Err(BidiAppendError::BadHex(_))
+    ));
+    // Hex of bytes that are not an AgentClientMessage (a truncated length-delimited field).
+    assert!(matches!(
+        bidi_append::decode(&append_request("r", 0, "1a05")),
+        Err(BidiAppendError::BadMessage(_))
+    ));
+    // Bytes that are not a BidiAppendRequest.
+    assert!(matches!(
+        bidi_append::decode(&[0x0a, 0x05, 0x01]),
+        Err(BidiAppendError::Wire(WireError::Protobuf { .. }))
+    ));
+    // Empty request id.
+    assert_eq!(
+        bidi_append::decode(&append_request("", 0, "1a0408011a00")),
+        Err(BidiAppendError::EmptyRequestId)
+    );
+    assert_eq!(
+        bidi_append::decode(&append_request("r", -4, "1a0408011a00")),
+        Err(BidiAppendError::NegativeSeqno(-4))
+    );
+    // A message with no oneof set is not silently accepted.
+    assert!(bidi_append::translate(AgentClientMessage::default()).is_err());
+}
+
+#[tokio::test]
+async fn malformed_bidi_appends_get_400_with_a_json_reason() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (append_request("r", 0, "not hex!"), "not valid hex"),
+        (append_request("r", 0, "1a05"), "AgentClientMessage"),
+        (append_request("", 0, "1a0408011a00"), "missing request_id"),
+        (vec![0x00, 0x00, 0x00, 0x00, 0x09, 0x01], "truncated frame"),
+        (vec![0x0a, 0xff], "BidiAppendRequest"),
+    ];
+    for (body, reason) in cases {
+        let response = cursor.append_body(body, None).await;
+        assert_eq!(response.status(), 400, "{reason}");
+        let json: serde_json::Value = response.json().await.expect("JSON body");
+        assert_eq!(json["code"], "invalid_argument");
+        let message = json["message"].as_str().expect("message");
+        assert!(
+            message.contains(reason),
+            "{message:?} should mention {reason:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn out_of_order_and_duplicate_appends_are_applied_in_seqno_order() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["ordered"], (3, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let sse = cursor.open_run_sse("req-order").await;
+    // seqno 1 arrives first and must wait for 0; a duplicate 0 is dropped.
+    let heartbeat = cursor.append("req-order", 1, &fixtures::heartbeat()).await;
+    assert_eq!(heartbeat.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        provider.requests().is_empty(),
+        "nothing runs before seqno 0"
+    );
+    let run = cursor
+        .append("req-order", 0, &fixtures::run_request("conv-order", "hi"))
+        .await;
+    assert_eq!(run.status(), 200);
+    let duplicate = cursor
+        .append("req-order", 0, &fixtures::run_request("conv-order", "hi"))
+        .await;
+    assert_eq!(duplicate.status(), 200);
+    let transcript = read_transcript(sse).await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "ordered");
+    assert_eq!(
+        provider.requests().len(),
+        1,
+        "the duplicate did not start a second call"
+    );
+}
+
+#[tokio::test]
+async fn gzip_bidi_append_bodies_are_accepted() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["zipped"], (3, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let sse = cursor.open_run_sse("req-gzip").await;
+    let message = fixtures::run_request("conv-gzip", "hi");
+    let body = append_request("req-gzip", 0, &hex::encode(message.encode_to_vec()));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&connect::encode_frame(0, &body))
+        .expect("gzip");
+    let response = cursor
+        .append_body(gz.finish().expect("gzip"), Some("gzip"))
+        .await;
+    assert_eq!(response.status(), 200);
+    let transcript = read_transcript(sse).await;
+    assert_eq!(transcript.text(), "zipped");
+}
+
+#[tokio::test]
+async fn a_kv_result_nobody_asked_for_ends_the_run_with_a_protocol_error() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let sse = cursor.open_run_sse("req-unknown-kv").await;
+    let kv_result =
+        AgentClientMessage::decode(hex::decode("1a0408011a00").expect("hex").as_slice())
+            .expect("kv result");
+    assert_eq!(
+        cursor
+            .append("req-unknown-kv", 0, &kv_result)
+            .await
+            .status(),
+        200
+    );
+    let transcript = read_transcript(sse).await;
+
+    assert_eq!(transcript.error_code(), Some("invalid_argument"));
+    let message = transcript.error_message().expect("message");
+    assert!(
+        message.starts_with("protocol error: ") && message.contains("KV id 1"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_get_a_connect_error_not_a_hang() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/aiserver.v1.SomethingElse/Method",
+            server.addr
+        ))
+        .body(Vec::new())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 501);
+    let json: serde_json::Value = response.json().await.expect("JSON");
+    assert_eq!(json["code"], "unimplemented");
+}
