@@ -9,8 +9,8 @@ CREATE TABLE conversations (
 CREATE TABLE messages (
     conversation_id TEXT    NOT NULL REFERENCES conversations (id),
     seq             INTEGER NOT NULL CHECK (seq >= 0),
-    role            TEXT    NOT NULL CHECK (role IN ('user', 'assistant')),
-    origin          TEXT    NOT NULL CHECK (origin IN ('user', 'runtime', 'model')),
+    role            TEXT    NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+    origin          TEXT    NOT NULL CHECK (origin IN ('user', 'runtime', 'model', 'tool')),
     body            TEXT    NOT NULL, -- JSON of model::message::CanonicalMessage
     request_id      TEXT    NOT NULL, -- the run that appended it
     created_at_ms   INTEGER NOT NULL,

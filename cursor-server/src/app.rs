@@ -20,6 +20,8 @@ pub struct AppState {
     /// The single HTTP client for every provider call (connection pooling, TLS sessions).
     pub http: reqwest::Client,
     pub runs: RunRegistry,
+    /// The Agent mode's tool definitions, parsed once at start-up.
+    pub agent_tools: Vec<serde_json::Value>,
     /// Fires on shutdown: runs end `canceled`, the server stops accepting.
     pub shutdown: CancellationToken,
 }
@@ -32,6 +34,7 @@ pub struct App {
 impl App {
     /// Opens the database (running migrations) and binds the configured address.
     pub async fn bind(config: Config) -> Result<App, ServerError> {
+        let agent_tools = crate::prompting::compiler::agent_tools().map_err(ServerError::Assets)?;
         let store = Store::open(&config.database_url).await?;
         let http = reqwest::Client::builder()
             .connect_timeout(config.provider_connect_timeout)
@@ -49,6 +52,7 @@ impl App {
             store,
             http,
             runs: RunRegistry::default(),
+            agent_tools,
             shutdown: CancellationToken::new(),
         });
         Ok(App { state, listener })

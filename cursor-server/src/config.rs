@@ -19,6 +19,7 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS: u64 = 120;
 pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
+pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 
 /// Environment variables that override the file (handy for containers and tests).
 pub const ENV_LISTEN: &str = "CURSOR_BYOK_LISTEN";
@@ -146,6 +147,8 @@ pub struct Config {
     pub provider_connect_timeout: Duration,
     /// How long a run session waits for its `run_request` before it is ended with an error.
     pub run_request_timeout: Duration,
+    /// Tool output shown to the model is truncated (with a marker) past this many bytes.
+    pub tool_output_max_bytes: usize,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -206,6 +209,7 @@ struct FileConfig {
     provider_idle_timeout_secs: Option<u64>,
     provider_connect_timeout_secs: Option<u64>,
     run_request_timeout_secs: Option<u64>,
+    tool_output_max_bytes: Option<usize>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -289,6 +293,14 @@ impl FileConfig {
             });
         }
 
+        let tool_output_max_bytes = self
+            .tool_output_max_bytes
+            .unwrap_or(DEFAULT_TOOL_OUTPUT_MAX_BYTES);
+        if tool_output_max_bytes == 0 {
+            return Err(ConfigError::Zero {
+                field: "tool_output_max_bytes",
+            });
+        }
         let max_frame_bytes = self.max_frame_bytes.unwrap_or(DEFAULT_MAX_FRAME_BYTES);
         if max_frame_bytes == 0 {
             return Err(ConfigError::Zero {
@@ -315,6 +327,7 @@ impl FileConfig {
                 DEFAULT_RUN_REQUEST_TIMEOUT_SECS,
                 "run_request_timeout_secs",
             )?,
+            tool_output_max_bytes,
             providers,
         })
     }

@@ -32,6 +32,8 @@ pub enum ServerError {
     Serve(std::io::Error),
     #[error("building the HTTP client: {0}")]
     HttpClient(String),
+    #[error("prompt assets: {0}")]
+    Assets(String),
 }
 
 impl ServerError {
@@ -47,7 +49,8 @@ impl ServerError {
             | ServerError::Store(_)
             | ServerError::Bind { .. }
             | ServerError::Serve(_)
-            | ServerError::HttpClient(_) => ConnectCode::Internal,
+            | ServerError::HttpClient(_)
+            | ServerError::Assets(_) => ConnectCode::Internal,
         }
     }
 }

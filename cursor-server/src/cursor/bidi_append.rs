@@ -7,7 +7,7 @@ use super::proto::agent::{
     AgentClientMessage, agent_client_message, conversation_action, exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use crate::run::command::{ClientInput, ProtocolError, RunRequestInput};
+use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -84,11 +84,17 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             match request.action.and_then(|a| a.action) {
                 Some(conversation_action::Action::UserMessageAction(action)) => {
                     let user = action.user_message.unwrap_or_default();
+                    let terminals_folder = action
+                        .request_context
+                        .and_then(|c| c.env)
+                        .map(|env| env.terminals_folder)
+                        .unwrap_or_default();
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
                         user_text: user.text,
                         user_message_id: user.message_id,
                         model_id,
+                        terminals_folder,
                     }))
                 }
                 Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
@@ -105,10 +111,10 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             }
             None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
         },
-        Message::ExecClientMessage(result) => match &result.message {
-            Some(kind) => ClientInput::ExecResult {
+        Message::ExecClientMessage(result) => match result.message {
+            Some(payload) => ClientInput::ExecResult {
                 id: result.id,
-                kind: exec::result_kind(kind),
+                payload: exec::ExecPayload(Box::new(payload)),
             },
             None => {
                 return Err(ProtocolError::Uplink(format!(
@@ -121,12 +127,12 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             Some(exec_client_control_message::Message::StreamClose(close)) => {
                 ClientInput::ExecControl {
                     id: close.id,
-                    kind: "stream_close",
+                    control: ExecControl::StreamClose,
                 }
             }
             Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
                 id: throw.id,
-                kind: "throw",
+                control: ExecControl::Throw { error: throw.error },
             },
             Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
             None => {

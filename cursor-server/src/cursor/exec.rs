@@ -2,7 +2,234 @@
 //! `exec_client_message`), named by their oneof variant so a result can be matched to its request kind.
 
 use super::proto::agent::exec_client_message::Message;
+use super::proto::agent::{self as pb, exec_server_message};
+use super::tools::{GrepMode, ShellInput, ToolInput};
 
+/// Shell defaults the official backend sends (protocol.md §6).
+pub const SHELL_DEFAULT_BLOCK_MS: u32 = 30_000;
+pub const SHELL_HARD_TIMEOUT_MS: i32 = 86_400_000;
+pub const SHELL_FILE_OUTPUT_THRESHOLD_BYTES: u64 = 40_000;
+
+/// An exec request to send, with the result kind its answer must have.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecRequest {
+    pub message: Box<exec_server_message::Message>,
+}
+
+impl ExecRequest {
+    /// The `ExecClientMessage` oneof name that answers this request.
+    pub fn expected_result(&self) -> &'static str {
+        use exec_server_message::Message as A;
+        match self.message.as_ref() {
+            A::ShellArgs(_) => "shell_result",
+            A::WriteArgs(_) => "write_result",
+            A::DeleteArgs(_) => "delete_result",
+            A::GrepArgs(_) => "grep_result",
+            A::ReadArgs(_) => "read_result",
+            A::RedactedReadArgs(_) => "redacted_read_result",
+            A::LsArgs(_) => "ls_result",
+            A::DiagnosticsArgs(_) => "diagnostics_result",
+            A::RequestContextArgs(_) => "request_context_result",
+            A::McpArgs(_) => "mcp_result",
+            A::ShellStreamArgs(_) => "shell_stream",
+            A::BackgroundShellSpawnArgs(_) => "background_shell_spawn_result",
+            A::ListMcpResourcesExecArgs(_) => "list_mcp_resources_exec_result",
+            A::ReadMcpResourceExecArgs(_) => "read_mcp_resource_exec_result",
+            A::McpStateExecArgs(_) => "mcp_state_exec_result",
+            A::FetchArgs(_) => "fetch_result",
+            A::RecordScreenArgs(_) => "record_screen_result",
+            A::ComputerUseArgs(_) => "computer_use_result",
+            A::WriteShellStdinArgs(_) => "write_shell_stdin_result",
+            A::ExecuteHookArgs(_) => "execute_hook_result",
+            A::SubagentArgs(_) => "subagent_result",
+            A::ForceBackgroundShellArgs(_) => "force_background_shell_result",
+            A::ForceBackgroundSubagentArgs(_) => "force_background_subagent_result",
+            A::SubagentAwaitArgs(_) => "subagent_await_result",
+            A::SmartModeClassifierArgs(_) => "smart_mode_classifier_result",
+        }
+    }
+
+    /// Whether the client answers with several messages (then `stream_close`).
+    pub fn is_streaming(&self) -> bool {
+        matches!(
+            *self.message,
+            exec_server_message::Message::ShellStreamArgs(_)
+        )
+    }
+
+    /// The wire message with the exec id assigned by the run.
+    pub fn into_server_message(self, id: u32) -> pb::AgentServerMessage {
+        pb::AgentServerMessage {
+            message: Some(pb::agent_server_message::Message::ExecServerMessage(
+                pb::ExecServerMessage {
+                    id,
+                    message: Some(*self.message),
+                    ..pb::ExecServerMessage::default()
+                },
+            )),
+        }
+    }
+}
+
+/// A client's exec result, opaque to the loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecPayload(pub Box<Message>);
+
+impl ExecPayload {
+    pub fn kind(&self) -> &'static str {
+        result_kind(&self.0)
+    }
+}
+
+/// `exec_server_control_message.abort{id}`.
+pub fn abort(id: u32) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(pb::agent_server_message::Message::ExecServerControlMessage(
+            pb::ExecServerControlMessage {
+                message: Some(pb::exec_server_control_message::Message::Abort(
+                    pb::ExecServerAbort { id },
+                )),
+            },
+        )),
+    }
+}
+
+pub fn read_request(
+    path: &str,
+    offset: Option<i32>,
+    limit: Option<u32>,
+    call_id: &str,
+) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::ReadArgs(pb::ReadArgs {
+            path: path.to_owned(),
+            tool_call_id: call_id.to_owned(),
+            offset,
+            limit,
+            encoding_hint: None,
+        })),
+    }
+}
+
+pub fn write_request(path: &str, text: &str, call_id: &str) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::WriteArgs(pb::WriteArgs {
+            path: path.to_owned(),
+            file_text: text.to_owned(),
+            tool_call_id: call_id.to_owned(),
+            return_file_content_after_write: false,
+            ..pb::WriteArgs::default()
+        })),
+    }
+}
+
+pub fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::DiagnosticsArgs(
+            pb::DiagnosticsArgs {
+                path: path.to_owned(),
+                tool_call_id: call_id.to_owned(),
+            },
+        )),
+    }
+}
+
+/// `ShellArgs` as the official backend fills them; also the Shell card's typed args.
+pub fn shell_args(input: &ShellInput, call_id: &str) -> pb::ShellArgs {
+    let block = input.block_until_ms.unwrap_or(SHELL_DEFAULT_BLOCK_MS);
+    pb::ShellArgs {
+        command: input.command.clone(),
+        working_directory: input.working_directory.clone().unwrap_or_default(),
+        timeout: i32::try_from(block).unwrap_or(i32::MAX),
+        tool_call_id: call_id.to_owned(),
+        // The server does not parse shell syntax: say so instead of faking a parse.
+        parsing_result: Some(pb::ShellCommandParsingResult {
+            parsing_failed: true,
+            ..pb::ShellCommandParsingResult::default()
+        }),
+        file_output_threshold_bytes: Some(SHELL_FILE_OUTPUT_THRESHOLD_BYTES),
+        is_background: block == 0,
+        timeout_behavior: pb::TimeoutBehavior::Background as i32,
+        hard_timeout: Some(SHELL_HARD_TIMEOUT_MS),
+        description: input.description.clone(),
+        close_stdin: true,
+        ..pb::ShellArgs::default()
+    }
+}
+
+/// `GrepArgs` for a Grep call; also the Grep card's typed args.
+pub fn grep_args(input: &super::tools::GrepInput, call_id: &str) -> pb::GrepArgs {
+    let signed = |v: Option<u32>| v.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+    pb::GrepArgs {
+        pattern: input.pattern.clone(),
+        path: input.path.clone(),
+        glob: input.glob.clone(),
+        output_mode: Some(
+            input
+                .output_mode
+                .unwrap_or(GrepMode::Content)
+                .as_str()
+                .to_owned(),
+        ),
+        context_before: signed(input.before),
+        context_after: signed(input.after),
+        context: signed(input.context),
+        case_insensitive: input.case_insensitive,
+        r#type: input.file_type.clone(),
+        head_limit: signed(input.head_limit),
+        multiline: input.multiline,
+        tool_call_id: call_id.to_owned(),
+        offset: signed(input.offset),
+        ..pb::GrepArgs::default()
+    }
+}
+
+/// The first exec request of an exec-transport tool; `None` for local tools.
+pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
+    use exec_server_message::Message as A;
+    let message = match input {
+        ToolInput::Read(read) => {
+            return Some(read_request(&read.path, read.offset, read.limit, call_id));
+        }
+        ToolInput::Write(write) => {
+            return Some(write_request(&write.path, &write.contents, call_id));
+        }
+        // An exact replacement needs the current content first.
+        ToolInput::StrReplace(edit) => return Some(read_request(&edit.path, None, None, call_id)),
+        ToolInput::Delete(delete) => A::DeleteArgs(pb::DeleteArgs {
+            path: delete.path.clone(),
+            tool_call_id: call_id.to_owned(),
+        }),
+        ToolInput::Grep(grep) => A::GrepArgs(grep_args(grep, call_id)),
+        ToolInput::Glob(glob) => A::GrepArgs(glob_args(glob, call_id)),
+        ToolInput::Ls(ls) => A::LsArgs(pb::LsArgs {
+            path: ls.path.clone(),
+            ignore: ls.ignore.clone(),
+            tool_call_id: call_id.to_owned(),
+            ..pb::LsArgs::default()
+        }),
+        // One diagnostics exec per path, in order; the first here, the rest as results come in.
+        ToolInput::ReadLints(lints) => {
+            return lints.paths.first().map(|p| diagnostics_request(p, call_id));
+        }
+        ToolInput::Shell(shell) => A::ShellStreamArgs(shell_args(shell, call_id)),
+        ToolInput::TodoWrite(_) => return None,
+    };
+    Some(ExecRequest {
+        message: Box::new(message),
+    })
+}
+
+/// Glob runs as a files-mode grep with no pattern.
+pub fn glob_args(glob: &super::tools::GlobInput, call_id: &str) -> pb::GrepArgs {
+    pb::GrepArgs {
+        glob: Some(glob.glob_pattern.clone()),
+        path: glob.target_directory.clone(),
+        output_mode: Some(GrepMode::FilesWithMatches.as_str().to_owned()),
+        tool_call_id: call_id.to_owned(),
+        ..pb::GrepArgs::default()
+    }
+}
 /// The schema name of a result's oneof variant (`read_result`, `shell_stream`, ...).
 pub fn result_kind(result: &Message) -> &'static str {
     match result {

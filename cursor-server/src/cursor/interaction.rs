@@ -1,9 +1,11 @@
 //! Downlink projection: domain events of a run → `AgentServerMessage` interaction updates.
 
 use super::proto::agent::{
-    AgentServerMessage, HeartbeatUpdate, InteractionUpdate, TextDeltaUpdate,
-    ThinkingCompletedUpdate, ThinkingDeltaUpdate, ThinkingStyle, TurnEndedUpdate,
-    agent_server_message, interaction_update,
+    AgentServerMessage, EditToolCallDelta, HeartbeatUpdate, InteractionUpdate,
+    PartialToolCallUpdate, TextDeltaUpdate, ThinkingCompletedUpdate, ThinkingDeltaUpdate,
+    ThinkingStyle, ToolCall, ToolCallCompletedUpdate, ToolCallDelta, ToolCallDeltaUpdate,
+    ToolCallStartedUpdate, TurnEndedUpdate, agent_server_message, interaction_update,
+    tool_call_delta,
 };
 use crate::model::usage::Usage;
 
@@ -55,4 +57,78 @@ pub fn turn_ended(usage: &Usage) -> AgentServerMessage {
 
 pub fn heartbeat() -> AgentServerMessage {
     update(interaction_update::Message::Heartbeat(HeartbeatUpdate {}))
+}
+
+pub fn partial_tool_call(
+    call_id: &str,
+    placeholder: ToolCall,
+    args_text_delta: String,
+    model_call_id: &str,
+) -> AgentServerMessage {
+    update(interaction_update::Message::PartialToolCall(
+        PartialToolCallUpdate {
+            call_id: call_id.to_owned(),
+            tool_call: Some(placeholder),
+            args_text_delta,
+            model_call_id: model_call_id.to_owned(),
+        },
+    ))
+}
+
+/// An edit card's streamed content while the model writes a file.
+pub fn edit_content_delta(call_id: &str, delta: String, model_call_id: &str) -> AgentServerMessage {
+    tool_call_delta(
+        call_id,
+        ToolCallDelta {
+            delta: Some(tool_call_delta::Delta::EditToolCallDelta(
+                EditToolCallDelta {
+                    stream_content_delta: delta,
+                },
+            )),
+        },
+        model_call_id,
+    )
+}
+
+pub fn tool_call_started(
+    call_id: &str,
+    tool_call: ToolCall,
+    model_call_id: &str,
+) -> AgentServerMessage {
+    update(interaction_update::Message::ToolCallStarted(
+        ToolCallStartedUpdate {
+            call_id: call_id.to_owned(),
+            tool_call: Some(tool_call),
+            model_call_id: model_call_id.to_owned(),
+        },
+    ))
+}
+
+pub fn tool_call_delta(
+    call_id: &str,
+    delta: ToolCallDelta,
+    model_call_id: &str,
+) -> AgentServerMessage {
+    update(interaction_update::Message::ToolCallDelta(Box::new(
+        ToolCallDeltaUpdate {
+            call_id: call_id.to_owned(),
+            tool_call_delta: Some(Box::new(delta)),
+            model_call_id: model_call_id.to_owned(),
+        },
+    )))
+}
+
+/// The card's terminal state: typed args and typed result.
+pub fn tool_call_completed(
+    call_id: &str,
+    tool_call: Box<ToolCall>,
+    model_call_id: &str,
+) -> AgentServerMessage {
+    update(interaction_update::Message::ToolCallCompleted(
+        ToolCallCompletedUpdate {
+            call_id: call_id.to_owned(),
+            tool_call: Some(*tool_call),
+            model_call_id: model_call_id.to_owned(),
+        },
+    ))
 }

@@ -6,5 +6,8 @@ pub mod connect;
 pub mod exec;
 pub mod handlers;
 pub mod interaction;
+pub mod pending;
 pub mod proto;
 pub mod run_sse;
+pub mod tool_result;
+pub mod tools;

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tool::{ToolCall, ToolResult};
+
 /// Who caused a user-role message to exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -20,13 +22,18 @@ pub enum Origin {
 pub enum CanonicalMessage {
     User(UserMessage),
     Assistant(AssistantMessage),
+    /// One tool call of an assistant message; stored together with its `ToolResult` as each call
+    /// completes, and projected onto the assistant message of the same `model_call_id`.
+    ToolCall(ToolCallRecord),
+    ToolResult(ToolResultRecord),
 }
 
 impl CanonicalMessage {
     pub fn role(&self) -> Role {
         match self {
             CanonicalMessage::User(_) => Role::User,
-            CanonicalMessage::Assistant(_) => Role::Assistant,
+            CanonicalMessage::Assistant(_) | CanonicalMessage::ToolCall(_) => Role::Assistant,
+            CanonicalMessage::ToolResult(_) => Role::Tool,
         }
     }
 }
@@ -35,6 +42,7 @@ impl CanonicalMessage {
 pub enum Role {
     User,
     Assistant,
+    Tool,
 }
 
 impl Role {
@@ -42,6 +50,7 @@ impl Role {
         match self {
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -67,6 +76,24 @@ pub struct AssistantMessage {
     /// Opaque data the producing endpoint needs to see again; replayed only to the same family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ProviderReplay>,
+    /// The provider call that produced it; its tool calls carry the same id.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model_call_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    pub model_call_id: String,
+    /// Position of the call in the model's response (0-based); projection order.
+    pub index: u32,
+    pub call: ToolCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultRecord {
+    pub model_call_id: String,
+    pub index: u32,
+    pub result: ToolResult,
 }
 
 /// Endpoint-family-specific replay data, kept byte for byte.

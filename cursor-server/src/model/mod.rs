@@ -1,4 +1,5 @@
 //! Pure domain types: no Cursor protobuf, no provider JSON.
 
 pub mod message;
+pub mod tool;
 pub mod usage;

@@ -2,4 +2,5 @@
 //! provider's wire format (`projector`).
 
 pub mod compiler;
+pub mod derived_state;
 pub mod projector;

@@ -136,6 +136,16 @@ impl RunActor {
             State::Running(turn) => (turn.provider_calls(), turn.usage()),
             State::AwaitingRunRequest => (0, Usage::default()),
         };
+        if let State::Running(turn) = &mut self.state {
+            match &end {
+                RunEnd::Success { .. } => {}
+                RunEnd::Failed(error) => {
+                    turn.abandon(&format!("the run failed: {error}"), &mut self.downlink)
+                        .await
+                }
+                RunEnd::Canceled { reason } => turn.abandon(reason, &mut self.downlink).await,
+            }
+        }
         // Dropping the turn cancels its provider call before the client hears the ending.
         self.state = State::AwaitingRunRequest;
         let outcome = match &end {
@@ -294,8 +304,17 @@ impl RunActor {
                 reason: "canceled by the user".to_owned(),
             }),
             ClientInput::Heartbeat | ClientInput::Prewarm => None,
-            ClientInput::ExecResult { id, kind } | ClientInput::ExecControl { id, kind } => {
-                protocol(ProtocolError::UnknownExecId { id, kind })
+            ClientInput::ExecResult { id, payload } => {
+                let State::Running(turn) = &mut self.state else {
+                    return protocol(ProtocolError::BeforeRunRequest("exec result"));
+                };
+                step_end(turn.on_exec_result(id, payload, &mut self.downlink).await)
+            }
+            ClientInput::ExecControl { id, control } => {
+                let State::Running(turn) = &mut self.state else {
+                    return protocol(ProtocolError::BeforeRunRequest("exec control message"));
+                };
+                step_end(turn.on_exec_control(id, control, &mut self.downlink).await)
             }
             ClientInput::KvResult { id } => protocol(ProtocolError::UnknownKvId(id)),
             ClientInput::InteractionResponse { id } => {
@@ -331,6 +350,15 @@ impl RunActor {
                 _ = self.app.shutdown.cancelled() => return,
             }
         }
+    }
+}
+
+/// Maps a loop step to the run's end, if it is one.
+fn step_end(step: Result<LoopStep, ServerError>) -> Option<RunEnd> {
+    match step {
+        Ok(LoopStep::Continue) => None,
+        Ok(LoopStep::TurnComplete { usage }) => Some(RunEnd::Success { usage }),
+        Err(error) => Some(RunEnd::Failed(error)),
     }
 }
 

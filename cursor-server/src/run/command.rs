@@ -4,6 +4,8 @@
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::cursor::exec::ExecPayload;
+
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientInput {
@@ -15,16 +17,25 @@ pub enum ClientInput {
     Heartbeat,
     /// `prewarm_request`: a hint that a run is coming; nothing to do.
     Prewarm,
-    /// A result for exec `id` (`ExecClientMessage`), with the result oneof's name.
-    ExecResult { id: u32, kind: &'static str },
+    /// A result for exec `id` (`ExecClientMessage`), opaque to the loop.
+    ExecResult { id: u32, payload: ExecPayload },
     /// `stream_close` / `throw` for exec `id`.
-    ExecControl { id: u32, kind: &'static str },
+    ExecControl { id: u32, control: ExecControl },
     /// A KV answer (`kv_client_message`) for KV request `id`.
     KvResult { id: u32 },
     /// An `interaction_response` for query `id`.
     InteractionResponse { id: u32 },
     /// A client message or action this server does not handle yet; ends the run with a clear error.
     Unsupported(String),
+}
+
+/// Exec control messages from the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecControl {
+    /// The exec's stream is over (after a terminal result, or instead of one).
+    StreamClose,
+    /// The client failed to execute it.
+    Throw { error: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +45,8 @@ pub struct RunRequestInput {
     pub user_message_id: String,
     /// `requested_model.model_id`, else `model_details.model_id`; `None` = the configured default.
     pub model_id: Option<String>,
+    /// `request_context.env.terminals_folder`: where backgrounded shell output goes.
+    pub terminals_folder: String,
 }
 
 /// Messages to a run's actor.
@@ -52,8 +65,8 @@ pub enum RunCommand {
 /// A client that broke the protocol at run time.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
-    #[error("result for unknown exec id {id} ({kind})")]
-    UnknownExecId { id: u32, kind: &'static str },
+    #[error("{0}")]
+    Exec(String),
     #[error("KV result for unknown KV id {0}")]
     UnknownKvId(u32),
     #[error("interaction response for unknown query id {0}")]

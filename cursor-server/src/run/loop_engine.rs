@@ -1,8 +1,9 @@
 //! The turn loop: commit the user message, project history, call the provider, stream its text and
-//! thinking to the client, and commit the assistant message when the call completes.
+//! thinking, run the model's tool calls as one parallel batch, and call the provider again once the
+//! whole batch is complete — until the model answers without tool calls.
 //!
-//! It consumes only canonical `ResponseEvent`s and emits only through `cursor::interaction`; it never
-//! looks at provider JSON or protobuf oneofs.
+//! It consumes only canonical `ResponseEvent`s and opaque exec payloads, and emits only through
+//! `cursor::interaction` / `cursor::tools`; it never looks at provider JSON or protobuf oneofs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,15 +11,21 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::actor::Downlink;
-use super::command::RunRequestInput;
+use super::command::{ExecControl, ProtocolError, RunRequestInput};
 use crate::app::AppState;
-use crate::cursor::interaction;
+use crate::cursor::exec::{self, ExecPayload};
+use crate::cursor::pending::{Match, PendingExecs};
+use crate::cursor::tool_result::{self, ToolOutcome};
+use crate::cursor::tools::{ToolEnv, ToolKind, ToolRun, ToolStep};
+use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
 use crate::model::message::{
-    AssistantMessage, CanonicalMessage, Origin, ProviderReplay, UserMessage,
+    AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
+    UserMessage,
 };
+use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
-use crate::prompting::{compiler, projector};
+use crate::prompting::{compiler, derived_state, projector};
 use crate::provider::{
     self, CallLimits, EventReceiver, FinishReason, ProviderError, ResponseEvent,
 };
@@ -34,6 +41,17 @@ pub enum LoopStep {
     },
 }
 
+/// A tool call as it streams in.
+#[derive(Debug)]
+struct DraftCall {
+    call_id: String,
+    provider_call_id: String,
+    name: String,
+    arguments: String,
+    /// `None` for a name the registry does not know (no card is drawn for it).
+    kind: Option<ToolKind>,
+}
+
 /// The assistant message being streamed by the current provider call.
 #[derive(Debug, Default)]
 struct Draft {
@@ -43,6 +61,25 @@ struct Draft {
     /// Set while a thinking segment is open (monotonic clock).
     thinking_since: Option<Instant>,
     usage: Option<Usage>,
+    calls: Vec<DraftCall>,
+}
+
+/// One tool call of the running batch.
+#[derive(Debug)]
+struct Slot {
+    call: ToolCall,
+    index: u32,
+    /// `None` once the call has its outcome.
+    run: Option<ToolRun>,
+}
+
+/// Where the turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// A provider call is streaming.
+    Streaming,
+    /// Tool calls are running; the next provider call waits for all of them.
+    Tools,
 }
 
 pub struct TurnLoop {
@@ -52,10 +89,16 @@ pub struct TurnLoop {
     model_id: String,
     provider_index: usize,
     upstream_model: String,
+    reasoning_model: bool,
     history: Vec<CanonicalMessage>,
     events: EventReceiver,
     call_cancel: CancellationToken,
+    model_call_id: String,
+    phase: Phase,
     draft: Draft,
+    batch: Vec<Slot>,
+    pending: PendingExecs,
+    tool_env: ToolEnv,
     usage: Usage,
     provider_calls: u32,
 }
@@ -72,7 +115,7 @@ impl TurnLoop {
             .model_id
             .clone()
             .unwrap_or_else(|| config.default_model.clone());
-        let (provider_index, upstream_model) = config
+        let (provider_index, upstream_model, reasoning_model) = config
             .providers
             .iter()
             .enumerate()
@@ -80,7 +123,7 @@ impl TurnLoop {
                 p.models
                     .iter()
                     .find(|m| m.id == model_id)
-                    .map(|m| (i, m.upstream_id.clone()))
+                    .map(|m| (i, m.upstream_id.clone(), m.reasoning))
             })
             .ok_or_else(|| {
                 ServerError::NotFound(format!(
@@ -103,6 +146,11 @@ impl TurnLoop {
         )
         .await?;
         let history = messages::load(&app.store, &input.conversation_id).await?;
+        let tool_env = ToolEnv {
+            terminals_folder: input.terminals_folder,
+            max_output_bytes: config.tool_output_max_bytes,
+            todos: fold_todos(&history),
+        };
 
         let mut turn = TurnLoop {
             request_id: request_id.to_owned(),
@@ -110,10 +158,16 @@ impl TurnLoop {
             model_id,
             provider_index,
             upstream_model,
+            reasoning_model,
             history,
             events: tokio::sync::mpsc::channel(1).1,
             call_cancel: CancellationToken::new(),
+            model_call_id: String::new(),
+            phase: Phase::Streaming,
             draft: Draft::default(),
+            batch: Vec::new(),
+            pending: PendingExecs::default(),
+            tool_env,
             usage: Usage::default(),
             provider_calls: 0,
             app,
@@ -125,15 +179,24 @@ impl TurnLoop {
     fn start_provider_call(&mut self) {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
-        let request = compiler::compile(&self.history, &self.upstream_model);
+        let request = compiler::compile(
+            &self.history,
+            &self.upstream_model,
+            self.reasoning_model,
+            &self.app.agent_tools,
+        );
         let body = projector::openai_chat(&request);
         self.call_cancel.cancel();
         self.call_cancel = CancellationToken::new();
         self.draft = Draft::default();
+        self.batch.clear();
+        self.phase = Phase::Streaming;
+        self.model_call_id = uuid::Uuid::new_v4().to_string();
         self.provider_calls += 1;
         tracing::debug!(
             request_id = %self.request_id,
             conversation_id = %self.conversation_id,
+            model_call_id = %self.model_call_id,
             provider = %provider.name,
             model = %self.model_id,
             call = self.provider_calls,
@@ -151,9 +214,12 @@ impl TurnLoop {
         );
     }
 
-    /// The next event of the running provider call. `None` means the adapter stopped without a
-    /// terminal event, which is reported as a truncated stream.
+    /// The next event of the streaming provider call; never resolves while tools run. `Err` with
+    /// a truncation means the adapter stopped without a terminal event.
     pub async fn next_event(&mut self) -> Result<ResponseEvent, ProviderError> {
+        if self.phase != Phase::Streaming {
+            return std::future::pending().await;
+        }
         match self.events.recv().await {
             Some(event) => event,
             None => Err(ProviderError::Truncated {
@@ -190,13 +256,53 @@ impl TurnLoop {
                 self.draft.text.push_str(&text);
                 out.send_message(&interaction::text_delta(text)).await;
             }
-            ResponseEvent::ToolCallStart { name, .. } => {
-                return Err(ProviderError::Unsupported(format!(
-                    "the model called the tool {name:?}, but this server version executes no tools"
-                ))
-                .into());
+            ResponseEvent::ToolCallStart { index, id, name } => {
+                self.close_thinking(out).await;
+                if index != self.draft.calls.len() {
+                    return Err(ProviderError::Decode {
+                        provider: self.provider_name(),
+                        message: format!("tool call {index} started out of order"),
+                    }
+                    .into());
+                }
+                let kind = ToolKind::from_name(&name);
+                let call_id = format!("tool_{}_{index}", self.model_call_id);
+                if let Some(kind) = kind {
+                    let placeholder = interaction::partial_tool_call(
+                        &call_id,
+                        kind.placeholder(),
+                        String::new(),
+                        &self.model_call_id,
+                    );
+                    out.send_message(&placeholder).await;
+                }
+                self.draft.calls.push(DraftCall {
+                    call_id,
+                    provider_call_id: id,
+                    name,
+                    arguments: String::new(),
+                    kind,
+                });
             }
-            ResponseEvent::ToolArgsDelta { .. } => {}
+            ResponseEvent::ToolArgsDelta { index, fragment } => {
+                let Some(call) = self.draft.calls.get_mut(index) else {
+                    return Err(ProviderError::Decode {
+                        provider: self.provider_name(),
+                        message: format!("arguments for tool call {index}, which never started"),
+                    }
+                    .into());
+                };
+                call.arguments.push_str(&fragment);
+                if let Some(kind) = call.kind {
+                    let delta = interaction::partial_tool_call(
+                        &call.call_id,
+                        kind.placeholder(),
+                        fragment,
+                        &self.model_call_id,
+                    );
+                    out.send_message(&delta).await;
+                }
+            }
             ResponseEvent::Usage(usage) => self.draft.usage = Some(usage),
             ResponseEvent::Replay(replay) => self.draft.replay = Some(replay),
             ResponseEvent::Finished(reason) => {
@@ -205,13 +311,18 @@ impl TurnLoop {
                     FinishReason::Stop | FinishReason::ToolCalls => {}
                     other => tracing::warn!(
                         request_id = %self.request_id,
+                        model_call_id = %self.model_call_id,
                         "provider finished with {other:?}; the answer may be incomplete"
                     ),
                 }
-                return self.complete_call().await;
+                return self.complete_call(out).await;
             }
         }
         Ok(LoopStep::Continue)
+    }
+
+    fn provider_name(&self) -> String {
+        self.app.config.providers[self.provider_index].name.clone()
     }
 
     async fn close_thinking(&mut self, out: &mut Downlink) {
@@ -223,7 +334,8 @@ impl TurnLoop {
         }
     }
 
-    async fn complete_call(&mut self) -> Result<LoopStep, ServerError> {
+    /// Commits the streamed assistant message; ends the turn or starts its tool batch.
+    async fn complete_call(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
         let draft = std::mem::take(&mut self.draft);
         if let Some(usage) = &draft.usage {
             self.usage.accumulate(usage);
@@ -233,17 +345,246 @@ impl TurnLoop {
             thinking: draft.thinking,
             model_id: self.model_id.clone(),
             replay: draft.replay,
+            model_call_id: self.model_call_id.clone(),
         });
+        self.append(std::slice::from_ref(&assistant)).await?;
+        self.history.push(assistant);
+        if draft.calls.is_empty() {
+            return Ok(LoopStep::TurnComplete { usage: self.usage });
+        }
+
+        // Every call of the response starts now; results may come back in any order.
+        self.phase = Phase::Tools;
+        self.batch = draft
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, call)| Slot {
+                call: ToolCall {
+                    call_id: call.call_id,
+                    provider_call_id: call.provider_call_id,
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                run: None,
+            })
+            .collect();
+        for slot in 0..self.batch.len() {
+            match ToolRun::start(&self.batch[slot].call, &self.tool_env) {
+                Ok((run, started, step)) => {
+                    let call_id = self.batch[slot].call.call_id.clone();
+                    out.send_message(&interaction::tool_call_started(
+                        &call_id,
+                        started,
+                        &self.model_call_id,
+                    ))
+                    .await;
+                    self.batch[slot].run = Some(run);
+                    self.apply_step(slot, step, out).await?;
+                }
+                Err(rejected) => {
+                    tracing::info!(
+                        request_id = %self.request_id,
+                        tool = %self.batch[slot].call.name,
+                        "tool call rejected: {}",
+                        rejected.model_text
+                    );
+                    let outcome = rejected.card.map(|card| ToolOutcome {
+                        card,
+                        model_text: rejected.model_text.clone(),
+                        is_error: true,
+                    });
+                    self.finish_slot(slot, outcome, rejected.model_text, true, out)
+                        .await?;
+                }
+            }
+        }
+        self.after_completion()
+    }
+
+    async fn apply_step(
+        &mut self,
+        slot: usize,
+        step: ToolStep,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        match step {
+            ToolStep::Exec(request) => {
+                let id = self.pending.register(slot, &request);
+                out.send_message(&request.into_server_message(id)).await;
+            }
+            ToolStep::Delta(delta) => {
+                let call_id = &self.batch[slot].call.call_id;
+                out.send_message(&interaction::tool_call_delta(
+                    call_id,
+                    delta,
+                    &self.model_call_id,
+                ))
+                .await;
+            }
+            ToolStep::Done(outcome) => {
+                let text = outcome.model_text.clone();
+                let is_error = outcome.is_error;
+                self.finish_slot(slot, Some(outcome), text, is_error, out)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the card and persists the call with its result, atomically.
+    async fn finish_slot(
+        &mut self,
+        slot: usize,
+        card: Option<ToolOutcome>,
+        model_text: String,
+        is_error: bool,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        self.pending.finish_slot(slot);
+        let entry = &mut self.batch[slot];
+        let was_todo_write = entry.run.take().map(|r| r.kind()) == Some(ToolKind::TodoWrite);
+        if let Some(outcome) = card {
+            out.send_message(&interaction::tool_call_completed(
+                &entry.call.call_id,
+                outcome.card,
+                &self.model_call_id,
+            ))
+            .await;
+        }
+        let pair = [
+            CanonicalMessage::ToolCall(ToolCallRecord {
+                model_call_id: self.model_call_id.clone(),
+                index: entry.index,
+                call: entry.call.clone(),
+            }),
+            CanonicalMessage::ToolResult(ToolResultRecord {
+                model_call_id: self.model_call_id.clone(),
+                index: entry.index,
+                result: ToolResult {
+                    call_id: entry.call.call_id.clone(),
+                    content: model_text,
+                    is_error,
+                },
+            }),
+        ];
+        self.append(&pair).await?;
+        self.history.extend(pair);
+        if was_todo_write {
+            self.tool_env.todos = fold_todos(&self.history);
+        }
+        Ok(())
+    }
+
+    /// Starts the next provider call once every call of the batch has its result.
+    fn after_completion(&mut self) -> Result<LoopStep, ServerError> {
+        if self.phase == Phase::Tools && self.batch.iter().all(|slot| slot.run.is_none()) {
+            self.start_provider_call();
+        }
+        Ok(LoopStep::Continue)
+    }
+
+    async fn append(&self, messages_to_add: &[CanonicalMessage]) -> Result<(), ServerError> {
         messages::append(
             &self.app.store,
             &self.conversation_id,
             &self.request_id,
-            std::slice::from_ref(&assistant),
+            messages_to_add,
         )
         .await?;
-        self.history.push(assistant);
-        Ok(LoopStep::TurnComplete { usage: self.usage })
+        Ok(())
     }
+
+    /// A client result for exec `id`.
+    pub async fn on_exec_result(
+        &mut self,
+        id: u32,
+        payload: ExecPayload,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let kind = payload.kind();
+        let slot = match self.pending.match_result(id, kind) {
+            Ok(Match::Active { slot }) => slot,
+            Ok(Match::Late) => {
+                tracing::info!(request_id = %self.request_id, exec_id = id, kind, "late exec result ignored");
+                return Ok(LoopStep::Continue);
+            }
+            Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
+        };
+        if !self.pending.is_streaming(id) {
+            self.pending.finish(id);
+        }
+        let Some(run) = self.batch[slot].run.as_mut() else {
+            return Ok(LoopStep::Continue);
+        };
+        let steps = run.on_result(payload, &self.tool_env);
+        for step in steps {
+            self.apply_step(slot, step, out).await?;
+        }
+        self.after_completion()
+    }
+
+    /// `stream_close` / `throw` for exec `id`.
+    pub async fn on_exec_control(
+        &mut self,
+        id: u32,
+        control: ExecControl,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let slot = match self.pending.match_control(id) {
+            Ok(Match::Active { slot }) => slot,
+            Ok(Match::Late) => {
+                // A stream_close after a shell's exit is the normal end of that exec.
+                tracing::debug!(request_id = %self.request_id, exec_id = id, ?control, "control for a finished exec");
+                return Ok(LoopStep::Continue);
+            }
+            Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
+        };
+        let Some(run) = self.batch[slot].run.as_mut() else {
+            return Ok(LoopStep::Continue);
+        };
+        let outcome = match &control {
+            ExecControl::Throw { error } => run.on_throw(error),
+            ExecControl::StreamClose => run.on_closed_without_result(&self.tool_env),
+        };
+        self.apply_step(slot, ToolStep::Done(outcome), out).await?;
+        self.after_completion()
+    }
+
+    /// The run is ending early: abort running execs and bring every drawn card to a terminal
+    /// (error) state. Completed tools stay in history; nothing unfinished is persisted.
+    pub async fn abandon(&mut self, reason: &str, out: &mut Downlink) {
+        for (id, _) in self.pending.running() {
+            out.send_message(&exec::abort(id)).await;
+            self.pending.finish(id);
+        }
+        for slot in &mut self.batch {
+            if let Some(run) = slot.run.take() {
+                let outcome = run.abandon(reason);
+                out.send_message(&interaction::tool_call_completed(
+                    &slot.call.call_id,
+                    outcome.card,
+                    &self.model_call_id,
+                ))
+                .await;
+            }
+        }
+        for call in std::mem::take(&mut self.draft.calls) {
+            if let Some(kind) = call.kind {
+                out.send_message(&interaction::tool_call_completed(
+                    &call.call_id,
+                    Box::new(tool_result::invalid_card(kind, reason)),
+                    &self.model_call_id,
+                ))
+                .await;
+            }
+        }
+    }
+}
+
+fn fold_todos(history: &[CanonicalMessage]) -> Vec<derived_state::Todo> {
+    derived_state::fold_todos(history, ToolKind::TodoWrite.name(), parse_todo_update)
 }
 
 impl Drop for TurnLoop {

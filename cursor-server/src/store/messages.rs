@@ -40,7 +40,8 @@ pub async fn append_in(
                 Origin::User => "user",
                 Origin::Runtime => "runtime",
             },
-            CanonicalMessage::Assistant(_) => "model",
+            CanonicalMessage::Assistant(_) | CanonicalMessage::ToolCall(_) => "model",
+            CanonicalMessage::ToolResult(_) => "tool",
         };
         let seq = next + i64::try_from(offset).unwrap_or(i64::MAX);
         sqlx::query(

@@ -1,0 +1,1389 @@
+//! Typed tool results: turns client exec results into the card's typed `ToolCall` (args + result)
+//! and the text the model reads. Success or failure is decided by the result's oneof variant only.
+
+use std::fmt::Write as _;
+
+use super::exec::{self, ExecPayload};
+use super::proto::agent::{self as pb, exec_client_message, tool_call};
+use super::tools::{GrepMode, TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep};
+use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
+
+/// The end of one tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutcome {
+    /// The card's final typed args + typed result.
+    pub card: Box<pb::ToolCall>,
+    /// What the model gets back (always text).
+    pub model_text: String,
+    pub is_error: bool,
+}
+
+/// Per-call progress between exec results.
+#[derive(Debug, Default)]
+pub struct Stage {
+    /// Shell output so far (bounded).
+    stdout: Bounded,
+    stderr: Bounded,
+    /// StrReplace: the edited content waiting for its write result.
+    pending_edit: Option<PendingEdit>,
+    /// ReadLints: diagnostics collected so far, one entry per finished path.
+    lints: Vec<pb::FileDiagnostics>,
+}
+
+#[derive(Debug)]
+struct PendingEdit {
+    before: String,
+    after: String,
+    replacements: usize,
+}
+
+/// Text kept up to a byte limit, counting what was dropped.
+#[derive(Debug, Default)]
+struct Bounded {
+    text: String,
+    dropped: usize,
+}
+
+/// Shell output kept in memory per stream, independent of what the model is shown.
+const MAX_KEPT_OUTPUT: usize = 1024 * 1024;
+
+impl Bounded {
+    fn push(&mut self, data: &str) {
+        let room = MAX_KEPT_OUTPUT.saturating_sub(self.text.len());
+        if data.len() <= room {
+            self.text.push_str(data);
+        } else {
+            let cut = floor_char_boundary(data, room);
+            self.text.push_str(&data[..cut]);
+            self.dropped += data.len() - cut;
+        }
+    }
+}
+
+fn floor_char_boundary(text: &str, max: usize) -> usize {
+    let mut cut = max.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
+}
+
+/// Cuts `text` to `max` bytes with a marker saying how much was left out.
+pub fn truncate_for_model(text: &str, max: usize, already_dropped: usize) -> String {
+    if text.len() <= max && already_dropped == 0 {
+        return text.to_owned();
+    }
+    let cut = floor_char_boundary(text, max);
+    let omitted = text.len() - cut + already_dropped;
+    format!(
+        "{}\n[... output truncated: {omitted} more bytes not shown ...]",
+        &text[..cut]
+    )
+}
+
+fn card(tool: tool_call::Tool) -> pb::ToolCall {
+    pb::ToolCall { tool: Some(tool) }
+}
+
+fn i32_of(value: usize) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
+}
+
+// ---- typed args -------------------------------------------------------------------------------
+
+fn read_args(input: &super::tools::ReadInput) -> pb::ReadToolArgs {
+    pb::ReadToolArgs {
+        path: input.path.clone(),
+        offset: input.offset,
+        limit: input.limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)),
+        include_line_numbers: Some(true),
+    }
+}
+
+fn edit_args(path: &str) -> pb::EditArgs {
+    pb::EditArgs {
+        path: path.to_owned(),
+        stream_content: None,
+    }
+}
+
+fn todo_item(todo: &Todo) -> pb::TodoItem {
+    pb::TodoItem {
+        id: todo.id.clone(),
+        content: todo.content.clone(),
+        status: todo_status(todo.status) as i32,
+        ..pb::TodoItem::default()
+    }
+}
+
+fn todo_status(status: TodoStatus) -> pb::TodoStatus {
+    match status {
+        TodoStatus::Pending => pb::TodoStatus::Pending,
+        TodoStatus::InProgress => pb::TodoStatus::InProgress,
+        TodoStatus::Completed => pb::TodoStatus::Completed,
+        TodoStatus::Cancelled => pb::TodoStatus::Cancelled,
+    }
+}
+
+fn todo_update(input: &TodoWriteInput) -> TodoUpdate {
+    TodoUpdate {
+        merge: input.merge,
+        items: input
+            .todos
+            .iter()
+            .map(|t| (t.id.clone(), t.content.clone(), t.status))
+            .collect(),
+    }
+}
+
+/// Parses a stored TodoWrite argument text for the history fold.
+pub fn parse_todo_update(arguments: &str) -> Option<TodoUpdate> {
+    match super::tools::parse_input(ToolKind::TodoWrite, arguments) {
+        Ok(ToolInput::TodoWrite(input)) => Some(todo_update(&input)),
+        _ => None,
+    }
+}
+
+/// The card with typed args and no result yet (`tool_call_started`).
+pub fn args_card(input: &ToolInput, call_id: &str) -> pb::ToolCall {
+    with_result(input, call_id, None)
+}
+
+/// The typed card for `input` with an optional result part.
+fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> pb::ToolCall {
+    use tool_call::Tool;
+    match (input, result) {
+        (ToolInput::Read(read), result) => card(Tool::ReadToolCall(pb::ReadToolCall {
+            args: Some(read_args(read)),
+            result: result.and_then(ResultPart::read),
+        })),
+        (ToolInput::Write(write), result) => card(Tool::EditToolCall(pb::EditToolCall {
+            args: Some(edit_args(&write.path)),
+            result: result.and_then(ResultPart::edit),
+        })),
+        (ToolInput::StrReplace(edit), result) => card(Tool::EditToolCall(pb::EditToolCall {
+            args: Some(edit_args(&edit.path)),
+            result: result.and_then(ResultPart::edit),
+        })),
+        (ToolInput::Delete(delete), result) => card(Tool::DeleteToolCall(pb::DeleteToolCall {
+            args: Some(pb::DeleteArgs {
+                path: delete.path.clone(),
+                tool_call_id: call_id.to_owned(),
+            }),
+            result: result.and_then(ResultPart::delete),
+        })),
+        (ToolInput::Grep(grep), result) => card(Tool::GrepToolCall(pb::GrepToolCall {
+            args: Some(exec::grep_args(grep, call_id)),
+            result: result.and_then(ResultPart::grep),
+        })),
+        (ToolInput::Glob(glob), result) => card(Tool::GlobToolCall(pb::GlobToolCall {
+            args: Some(pb::GlobToolArgs {
+                target_directory: glob.target_directory.clone(),
+                glob_pattern: glob.glob_pattern.clone(),
+            }),
+            result: result.and_then(ResultPart::glob),
+        })),
+        (ToolInput::Ls(ls), result) => card(Tool::LsToolCall(pb::LsToolCall {
+            args: Some(pb::LsArgs {
+                path: ls.path.clone(),
+                ignore: ls.ignore.clone(),
+                tool_call_id: call_id.to_owned(),
+                ..pb::LsArgs::default()
+            }),
+            result: result.and_then(ResultPart::ls),
+        })),
+        (ToolInput::ReadLints(lints), result) => {
+            card(Tool::ReadLintsToolCall(pb::ReadLintsToolCall {
+                args: Some(pb::ReadLintsToolArgs {
+                    paths: lints.paths.clone(),
+                }),
+                result: result.and_then(ResultPart::lints),
+            }))
+        }
+        (ToolInput::Shell(shell), result) => card(Tool::ShellToolCall(pb::ShellToolCall {
+            args: Some(exec::shell_args(shell, call_id)),
+            result: result.and_then(ResultPart::shell),
+            description: shell.description.clone(),
+        })),
+        (ToolInput::TodoWrite(todos), result) => {
+            let items = todos
+                .todos
+                .iter()
+                .map(|t| pb::TodoItem {
+                    id: t.id.clone(),
+                    content: t.content.clone().unwrap_or_default(),
+                    status: todo_status(t.status) as i32,
+                    ..pb::TodoItem::default()
+                })
+                .collect();
+            card(Tool::UpdateTodosToolCall(pb::UpdateTodosToolCall {
+                args: Some(pb::UpdateTodosArgs {
+                    todos: items,
+                    merge: todos.merge,
+                }),
+                result: result.and_then(ResultPart::todos),
+            }))
+        }
+    }
+}
+
+/// A typed result for one of the cards (short-lived: built and moved into a card at once).
+#[allow(clippy::large_enum_variant)]
+enum ResultPart {
+    Read(pb::ReadToolResult),
+    Edit(pb::EditResult),
+    Delete(pb::DeleteResult),
+    Grep(pb::GrepResult),
+    Glob(pb::GlobToolResult),
+    Ls(pb::LsResult),
+    Lints(pb::ReadLintsToolResult),
+    Shell(pb::ShellResult),
+    Todos(pb::UpdateTodosResult),
+}
+
+impl ResultPart {
+    fn read(self) -> Option<pb::ReadToolResult> {
+        if let ResultPart::Read(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn edit(self) -> Option<pb::EditResult> {
+        if let ResultPart::Edit(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn delete(self) -> Option<pb::DeleteResult> {
+        if let ResultPart::Delete(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn grep(self) -> Option<pb::GrepResult> {
+        if let ResultPart::Grep(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn glob(self) -> Option<pb::GlobToolResult> {
+        if let ResultPart::Glob(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn ls(self) -> Option<pb::LsResult> {
+        if let ResultPart::Ls(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn lints(self) -> Option<pb::ReadLintsToolResult> {
+        if let ResultPart::Lints(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn shell(self) -> Option<pb::ShellResult> {
+        if let ResultPart::Shell(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+    fn todos(self) -> Option<pb::UpdateTodosResult> {
+        if let ResultPart::Todos(r) = self {
+            Some(r)
+        } else {
+            None
+        }
+    }
+}
+
+/// The typed error result of each card kind.
+fn error_part(input: &ToolInput, message: &str) -> ResultPart {
+    let msg = message.to_owned();
+    match input {
+        ToolInput::Read(_) => ResultPart::Read(pb::ReadToolResult {
+            result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
+                error_message: msg,
+            })),
+        }),
+        ToolInput::Write(pb_path) => ResultPart::Edit(edit_error(&pb_path.path, &msg)),
+        ToolInput::StrReplace(edit) => ResultPart::Edit(edit_error(&edit.path, &msg)),
+        ToolInput::Delete(delete) => ResultPart::Delete(pb::DeleteResult {
+            result: Some(pb::delete_result::Result::Error(pb::DeleteError {
+                path: delete.path.clone(),
+                error: msg,
+            })),
+        }),
+        ToolInput::Grep(_) => ResultPart::Grep(pb::GrepResult {
+            result: Some(pb::grep_result::Result::Error(pb::GrepError { error: msg })),
+        }),
+        ToolInput::Glob(_) => ResultPart::Glob(pb::GlobToolResult {
+            result: Some(pb::glob_tool_result::Result::Error(pb::GlobToolError {
+                error: msg,
+            })),
+        }),
+        ToolInput::Ls(ls) => ResultPart::Ls(pb::LsResult {
+            result: Some(pb::ls_result::Result::Error(pb::LsError {
+                path: ls.path.clone(),
+                error: msg,
+            })),
+        }),
+        ToolInput::ReadLints(_) => ResultPart::Lints(pb::ReadLintsToolResult {
+            result: Some(pb::read_lints_tool_result::Result::Error(
+                pb::ReadLintsToolError { error_message: msg },
+            )),
+        }),
+        ToolInput::Shell(shell) => ResultPart::Shell(pb::ShellResult {
+            result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
+                command: shell.command.clone(),
+                working_directory: shell.working_directory.clone().unwrap_or_default(),
+                error: msg,
+            })),
+            ..pb::ShellResult::default()
+        }),
+        ToolInput::TodoWrite(_) => ResultPart::Todos(pb::UpdateTodosResult {
+            result: Some(pb::update_todos_result::Result::Error(
+                pb::UpdateTodosError { error: msg },
+            )),
+        }),
+    }
+}
+
+fn edit_error(path: &str, message: &str) -> pb::EditResult {
+    pb::EditResult {
+        result: Some(pb::edit_result::Result::Error(pb::EditError {
+            path: path.to_owned(),
+            error: message.to_owned(),
+            model_visible_error: Some(message.to_owned()),
+        })),
+    }
+}
+
+/// A card for a known tool whose arguments did not validate: placeholder kind with an error result.
+pub fn invalid_card(kind: ToolKind, message: &str) -> pb::ToolCall {
+    let mut placeholder = kind.placeholder();
+    let error = message.to_owned();
+    use tool_call::Tool;
+    if let Some(tool) = &mut placeholder.tool {
+        match tool {
+            Tool::ReadToolCall(c) => {
+                c.result = Some(pb::ReadToolResult {
+                    result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
+                        error_message: error,
+                    })),
+                })
+            }
+            Tool::EditToolCall(c) => c.result = Some(edit_error("", &error)),
+            Tool::DeleteToolCall(c) => {
+                c.result = Some(pb::DeleteResult {
+                    result: Some(pb::delete_result::Result::Error(pb::DeleteError {
+                        path: String::new(),
+                        error,
+                    })),
+                })
+            }
+            Tool::GrepToolCall(c) => {
+                c.result = Some(pb::GrepResult {
+                    result: Some(pb::grep_result::Result::Error(pb::GrepError { error })),
+                })
+            }
+            Tool::GlobToolCall(c) => {
+                c.result = Some(pb::GlobToolResult {
+                    result: Some(pb::glob_tool_result::Result::Error(pb::GlobToolError {
+                        error,
+                    })),
+                })
+            }
+            Tool::LsToolCall(c) => {
+                c.result = Some(pb::LsResult {
+                    result: Some(pb::ls_result::Result::Error(pb::LsError {
+                        path: String::new(),
+                        error,
+                    })),
+                })
+            }
+            Tool::ReadLintsToolCall(c) => {
+                c.result = Some(pb::ReadLintsToolResult {
+                    result: Some(pb::read_lints_tool_result::Result::Error(
+                        pb::ReadLintsToolError {
+                            error_message: error,
+                        },
+                    )),
+                })
+            }
+            Tool::ShellToolCall(c) => {
+                c.result = Some(pb::ShellResult {
+                    result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
+                        error,
+                        ..pb::ShellSpawnError::default()
+                    })),
+                    ..pb::ShellResult::default()
+                })
+            }
+            Tool::UpdateTodosToolCall(c) => {
+                c.result = Some(pb::UpdateTodosResult {
+                    result: Some(pb::update_todos_result::Result::Error(
+                        pb::UpdateTodosError { error },
+                    )),
+                })
+            }
+            _ => {}
+        }
+    }
+    placeholder
+}
+
+/// A failed outcome for `input` with a typed error result.
+pub fn failed(input: &ToolInput, message: &str) -> ToolOutcome {
+    ToolOutcome {
+        card: Box::new(with_result(input, "", Some(error_part(input, message)))),
+        model_text: format!("Error: {message}"),
+        is_error: true,
+    }
+}
+
+fn outcome(
+    input: &ToolInput,
+    call_id: &str,
+    part: ResultPart,
+    model_text: String,
+    is_error: bool,
+) -> ToolOutcome {
+    ToolOutcome {
+        card: Box::new(with_result(input, call_id, Some(part))),
+        model_text,
+        is_error,
+    }
+}
+
+// ---- results ----------------------------------------------------------------------------------
+
+/// Maps one exec result for `input` to the next steps.
+pub fn on_result(
+    input: &ToolInput,
+    call_id: &str,
+    stage: &mut Stage,
+    payload: ExecPayload,
+    env: &ToolEnv,
+) -> Vec<ToolStep> {
+    use exec_client_message::Message as R;
+    let done = |o: ToolOutcome| vec![ToolStep::Done(o)];
+    match (input, *payload.0) {
+        (ToolInput::Read(read), R::ReadResult(result)) => {
+            done(read_outcome(input, call_id, read, result, env))
+        }
+        (ToolInput::StrReplace(edit), R::ReadResult(result)) => {
+            str_replace_after_read(input, call_id, edit, stage, result)
+        }
+        (ToolInput::StrReplace(edit), R::WriteResult(result)) => {
+            let pending = stage.pending_edit.take();
+            done(edit_write_outcome(
+                input, call_id, &edit.path, result, pending,
+            ))
+        }
+        (ToolInput::Write(write), R::WriteResult(result)) => done(edit_write_outcome(
+            input,
+            call_id,
+            &write.path,
+            result,
+            Some(PendingEdit {
+                before: String::new(),
+                after: write.contents.clone(),
+                replacements: 0,
+            }),
+        )),
+        (ToolInput::Delete(delete), R::DeleteResult(result)) => {
+            done(delete_outcome(input, call_id, &delete.path, result))
+        }
+        (ToolInput::Grep(grep), R::GrepResult(result)) => {
+            done(grep_outcome(input, call_id, grep, result, env))
+        }
+        (ToolInput::Glob(glob), R::GrepResult(result)) => {
+            done(glob_outcome(input, call_id, glob, result, env))
+        }
+        (ToolInput::Ls(_), R::LsResult(result)) => done(ls_outcome(input, call_id, result, env)),
+        (ToolInput::ReadLints(lints), R::DiagnosticsResult(result)) => {
+            lints_step(input, call_id, &lints.paths, stage, result)
+        }
+        (ToolInput::Shell(shell), R::ShellStream(stream)) => {
+            shell_step(input, call_id, shell, stage, stream, env)
+        }
+        (_, other) => done(failed(
+            input,
+            &format!(
+                "internal error: unexpected {} for this tool",
+                exec::result_kind(&other)
+            ),
+        )),
+    }
+}
+
+fn read_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    read: &super::tools::ReadInput,
+    result: pb::ReadResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::read_result::Result as R;
+    let error = |text: String| {
+        outcome(
+            input,
+            call_id,
+            error_part(input, &text),
+            format!("Error: {text}"),
+            true,
+        )
+    };
+    match result.result {
+        Some(R::Success(success)) => {
+            let content = match &success.output {
+                Some(pb::read_success::Output::Content(text)) => text.clone(),
+                Some(pb::read_success::Output::Data(bytes)) => {
+                    let text = format!("(binary file, {} bytes; not shown)", bytes.len());
+                    return outcome(
+                        input,
+                        call_id,
+                        ResultPart::Read(read_success(&success, String::new(), None)),
+                        text,
+                        false,
+                    );
+                }
+                None => String::new(),
+            };
+            let total = usize::try_from(success.total_lines.max(0)).unwrap_or(0);
+            let (first_line, lines) = select_lines(
+                &content,
+                read.offset,
+                read.limit,
+                total,
+                success.range_applied,
+            );
+            let mut text = String::new();
+            for (i, line) in lines.iter().enumerate() {
+                let _ = writeln!(text, "{:>6}|{line}", first_line + i);
+            }
+            if lines.is_empty() {
+                text.push_str(if total == 0 {
+                    "(the file is empty)"
+                } else {
+                    "(no lines in the requested range)"
+                });
+            }
+            let shown_end = first_line + lines.len().saturating_sub(1);
+            if success.truncated || (total > 0 && shown_end < total) {
+                let _ = write!(
+                    text,
+                    "\n[showing lines {first_line}-{shown_end} of {total}; use offset and limit to read more]"
+                );
+            }
+            let range = pb::ReadRange {
+                start_line: u32::try_from(first_line).unwrap_or(u32::MAX),
+                end_line: u32::try_from(shown_end).unwrap_or(u32::MAX),
+            };
+            let shown: String = lines.join("\n");
+            let model_text = truncate_for_model(&text, env.max_output_bytes, 0);
+            outcome(
+                input,
+                call_id,
+                ResultPart::Read(read_success(&success, shown, Some(range))),
+                model_text,
+                false,
+            )
+        }
+        Some(R::Error(e)) => error(format!("reading {}: {}", e.path, e.error)),
+        Some(R::Rejected(r)) => error(format!("reading {} was rejected: {}", r.path, r.reason)),
+        Some(R::FileNotFound(f)) => error(format!("file not found: {}", f.path)),
+        Some(R::PermissionDenied(p)) => error(format!("permission denied: {}", p.path)),
+        Some(R::InvalidFile(f)) => error(format!("cannot read {}: {}", f.path, f.reason)),
+        None => error("the client returned an empty read result".to_owned()),
+    }
+}
+
+fn read_success(
+    success: &pb::ReadSuccess,
+    content: String,
+    range: Option<pb::ReadRange>,
+) -> pb::ReadToolResult {
+    pb::ReadToolResult {
+        result: Some(pb::read_tool_result::Result::Success(pb::ReadToolSuccess {
+            is_empty: success.total_lines == 0,
+            exceeded_limit: success.truncated,
+            total_lines: u32::try_from(success.total_lines.max(0)).unwrap_or(0),
+            file_size: u32::try_from(success.file_size.max(0)).unwrap_or(u32::MAX),
+            path: success.path.clone(),
+            read_range: range,
+            include_line_numbers: Some(true),
+            output: Some(pb::read_tool_success::Output::Content(content)),
+            ..pb::ReadToolSuccess::default()
+        })),
+    }
+}
+
+/// The 1-based number of the first line shown, and the lines, honouring offset/limit whether or
+/// not the client already applied the range.
+fn select_lines(
+    content: &str,
+    offset: Option<i32>,
+    limit: Option<u32>,
+    total: usize,
+    range_applied: bool,
+) -> (usize, Vec<&str>) {
+    let all: Vec<&str> = if content.is_empty() {
+        Vec::new()
+    } else {
+        content.lines().collect()
+    };
+    let total = total.max(if range_applied { 0 } else { all.len() });
+    let start = match offset {
+        Some(o) if o > 0 => o as usize,
+        Some(o) if o < 0 => total.saturating_sub(o.unsigned_abs() as usize) + 1,
+        _ => 1,
+    };
+    let limit = limit.map_or(usize::MAX, |l| l as usize);
+    if range_applied {
+        (start, all.into_iter().take(limit).collect())
+    } else {
+        (start, all.into_iter().skip(start - 1).take(limit).collect())
+    }
+}
+
+fn str_replace_after_read(
+    input: &ToolInput,
+    call_id: &str,
+    edit: &super::tools::StrReplaceInput,
+    stage: &mut Stage,
+    result: pb::ReadResult,
+) -> Vec<ToolStep> {
+    use pb::read_result::Result as R;
+    let fail = |text: String| vec![ToolStep::Done(failed(input, &text))];
+    let before = match result.result {
+        Some(R::Success(success)) => match success.output {
+            Some(pb::read_success::Output::Content(text)) => text,
+            _ => return fail(format!("{} is not a text file", edit.path)),
+        },
+        Some(R::FileNotFound(_)) => return fail(format!("file not found: {}", edit.path)),
+        Some(R::PermissionDenied(_)) => {
+            return fail(format!("permission denied reading {}", edit.path));
+        }
+        Some(R::Error(e)) => return fail(format!("reading {}: {}", edit.path, e.error)),
+        Some(R::Rejected(r)) => {
+            return fail(format!("reading {} was rejected: {}", edit.path, r.reason));
+        }
+        Some(R::InvalidFile(f)) => return fail(format!("cannot edit {}: {}", edit.path, f.reason)),
+        None => return fail("the client returned an empty read result".to_owned()),
+    };
+    let count = before.matches(edit.old_string.as_str()).count();
+    if count == 0 {
+        return fail(format!(
+            "old_string was not found in {}; read the file again and copy the text exactly",
+            edit.path
+        ));
+    }
+    if count > 1 && !edit.replace_all {
+        return fail(format!(
+            "old_string occurs {count} times in {}; include more surrounding context to make it unique, or set replace_all",
+            edit.path
+        ));
+    }
+    let after = if edit.replace_all {
+        before.replace(&edit.old_string, &edit.new_string)
+    } else {
+        before.replacen(&edit.old_string, &edit.new_string, 1)
+    };
+    let request = exec::write_request(&edit.path, &after, call_id);
+    stage.pending_edit = Some(PendingEdit {
+        before,
+        after,
+        replacements: count,
+    });
+    vec![ToolStep::Exec(request)]
+}
+
+fn edit_write_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    path: &str,
+    result: pb::WriteResult,
+    edit: Option<PendingEdit>,
+) -> ToolOutcome {
+    use pb::write_result::Result as W;
+    let error = |text: String| {
+        outcome(
+            input,
+            call_id,
+            ResultPart::Edit(edit_error(path, &text)),
+            format!("Error: {text}"),
+            true,
+        )
+    };
+    match result.result {
+        Some(W::Success(success)) => {
+            let edit = edit.unwrap_or(PendingEdit {
+                before: String::new(),
+                after: String::new(),
+                replacements: 0,
+            });
+            let (added, removed) = line_delta(&edit.before, &edit.after);
+            let text = match input {
+                ToolInput::StrReplace(_) => format!(
+                    "Edited {path}: replaced {} occurrence{}.",
+                    edit.replacements,
+                    if edit.replacements == 1 { "" } else { "s" }
+                ),
+                _ => format!("Wrote {} lines to {path}.", success.lines_created),
+            };
+            let part = ResultPart::Edit(pb::EditResult {
+                result: Some(pb::edit_result::Result::Success(pb::EditSuccess {
+                    path: if success.path.is_empty() {
+                        path.to_owned()
+                    } else {
+                        success.path.clone()
+                    },
+                    lines_added: Some(i32_of(added)),
+                    lines_removed: Some(i32_of(removed)),
+                    before_full_file_content: Some(edit.before),
+                    after_full_file_content: edit.after,
+                    message: Some(text.clone()),
+                    ..pb::EditSuccess::default()
+                })),
+            });
+            outcome(input, call_id, part, text, false)
+        }
+        Some(W::PermissionDenied(p)) => {
+            error(format!("permission denied writing {path}: {}", p.error))
+        }
+        Some(W::NoSpace(_)) => error(format!("no space left on device writing {path}")),
+        Some(W::Error(e)) => error(format!("writing {path}: {}", e.error)),
+        Some(W::Rejected(r)) => error(format!(
+            "the user rejected the change to {path}: {}",
+            r.reason
+        )),
+        None => error("the client returned an empty write result".to_owned()),
+    }
+}
+
+/// Lines added and removed between two versions (common prefix and suffix excluded).
+fn line_delta(before: &str, after: &str) -> (usize, usize) {
+    let a: Vec<&str> = before.lines().collect();
+    let b: Vec<&str> = after.lines().collect();
+    let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let suffix = a[prefix..]
+        .iter()
+        .rev()
+        .zip(b[prefix..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    (b.len() - prefix - suffix, a.len() - prefix - suffix)
+}
+
+fn delete_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    path: &str,
+    result: pb::DeleteResult,
+) -> ToolOutcome {
+    use pb::delete_result::Result as D;
+    let (text, is_error) = match &result.result {
+        Some(D::Success(_)) => (format!("Deleted {path}."), false),
+        Some(D::FileNotFound(_)) => (format!("Error: file not found: {path}"), true),
+        Some(D::NotFile(n)) => (
+            format!("Error: {path} is not a file ({})", n.actual_type),
+            true,
+        ),
+        Some(D::PermissionDenied(p)) => (
+            format!(
+                "Error: permission denied deleting {path}: {}",
+                p.client_visible_error
+            ),
+            true,
+        ),
+        Some(D::FileBusy(_)) => (format!("Error: {path} is busy"), true),
+        Some(D::Rejected(r)) => (
+            format!("Error: the user rejected deleting {path}: {}", r.reason),
+            true,
+        ),
+        Some(D::Error(e)) => (format!("Error: deleting {path}: {}", e.error), true),
+        None => return failed(input, "the client returned an empty delete result"),
+    };
+    outcome(input, call_id, ResultPart::Delete(result), text, is_error)
+}
+
+fn sorted_workspaces(success: &pb::GrepSuccess) -> Vec<(&String, &pb::GrepUnionResult)> {
+    let mut results: Vec<_> = success.workspace_results.iter().collect();
+    results.sort_by(|a, b| a.0.cmp(b.0));
+    results
+}
+
+fn grep_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    grep: &super::tools::GrepInput,
+    result: pb::GrepResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::grep_result::Result as G;
+    let text = match &result.result {
+        Some(G::Success(success)) => {
+            let mut text = String::new();
+            let mut truncated = false;
+            let unions = sorted_workspaces(success)
+                .into_iter()
+                .map(|(_, u)| u)
+                .chain(success.active_editor_result.as_ref());
+            for union in unions {
+                match &union.result {
+                    Some(pb::grep_union_result::Result::Content(content)) => {
+                        truncated |= content.client_truncated || content.ripgrep_truncated;
+                        for file in &content.matches {
+                            for m in &file.matches {
+                                let sep = if m.is_context_line { '-' } else { ':' };
+                                let _ = writeln!(
+                                    text,
+                                    "{}{sep}{}{sep}{}",
+                                    file.file, m.line_number, m.content
+                                );
+                            }
+                        }
+                    }
+                    Some(pb::grep_union_result::Result::Files(files)) => {
+                        truncated |= files.client_truncated || files.ripgrep_truncated;
+                        for file in &files.files {
+                            let _ = writeln!(text, "{file}");
+                        }
+                    }
+                    Some(pb::grep_union_result::Result::Count(counts)) => {
+                        truncated |= counts.client_truncated || counts.ripgrep_truncated;
+                        for count in &counts.counts {
+                            let _ = writeln!(text, "{}:{}", count.file, count.count);
+                        }
+                    }
+                    None => {}
+                }
+            }
+            if text.is_empty() {
+                text = format!("No matches found for pattern {:?}.", grep.pattern);
+            } else if truncated {
+                text.push_str("[results truncated; narrow the search or use head_limit/offset]");
+            }
+            let mode = grep.output_mode.unwrap_or(GrepMode::Content);
+            if mode == GrepMode::Count && !text.starts_with("No matches") {
+                text.insert_str(0, "file:matches\n");
+            }
+            truncate_for_model(&text, env.max_output_bytes, 0)
+        }
+        Some(G::Error(e)) => {
+            let text = format!("Error: grep failed: {}", e.error);
+            return outcome(input, call_id, ResultPart::Grep(result), text, true);
+        }
+        None => return failed(input, "the client returned an empty grep result"),
+    };
+    outcome(input, call_id, ResultPart::Grep(result), text, false)
+}
+
+fn glob_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    glob: &super::tools::GlobInput,
+    result: pb::GrepResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::grep_result::Result as G;
+    match result.result {
+        Some(G::Success(success)) => {
+            let mut files = Vec::new();
+            let mut client_truncated = false;
+            let mut ripgrep_truncated = false;
+            for (_, union) in sorted_workspaces(&success) {
+                if let Some(pb::grep_union_result::Result::Files(found)) = &union.result {
+                    files.extend(found.files.iter().cloned());
+                    client_truncated |= found.client_truncated;
+                    ripgrep_truncated |= found.ripgrep_truncated;
+                }
+            }
+            let mut text = if files.is_empty() {
+                format!("No files match {:?}.", glob.glob_pattern)
+            } else {
+                files.join("\n")
+            };
+            if client_truncated || ripgrep_truncated {
+                text.push_str("\n[list truncated; use a narrower pattern]");
+            }
+            let part = ResultPart::Glob(pb::GlobToolResult {
+                result: Some(pb::glob_tool_result::Result::Success(pb::GlobToolSuccess {
+                    pattern: glob.glob_pattern.clone(),
+                    path: success.path.clone(),
+                    total_files: i32_of(files.len()),
+                    files,
+                    client_truncated,
+                    ripgrep_truncated,
+                })),
+            });
+            outcome(
+                input,
+                call_id,
+                part,
+                truncate_for_model(&text, env.max_output_bytes, 0),
+                false,
+            )
+        }
+        Some(G::Error(e)) => {
+            let text = format!("glob failed: {}", e.error);
+            outcome(
+                input,
+                call_id,
+                error_part(input, &text),
+                format!("Error: {text}"),
+                true,
+            )
+        }
+        None => failed(input, "the client returned an empty glob result"),
+    }
+}
+
+fn ls_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    result: pb::LsResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::ls_result::Result as L;
+    let (text, is_error) = match &result.result {
+        Some(L::Success(success)) => match &success.directory_tree_root {
+            Some(root) => {
+                let mut text = String::new();
+                render_tree(root, 0, &mut text);
+                (truncate_for_model(&text, env.max_output_bytes, 0), false)
+            }
+            None => ("(empty directory)".to_owned(), false),
+        },
+        Some(L::Timeout(timeout)) => {
+            let mut text = String::from("[listing timed out; partial result]\n");
+            if let Some(root) = &timeout.directory_tree_root {
+                render_tree(root, 0, &mut text);
+            }
+            (truncate_for_model(&text, env.max_output_bytes, 0), false)
+        }
+        Some(L::Error(e)) => (format!("Error: listing {}: {}", e.path, e.error), true),
+        Some(L::Rejected(r)) => (
+            format!("Error: listing {} was rejected: {}", r.path, r.reason),
+            true,
+        ),
+        None => return failed(input, "the client returned an empty ls result"),
+    };
+    outcome(input, call_id, ResultPart::Ls(result), text, is_error)
+}
+
+fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mut String) {
+    let indent = "  ".repeat(depth);
+    if depth == 0 {
+        let _ = writeln!(out, "{}/", node.abs_path.trim_end_matches('/'));
+    } else {
+        let name = node.abs_path.rsplit('/').next().unwrap_or(&node.abs_path);
+        let _ = writeln!(out, "{indent}- {name}/");
+    }
+    if !node.children_were_processed
+        && node.children_dirs.is_empty()
+        && node.children_files.is_empty()
+    {
+        let _ = writeln!(
+            out,
+            "{indent}  ... ({} files, not expanded)",
+            node.num_files
+        );
+        return;
+    }
+    for dir in &node.children_dirs {
+        render_tree(dir, depth + 1, out);
+    }
+    for file in &node.children_files {
+        let _ = writeln!(out, "{indent}  - {}", file.name);
+    }
+}
+
+fn lints_step(
+    input: &ToolInput,
+    call_id: &str,
+    paths: &[String],
+    stage: &mut Stage,
+    result: pb::DiagnosticsResult,
+) -> Vec<ToolStep> {
+    use pb::diagnostics_result::Result as D;
+    let index = stage.lints.len();
+    let path = paths.get(index).cloned().unwrap_or_default();
+    let diagnostics = match result.result {
+        Some(D::Success(success)) => success
+            .diagnostics
+            .into_iter()
+            .map(|d| pb::DiagnosticItem {
+                severity: d.severity,
+                range: d.range.map(|r| pb::DiagnosticRange {
+                    start: r.start,
+                    end: r.end,
+                }),
+                message: d.message,
+                source: d.source,
+                code: d.code,
+                is_stale: d.is_stale,
+            })
+            .collect::<Vec<_>>(),
+        Some(D::FileNotFound(_)) => {
+            return vec![ToolStep::Done(failed(
+                input,
+                &format!("file not found: {path}"),
+            ))];
+        }
+        Some(D::PermissionDenied(_)) => {
+            return vec![ToolStep::Done(failed(
+                input,
+                &format!("permission denied: {path}"),
+            ))];
+        }
+        Some(D::Rejected(r)) => {
+            return vec![ToolStep::Done(failed(
+                input,
+                &format!("reading diagnostics of {path} was rejected: {}", r.reason),
+            ))];
+        }
+        Some(D::Error(e)) => {
+            return vec![ToolStep::Done(failed(
+                input,
+                &format!("reading diagnostics of {path}: {}", e.error),
+            ))];
+        }
+        None => {
+            return vec![ToolStep::Done(failed(
+                input,
+                "the client returned an empty diagnostics result",
+            ))];
+        }
+    };
+    stage.lints.push(pb::FileDiagnostics {
+        path,
+        diagnostics_count: i32_of(diagnostics.len()),
+        diagnostics,
+    });
+    if let Some(next) = paths.get(stage.lints.len()) {
+        return vec![ToolStep::Exec(exec::diagnostics_request(next, call_id))];
+    }
+    let files = std::mem::take(&mut stage.lints);
+    let total: usize = files.iter().map(|f| f.diagnostics.len()).sum();
+    let mut text = String::new();
+    for file in &files {
+        for d in &file.diagnostics {
+            let (line, column) = d
+                .range
+                .as_ref()
+                .and_then(|r| r.start.as_ref())
+                .map_or((0, 0), |p| (p.line, p.column));
+            let severity =
+                pb::DiagnosticSeverity::try_from(d.severity).map_or("unknown", |s| match s {
+                    pb::DiagnosticSeverity::Error => "error",
+                    pb::DiagnosticSeverity::Warning => "warning",
+                    pb::DiagnosticSeverity::Information => "info",
+                    pb::DiagnosticSeverity::Hint => "hint",
+                    pb::DiagnosticSeverity::Unspecified => "unknown",
+                });
+            let _ = write!(
+                text,
+                "{}:{line}:{column}: {severity}: {}",
+                file.path, d.message
+            );
+            if !d.source.is_empty() || !d.code.is_empty() {
+                let _ = write!(text, " [{} {}]", d.source, d.code);
+            }
+            text.push('\n');
+        }
+    }
+    if total == 0 {
+        text = format!("No linter errors found in {}.", paths.join(", "));
+    }
+    let part = ResultPart::Lints(pb::ReadLintsToolResult {
+        result: Some(pb::read_lints_tool_result::Result::Success(
+            pb::ReadLintsToolSuccess {
+                total_files: i32_of(files.len()),
+                total_diagnostics: i32_of(total),
+                file_diagnostics: files,
+            },
+        )),
+    });
+    vec![ToolStep::Done(outcome(input, call_id, part, text, false))]
+}
+
+fn shell_step(
+    input: &ToolInput,
+    call_id: &str,
+    shell: &super::tools::ShellInput,
+    stage: &mut Stage,
+    stream: pb::ShellStream,
+    env: &ToolEnv,
+) -> Vec<ToolStep> {
+    use pb::shell_stream::Event as E;
+    let command = shell.command.clone();
+    let working_directory = shell.working_directory.clone().unwrap_or_default();
+    let delta = |delta: pb::shell_tool_call_delta::Delta| {
+        ToolStep::Delta(pb::ToolCallDelta {
+            delta: Some(pb::tool_call_delta::Delta::ShellToolCallDelta(
+                pb::ShellToolCallDelta { delta: Some(delta) },
+            )),
+        })
+    };
+    match stream.event {
+        Some(E::Start(_)) | Some(E::HookContext(_)) | None => Vec::new(),
+        Some(E::Stdout(out)) => {
+            stage.stdout.push(&out.data);
+            vec![delta(pb::shell_tool_call_delta::Delta::Stdout(
+                pb::ShellToolCallStdoutDelta { content: out.data },
+            ))]
+        }
+        Some(E::Stderr(err)) => {
+            stage.stderr.push(&err.data);
+            vec![delta(pb::shell_tool_call_delta::Delta::Stderr(
+                pb::ShellToolCallStderrDelta { content: err.data },
+            ))]
+        }
+        Some(E::Exit(exit)) => {
+            let code = i32::try_from(exit.code).unwrap_or(i32::MAX);
+            let stdout = std::mem::take(&mut stage.stdout);
+            let stderr = std::mem::take(&mut stage.stderr);
+            let mut text = if exit.aborted {
+                format!("The command was aborted (exit code {code}).\n")
+            } else {
+                format!("Exit code: {code}\n")
+            };
+            text.push_str(&model_output(&stdout, &stderr, env.max_output_bytes));
+            if let Some(location) = &exit.output_location {
+                let _ = write!(
+                    text,
+                    "\nFull output ({} bytes) is in {}",
+                    location.size_bytes, location.file_path
+                );
+            }
+            let wd = if exit.cwd.is_empty() {
+                working_directory
+            } else {
+                exit.cwd.clone()
+            };
+            let result = if code == 0 && !exit.aborted {
+                pb::shell_result::Result::Success(pb::ShellSuccess {
+                    command,
+                    working_directory: wd,
+                    exit_code: code,
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    output_location: exit.output_location,
+                    local_execution_time_ms: exit.local_execution_time_ms,
+                    ..pb::ShellSuccess::default()
+                })
+            } else {
+                pb::shell_result::Result::Failure(pb::ShellFailure {
+                    command,
+                    working_directory: wd,
+                    exit_code: code,
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    output_location: exit.output_location,
+                    abort_reason: exit.abort_reason,
+                    aborted: exit.aborted,
+                    local_execution_time_ms: exit.local_execution_time_ms,
+                    ..pb::ShellFailure::default()
+                })
+            };
+            let is_error = !matches!(result, pb::shell_result::Result::Success(_));
+            let part = ResultPart::Shell(pb::ShellResult {
+                result: Some(result),
+                ..pb::ShellResult::default()
+            });
+            vec![ToolStep::Done(outcome(
+                input, call_id, part, text, is_error,
+            ))]
+        }
+        Some(E::Backgrounded(bg)) => {
+            let stdout = std::mem::take(&mut stage.stdout);
+            let stderr = std::mem::take(&mut stage.stderr);
+            let mut text = format!(
+                "The command is running in the background (shell id {}",
+                bg.shell_id
+            );
+            if let Some(pid) = bg.pid {
+                let _ = write!(text, ", pid {pid}");
+            }
+            text.push_str(").");
+            if !env.terminals_folder.is_empty() {
+                let _ = write!(
+                    text,
+                    " Its output is written to {}/{}.txt; read that file to check on it.",
+                    env.terminals_folder.trim_end_matches('/'),
+                    bg.shell_id
+                );
+            }
+            let so_far = model_output(&stdout, &stderr, env.max_output_bytes);
+            if !so_far.trim().is_empty() {
+                let _ = write!(text, "\nOutput so far:\n{so_far}");
+            }
+            let part = ResultPart::Shell(pb::ShellResult {
+                is_background: Some(true),
+                terminals_folder: (!env.terminals_folder.is_empty())
+                    .then(|| env.terminals_folder.clone()),
+                pid: bg.pid,
+                result: Some(pb::shell_result::Result::Success(pb::ShellSuccess {
+                    command,
+                    working_directory: if bg.working_directory.is_empty() {
+                        working_directory
+                    } else {
+                        bg.working_directory
+                    },
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    shell_id: Some(bg.shell_id),
+                    pid: bg.pid,
+                    ms_to_wait: bg.ms_to_wait,
+                    background_reason: bg.reason,
+                    ..pb::ShellSuccess::default()
+                })),
+                ..pb::ShellResult::default()
+            });
+            vec![ToolStep::Done(outcome(input, call_id, part, text, false))]
+        }
+        Some(E::Rejected(rejected)) => {
+            let text = format!("Error: the user rejected the command: {}", rejected.reason);
+            let part = ResultPart::Shell(pb::ShellResult {
+                result: Some(pb::shell_result::Result::Rejected(rejected)),
+                ..pb::ShellResult::default()
+            });
+            vec![ToolStep::Done(outcome(input, call_id, part, text, true))]
+        }
+        Some(E::PermissionDenied(denied)) => {
+            let text = format!(
+                "Error: permission denied running the command: {}",
+                denied.error
+            );
+            let part = ResultPart::Shell(pb::ShellResult {
+                result: Some(pb::shell_result::Result::PermissionDenied(denied)),
+                ..pb::ShellResult::default()
+            });
+            vec![ToolStep::Done(outcome(input, call_id, part, text, true))]
+        }
+        Some(E::SandboxUnsupported(unsupported)) => vec![ToolStep::Done(failed(
+            input,
+            &format!(
+                "the sandbox cannot run this command: {}",
+                unsupported.reason
+            ),
+        ))],
+    }
+}
+
+/// stdout then stderr, labelled, within the model's byte budget.
+fn model_output(stdout: &Bounded, stderr: &Bounded, max: usize) -> String {
+    let mut text = String::new();
+    if !stdout.text.is_empty() || stdout.dropped > 0 {
+        text.push_str(&truncate_for_model(&stdout.text, max, stdout.dropped));
+    }
+    if !stderr.text.is_empty() || stderr.dropped > 0 {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("[stderr]\n");
+        text.push_str(&truncate_for_model(&stderr.text, max, stderr.dropped));
+    }
+    if text.is_empty() {
+        text.push_str("(no output)");
+    }
+    text
+}
+
+/// The exec stream closed before a terminal result.
+pub fn closed_without_result(input: &ToolInput, stage: &mut Stage, env: &ToolEnv) -> ToolOutcome {
+    let mut message = "the client closed the execution without a result".to_owned();
+    if let ToolInput::Shell(_) = input {
+        let stdout = std::mem::take(&mut stage.stdout);
+        let stderr = std::mem::take(&mut stage.stderr);
+        let _ = write!(
+            message,
+            "; output so far:\n{}",
+            model_output(&stdout, &stderr, env.max_output_bytes)
+        );
+    }
+    failed(input, &message)
+}
+
+/// TodoWrite, answered locally.
+pub fn todo_write(input: &TodoWriteInput, current: &[Todo]) -> ToolOutcome {
+    let todos = derived_state::apply(current, &todo_update(input));
+    let mut text = format!("Todo list updated ({} items):\n", todos.len());
+    for todo in &todos {
+        let mark = match todo.status {
+            TodoStatus::Pending => "[ ]",
+            TodoStatus::InProgress => "[~]",
+            TodoStatus::Completed => "[x]",
+            TodoStatus::Cancelled => "[-]",
+        };
+        let _ = writeln!(text, "{mark} {} ({})", todo.content, todo.id);
+    }
+    let input_ref = ToolInput::TodoWrite(input.clone());
+    let part = ResultPart::Todos(pb::UpdateTodosResult {
+        result: Some(pb::update_todos_result::Result::Success(
+            pb::UpdateTodosSuccess {
+                total_count: i32_of(todos.len()),
+                todos: todos.iter().map(todo_item).collect(),
+                was_merge: input.merge,
+            },
+        )),
+    });
+    outcome(&input_ref, "", part, text, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_selection_honours_offsets_from_either_end() {
+        let content = "a\nb\nc\nd\ne";
+        assert_eq!(
+            select_lines(content, None, None, 5, false),
+            (1, vec!["a", "b", "c", "d", "e"])
+        );
+        assert_eq!(
+            select_lines(content, Some(2), Some(2), 5, false),
+            (2, vec!["b", "c"])
+        );
+        assert_eq!(
+            select_lines(content, Some(-2), None, 5, false),
+            (4, vec!["d", "e"])
+        );
+        assert_eq!(
+            select_lines("d\ne", Some(-2), None, 5, true),
+            (4, vec!["d", "e"])
+        );
+    }
+
+    #[test]
+    fn truncation_marks_what_was_left_out() {
+        assert_eq!(truncate_for_model("short", 10, 0), "short");
+        let cut = truncate_for_model("0123456789abc", 10, 0);
+        assert!(
+            cut.starts_with("0123456789\n[... output truncated: 3 more bytes"),
+            "{cut}"
+        );
+        let multibyte = truncate_for_model("ééé", 3, 0);
+        assert!(multibyte.starts_with('é'), "{multibyte}");
+    }
+
+    #[test]
+    fn line_delta_counts_changed_lines_only() {
+        assert_eq!(line_delta("a\nb\nc", "a\nx\ny\nc"), (2, 1));
+        assert_eq!(line_delta("", "one\ntwo"), (2, 0));
+    }
+}

@@ -1,0 +1,510 @@
+//! The tool registry: the only place that maps a model-facing tool name to its transport (client exec
+//! or local), its Cursor card (`ToolCall` oneof), its argument validation and its execution steps.
+//!
+//! A `ToolRun` is the per-call state machine. The loop feeds it exec results by id and gets back
+//! `ToolStep`s (send this exec, show this delta, done with this outcome); it never sees a oneof.
+
+use serde::Deserialize;
+
+use super::exec::{self, ExecPayload, ExecRequest};
+use super::proto::agent::{self as pb, tool_call};
+use super::tool_result::{self, ToolOutcome};
+use crate::model::tool::ToolCall as ModelToolCall;
+use crate::prompting::derived_state::{Todo, TodoStatus};
+
+/// Every tool the model can be offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolKind {
+    Read,
+    Write,
+    StrReplace,
+    Delete,
+    Grep,
+    Glob,
+    Ls,
+    ReadLints,
+    Shell,
+    TodoWrite,
+}
+
+/// How a tool is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The client executes it (`exec_server_message`).
+    Exec,
+    /// The server answers at once, without a client round trip.
+    Local,
+}
+
+impl ToolKind {
+    pub const ALL: [ToolKind; 10] = [
+        ToolKind::Read,
+        ToolKind::Write,
+        ToolKind::StrReplace,
+        ToolKind::Delete,
+        ToolKind::Grep,
+        ToolKind::Glob,
+        ToolKind::Ls,
+        ToolKind::ReadLints,
+        ToolKind::Shell,
+        ToolKind::TodoWrite,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolKind::Read => "Read",
+            ToolKind::Write => "Write",
+            ToolKind::StrReplace => "StrReplace",
+            ToolKind::Delete => "Delete",
+            ToolKind::Grep => "Grep",
+            ToolKind::Glob => "Glob",
+            ToolKind::Ls => "LS",
+            ToolKind::ReadLints => "ReadLints",
+            ToolKind::Shell => "Shell",
+            ToolKind::TodoWrite => "TodoWrite",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ToolKind> {
+        ToolKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    pub fn transport(self) -> Transport {
+        match self {
+            ToolKind::TodoWrite => Transport::Local,
+            _ => Transport::Exec,
+        }
+    }
+
+    /// The card Cursor draws while the model is still writing the arguments.
+    pub fn placeholder(self) -> pb::ToolCall {
+        let tool = match self {
+            ToolKind::Read => tool_call::Tool::ReadToolCall(pb::ReadToolCall::default()),
+            ToolKind::Write | ToolKind::StrReplace => {
+                tool_call::Tool::EditToolCall(pb::EditToolCall::default())
+            }
+            ToolKind::Delete => tool_call::Tool::DeleteToolCall(pb::DeleteToolCall::default()),
+            ToolKind::Grep => tool_call::Tool::GrepToolCall(pb::GrepToolCall::default()),
+            ToolKind::Glob => tool_call::Tool::GlobToolCall(pb::GlobToolCall::default()),
+            ToolKind::Ls => tool_call::Tool::LsToolCall(pb::LsToolCall::default()),
+            ToolKind::ReadLints => {
+                tool_call::Tool::ReadLintsToolCall(pb::ReadLintsToolCall::default())
+            }
+            ToolKind::Shell => tool_call::Tool::ShellToolCall(pb::ShellToolCall::default()),
+            ToolKind::TodoWrite => {
+                tool_call::Tool::UpdateTodosToolCall(pb::UpdateTodosToolCall::default())
+            }
+        };
+        pb::ToolCall { tool: Some(tool) }
+    }
+
+    /// Whether argument deltas stream into an edit card as content.
+    pub fn streams_edit_content(self) -> bool {
+        matches!(self, ToolKind::Write)
+    }
+}
+
+// ---- validated inputs (exactly what tools.json promises) -------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReadInput {
+    pub path: String,
+    pub offset: Option<i32>,
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct WriteInput {
+    pub path: String,
+    pub contents: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct StrReplaceInput {
+    pub path: String,
+    pub old_string: String,
+    pub new_string: String,
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DeleteInput {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrepMode {
+    Content,
+    FilesWithMatches,
+    Count,
+}
+
+impl GrepMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrepMode::Content => "content",
+            GrepMode::FilesWithMatches => "files_with_matches",
+            GrepMode::Count => "count",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct GrepInput {
+    pub pattern: String,
+    pub path: Option<String>,
+    pub glob: Option<String>,
+    #[serde(rename = "type")]
+    pub file_type: Option<String>,
+    pub output_mode: Option<GrepMode>,
+    #[serde(rename = "-A")]
+    pub after: Option<u32>,
+    #[serde(rename = "-B")]
+    pub before: Option<u32>,
+    #[serde(rename = "-C")]
+    pub context: Option<u32>,
+    #[serde(rename = "-i")]
+    pub case_insensitive: Option<bool>,
+    pub multiline: Option<bool>,
+    pub head_limit: Option<u32>,
+    pub offset: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct GlobInput {
+    pub glob_pattern: String,
+    pub target_directory: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct LsInput {
+    pub path: String,
+    #[serde(default)]
+    pub ignore: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReadLintsInput {
+    pub paths: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ShellInput {
+    pub command: String,
+    pub working_directory: Option<String>,
+    pub block_until_ms: Option<u32>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TodoInput {
+    pub id: String,
+    pub content: Option<String>,
+    pub status: TodoStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TodoWriteInput {
+    pub todos: Vec<TodoInput>,
+    pub merge: bool,
+}
+
+/// A tool call with validated arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolInput {
+    Read(ReadInput),
+    Write(WriteInput),
+    StrReplace(StrReplaceInput),
+    Delete(DeleteInput),
+    Grep(GrepInput),
+    Glob(GlobInput),
+    Ls(LsInput),
+    ReadLints(ReadLintsInput),
+    Shell(ShellInput),
+    TodoWrite(TodoWriteInput),
+}
+
+/// Parses and validates the model's argument text for `kind`. The message goes back to the model.
+pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String> {
+    let text = if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    };
+    fn de<T: serde::de::DeserializeOwned>(kind: ToolKind, text: &str) -> Result<T, String> {
+        serde_json::from_str(text)
+            .map_err(|e| format!("invalid arguments for {}: {e}", kind.name()))
+    }
+    let non_empty = |field: &str, value: &str| {
+        if value.trim().is_empty() {
+            Err(format!(
+                "invalid arguments for {}: `{field}` must not be empty",
+                kind.name()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    Ok(match kind {
+        ToolKind::Read => {
+            let input: ReadInput = de(kind, text)?;
+            non_empty("path", &input.path)?;
+            if input.limit == Some(0) {
+                return Err("invalid arguments for Read: `limit` must be at least 1".to_owned());
+            }
+            ToolInput::Read(input)
+        }
+        ToolKind::Write => {
+            let input: WriteInput = de(kind, text)?;
+            non_empty("path", &input.path)?;
+            ToolInput::Write(input)
+        }
+        ToolKind::StrReplace => {
+            let input: StrReplaceInput = de(kind, text)?;
+            non_empty("path", &input.path)?;
+            if input.old_string.is_empty() {
+                return Err("invalid arguments for StrReplace: `old_string` must not be empty (use Write to create a file)".to_owned());
+            }
+            if input.old_string == input.new_string {
+                return Err(
+                    "invalid arguments for StrReplace: `new_string` is identical to `old_string`"
+                        .to_owned(),
+                );
+            }
+            ToolInput::StrReplace(input)
+        }
+        ToolKind::Delete => {
+            let input: DeleteInput = de(kind, text)?;
+            non_empty("path", &input.path)?;
+            ToolInput::Delete(input)
+        }
+        ToolKind::Grep => {
+            let input: GrepInput = de(kind, text)?;
+            non_empty("pattern", &input.pattern)?;
+            ToolInput::Grep(input)
+        }
+        ToolKind::Glob => {
+            let input: GlobInput = de(kind, text)?;
+            non_empty("glob_pattern", &input.glob_pattern)?;
+            ToolInput::Glob(input)
+        }
+        ToolKind::Ls => {
+            let input: LsInput = de(kind, text)?;
+            non_empty("path", &input.path)?;
+            ToolInput::Ls(input)
+        }
+        ToolKind::ReadLints => {
+            let input: ReadLintsInput = de(kind, text)?;
+            if input.paths.is_empty() || input.paths.iter().any(|p| p.trim().is_empty()) {
+                return Err("invalid arguments for ReadLints: `paths` must list at least one non-empty path".to_owned());
+            }
+            ToolInput::ReadLints(input)
+        }
+        ToolKind::Shell => {
+            let input: ShellInput = de(kind, text)?;
+            non_empty("command", &input.command)?;
+            ToolInput::Shell(input)
+        }
+        ToolKind::TodoWrite => {
+            let input: TodoWriteInput = de(kind, text)?;
+            if let Some(todo) = input.todos.iter().find(|t| t.id.trim().is_empty()) {
+                return Err(format!(
+                    "invalid arguments for TodoWrite: a todo has an empty id ({todo:?})"
+                ));
+            }
+            if !input.merge
+                && let Some(todo) = input
+                    .todos
+                    .iter()
+                    .find(|t| t.content.as_deref().is_none_or(|c| c.trim().is_empty()))
+            {
+                return Err(format!(
+                    "invalid arguments for TodoWrite: todo {:?} needs `content` when merge is false",
+                    todo.id
+                ));
+            }
+            ToolInput::TodoWrite(input)
+        }
+    })
+}
+
+/// What the loop must do next for one tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolStep {
+    /// Send this exec request to the client and route its result back here.
+    Exec(ExecRequest),
+    /// Show this live update on the card (shell output).
+    Delta(pb::ToolCallDelta),
+    /// The call is over.
+    Done(ToolOutcome),
+}
+
+/// Facts about the run that tools need.
+#[derive(Debug, Clone, Default)]
+pub struct ToolEnv {
+    /// The client's terminals folder, where backgrounded shell output goes.
+    pub terminals_folder: String,
+    /// Model-facing tool output is truncated past this many bytes.
+    pub max_output_bytes: usize,
+    /// Todos as folded from history before this call (for TodoWrite merges).
+    pub todos: Vec<Todo>,
+}
+
+/// The state of one tool call between start and outcome.
+#[derive(Debug)]
+pub struct ToolRun {
+    kind: ToolKind,
+    call_id: String,
+    input: ToolInput,
+    stage: tool_result::Stage,
+}
+
+/// The model's call could not even start (unknown tool, bad arguments): its terminal result.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Card to complete, if the tool is known (its placeholder was shown).
+    pub card: Option<Box<pb::ToolCall>>,
+    pub model_text: String,
+}
+
+impl ToolRun {
+    /// Validates the call and returns its typed started card and first step.
+    pub fn start(
+        call: &ModelToolCall,
+        env: &ToolEnv,
+    ) -> Result<(ToolRun, pb::ToolCall, ToolStep), Rejected> {
+        let Some(kind) = ToolKind::from_name(&call.name) else {
+            let known: Vec<&str> = ToolKind::ALL.iter().map(|k| k.name()).collect();
+            return Err(Rejected {
+                card: None,
+                model_text: format!(
+                    "Error: there is no tool named {:?}. Available tools: {}.",
+                    call.name,
+                    known.join(", ")
+                ),
+            });
+        };
+        let input = match parse_input(kind, &call.arguments) {
+            Ok(input) => input,
+            Err(message) => {
+                return Err(Rejected {
+                    card: Some(Box::new(tool_result::invalid_card(kind, &message))),
+                    model_text: format!("Error: {message}"),
+                });
+            }
+        };
+        let mut run = ToolRun {
+            kind,
+            call_id: call.call_id.clone(),
+            input,
+            stage: tool_result::Stage::default(),
+        };
+        let started = tool_result::args_card(&run.input, &run.call_id);
+        let step = run.first_step(env);
+        Ok((run, started, step))
+    }
+
+    pub fn kind(&self) -> ToolKind {
+        self.kind
+    }
+
+    fn first_step(&mut self, env: &ToolEnv) -> ToolStep {
+        if let ToolInput::TodoWrite(input) = &self.input {
+            return ToolStep::Done(tool_result::todo_write(input, &env.todos));
+        }
+        match exec::first_request(&self.input, &self.call_id) {
+            Some(request) => ToolStep::Exec(request),
+            None => ToolStep::Done(tool_result::failed(
+                &self.input,
+                "internal error: this tool has no client execution",
+            )),
+        }
+    }
+
+    /// Routes one exec result (already matched to this call by exec id and kind).
+    pub fn on_result(&mut self, payload: ExecPayload, env: &ToolEnv) -> Vec<ToolStep> {
+        tool_result::on_result(&self.input, &self.call_id, &mut self.stage, payload, env)
+    }
+
+    /// The client threw while executing: a failed result the model sees.
+    pub fn on_throw(&mut self, error: &str) -> ToolOutcome {
+        tool_result::failed(
+            &self.input,
+            &format!("the client failed to execute the tool: {error}"),
+        )
+    }
+
+    /// `stream_close` before a terminal result: the exec ended without one.
+    pub fn on_closed_without_result(&mut self, env: &ToolEnv) -> ToolOutcome {
+        tool_result::closed_without_result(&self.input, &mut self.stage, env)
+    }
+
+    /// The run is ending (error, cancel) while this call is still running.
+    pub fn abandon(&self, reason: &str) -> ToolOutcome {
+        tool_result::failed(&self.input, reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_offered_tool_exists_in_the_registry() {
+        let tools: serde_json::Value =
+            serde_json::from_str(crate::prompting::compiler::AGENT_TOOLS).expect("tools.json");
+        let names: Vec<&str> = tools
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|t| t["function"]["name"].as_str().expect("name"))
+            .collect();
+        for name in &names {
+            assert!(
+                ToolKind::from_name(name).is_some(),
+                "{name} is offered but not registered"
+            );
+        }
+        for kind in ToolKind::ALL {
+            assert!(
+                names.contains(&kind.name()),
+                "{} is registered but not offered",
+                kind.name()
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_argument_types_are_validation_errors() {
+        let float =
+            parse_input(ToolKind::Shell, r#"{"command":"ls","block_until_ms":1.5}"#).unwrap_err();
+        assert!(
+            float.contains("block_until_ms") || float.contains("floating"),
+            "{float}"
+        );
+        let string = parse_input(
+            ToolKind::Shell,
+            r#"{"command":"ls","block_until_ms":"100"}"#,
+        )
+        .unwrap_err();
+        assert!(string.contains("invalid type"), "{string}");
+        let missing = parse_input(ToolKind::Read, "{}").unwrap_err();
+        assert!(missing.contains("missing field `path`"), "{missing}");
+        let not_json = parse_input(ToolKind::Read, "{\"path\": ").unwrap_err();
+        assert!(
+            not_json.starts_with("invalid arguments for Read"),
+            "{not_json}"
+        );
+        assert!(parse_input(ToolKind::Grep, r#"{"pattern":"x","output_mode":"lines"}"#).is_err());
+        assert!(matches!(
+            parse_input(ToolKind::Grep, r#"{"pattern":"x","-C":2,"-i":true}"#),
+            Ok(ToolInput::Grep(GrepInput {
+                context: Some(2),
+                case_insensitive: Some(true),
+                ..
+            }))
+        ));
+    }
+}

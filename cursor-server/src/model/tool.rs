@@ -1,0 +1,24 @@
+//! Tool calls and their results as history stores them, independent of Cursor and providers.
+
+use serde::{Deserialize, Serialize};
+
+/// One tool call the model made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The id Cursor sees (unique within the conversation: derived from the model call).
+    pub call_id: String,
+    /// The id the provider gave the call; sent back to that provider unchanged.
+    pub provider_call_id: String,
+    pub name: String,
+    /// The arguments exactly as the model wrote them (a JSON object text).
+    pub arguments: String,
+}
+
+/// The model-facing result of one tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    /// Always text: JSON values are serialised once, before they get here.
+    pub content: String,
+    pub is_error: bool,
+}
