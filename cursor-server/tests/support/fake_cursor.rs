@@ -227,3 +227,100 @@ pub async fn read_transcript(response: reqwest::Response) -> Transcript {
         }
     }
 }
+
+/// An interactive RunSSE session: reads the downlink message by message and answers on BidiAppend
+/// with increasing `append_seqno`, like the IDE does while it executes tools.
+pub struct Session<'a> {
+    cursor: &'a FakeCursor,
+    pub request_id: String,
+    seqno: i64,
+    stream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    decoder: FrameDecoder,
+    pub transcript: Transcript,
+}
+
+impl<'a> Session<'a> {
+    /// Opens RunSSE and sends `first` (normally the run_request) as seqno 0.
+    pub async fn start(
+        cursor: &'a FakeCursor,
+        request_id: &str,
+        first: &AgentClientMessage,
+    ) -> Session<'a> {
+        let response = cursor.open_run_sse(request_id).await;
+        assert_eq!(response.status(), 200);
+        let mut session = Session {
+            cursor,
+            request_id: request_id.to_owned(),
+            seqno: 0,
+            stream: response.bytes_stream().boxed(),
+            decoder: FrameDecoder::new(64 * 1024 * 1024),
+            transcript: Transcript {
+                messages: Vec::new(),
+                end: None,
+                end_frame: None,
+            },
+        };
+        session.send(first).await;
+        session
+    }
+
+    pub async fn send(&mut self, message: &AgentClientMessage) {
+        let response = self
+            .cursor
+            .append(&self.request_id, self.seqno, message)
+            .await;
+        assert_eq!(response.status(), 200, "BidiAppend accepted");
+        self.seqno += 1;
+    }
+
+    /// The next downlink message; `None` once the end-of-stream frame has arrived.
+    pub async fn next(&mut self) -> Option<AgentServerMessage> {
+        loop {
+            if self.transcript.end.is_some() {
+                return None;
+            }
+            if let Some(frame) = self.decoder.next_frame().expect("downlink frame") {
+                if frame.is_end_stream() {
+                    self.transcript.end =
+                        Some(serde_json::from_slice(&frame.payload).expect("end JSON"));
+                    self.transcript.end_frame =
+                        Some(connect::encode_frame(frame.flags, &frame.payload));
+                    return None;
+                }
+                let message =
+                    AgentServerMessage::decode(frame.payload.as_ref()).expect("AgentServerMessage");
+                self.transcript.messages.push(message.clone());
+                return Some(message);
+            }
+            let chunk = tokio::time::timeout(READ_TIMEOUT, self.stream.next())
+                .await
+                .expect("downlink stalled");
+            match chunk {
+                Some(chunk) => self.decoder.push(&chunk.expect("downlink read")),
+                None => {
+                    self.decoder.finish().expect("downlink ended mid-frame");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Reads until the next exec request and returns it (panics if the stream ends first).
+    pub async fn next_exec(&mut self) -> cursor_server::cursor::proto::agent::ExecServerMessage {
+        while let Some(message) = self.next().await {
+            if let Some(agent_server_message::Message::ExecServerMessage(exec)) = message.message {
+                return exec;
+            }
+        }
+        panic!(
+            "stream ended while waiting for an exec request: {:?}",
+            self.transcript.end
+        );
+    }
+
+    /// Reads the rest of the stream.
+    pub async fn finish(mut self) -> Transcript {
+        while self.next().await.is_some() {}
+        self.transcript
+    }
+}

@@ -211,3 +211,38 @@ pub fn usage_event((prompt, completion, cached): (u64, u64, u64)) -> String {
     serde_json::json!({"choices":[],"usage":{"prompt_tokens":prompt,"completion_tokens":completion,"total_tokens":prompt+completion,"prompt_tokens_details":{"cached_tokens":cached}}})
         .to_string()
 }
+
+/// Chat SSE payloads for a response that calls tools: each `(id, name, arguments)` streams its
+/// arguments in two fragments, optional reasoning first, then `finish_reason: tool_calls`.
+pub fn tool_call_events(
+    reasoning: Option<&str>,
+    calls: &[(&str, &str, &str)],
+    usage: (u64, u64, u64),
+) -> Vec<String> {
+    let mut events = Vec::new();
+    if let Some(reasoning) = reasoning {
+        events.push(
+            serde_json::json!({"choices":[{"index":0,"delta":{"reasoning_content":reasoning},"finish_reason":null}]})
+                .to_string(),
+        );
+    }
+    for (index, (id, name, arguments)) in calls.iter().enumerate() {
+        let split = arguments.len() / 2;
+        let split = (0..=split)
+            .rev()
+            .find(|i| arguments.is_char_boundary(*i))
+            .unwrap_or(0);
+        events.push(
+            serde_json::json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":index,"id":id,"type":"function","function":{"name":name,"arguments":&arguments[..split]}}]},"finish_reason":null}]})
+                .to_string(),
+        );
+        events.push(
+            serde_json::json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":index,"function":{"arguments":&arguments[split..]}}]},"finish_reason":null}]})
+                .to_string(),
+        );
+    }
+    events.push(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.to_owned());
+    events.push(usage_event(usage));
+    events.push("[DONE]".to_owned());
+    events
+}

@@ -128,3 +128,76 @@ pub fn heartbeat() -> AgentClientMessage {
         )),
     }
 }
+
+pub const TERMINALS_FOLDER: &str = "/home/user/.cursor/projects/demo/terminals";
+
+/// A run_request whose request context names the terminals folder (as the IDE sends it).
+pub fn run_request_with_env(conversation_id: &str, text: &str) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::{RequestContext, RequestContextEnv};
+    let mut message = run_request(conversation_id, text);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action.request_context = Some(RequestContext {
+            env: Some(RequestContextEnv {
+                terminals_folder: TERMINALS_FOLDER.to_owned(),
+                workspace_paths: vec!["/home/user/demo".to_owned()],
+                ..RequestContextEnv::default()
+            }),
+            ..RequestContext::default()
+        });
+    }
+    message
+}
+
+/// `exec_client_message{id, <result>}`.
+pub fn exec_result(
+    id: u32,
+    result: cursor_server::cursor::proto::agent::exec_client_message::Message,
+) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::ExecClientMessage;
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::ExecClientMessage(
+            ExecClientMessage {
+                id,
+                message: Some(result),
+                ..ExecClientMessage::default()
+            },
+        )),
+    }
+}
+
+pub fn stream_close(id: u32) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::{
+        ExecClientControlMessage, ExecClientStreamClose, exec_client_control_message,
+    };
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::ExecClientControlMessage(
+            ExecClientControlMessage {
+                message: Some(exec_client_control_message::Message::StreamClose(
+                    ExecClientStreamClose { id },
+                )),
+            },
+        )),
+    }
+}
+
+pub fn throw(id: u32, error: &str) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::{
+        ExecClientControlMessage, ExecClientThrow, exec_client_control_message,
+    };
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::ExecClientControlMessage(
+            ExecClientControlMessage {
+                message: Some(exec_client_control_message::Message::Throw(
+                    ExecClientThrow {
+                        id,
+                        error: error.to_owned(),
+                        ..ExecClientThrow::default()
+                    },
+                )),
+            },
+        )),
+    }
+}

@@ -1,0 +1,1026 @@
+//! LLM → tool → LLM: the fake provider asks for tools, the fake Cursor client executes them through
+//! the real exec protocol, and the next provider request carries the calls and their results.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use cursor_server::cursor::proto::agent::{
+    self as pb, agent_server_message, exec_client_message as result, exec_server_message as args,
+    interaction_update, tool_call,
+};
+use fake_cursor::{FakeCursor, Session, Transcript};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, run_request_with_env};
+use serde_json::Value;
+
+struct Harness {
+    provider: FakeProvider,
+    _server: TestServer,
+    cursor: FakeCursor,
+}
+
+impl Harness {
+    async fn new(replies: Vec<Vec<String>>) -> Harness {
+        let provider = FakeProvider::start().await;
+        for events in replies {
+            provider.push(Reply::sse(events));
+        }
+        let server = TestServer::start(&provider.base_url()).await;
+        let cursor = FakeCursor::new(server.addr);
+        Harness {
+            provider,
+            _server: server,
+            cursor,
+        }
+    }
+
+    async fn session(&self, request_id: &str, text: &str) -> Session<'_> {
+        Session::start(
+            &self.cursor,
+            request_id,
+            &run_request_with_env("conv-tools", text),
+        )
+        .await
+    }
+
+    /// The messages array of provider request `n`.
+    fn request_messages(&self, n: usize) -> Vec<Value> {
+        self.provider.requests()[n]["messages"]
+            .as_array()
+            .expect("messages")
+            .clone()
+    }
+}
+
+fn read_success(path: &str, content: &str) -> result::Message {
+    result::Message::ReadResult(pb::ReadResult {
+        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+            path: path.to_owned(),
+            total_lines: i32::try_from(content.lines().count()).unwrap(),
+            file_size: i64::try_from(content.len()).unwrap(),
+            output: Some(pb::read_success::Output::Content(content.to_owned())),
+            ..pb::ReadSuccess::default()
+        })),
+    })
+}
+
+fn shell_event(event: pb::shell_stream::Event) -> result::Message {
+    result::Message::ShellStream(pb::ShellStream { event: Some(event) })
+}
+
+fn completed(transcript: &Transcript) -> Vec<&pb::ToolCallCompletedUpdate> {
+    transcript
+        .updates()
+        .filter_map(|u| match u {
+            interaction_update::Message::ToolCallCompleted(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every terminal card must carry a typed result, or Cursor spins it forever.
+fn assert_every_completed_card_has_a_typed_result(transcript: &Transcript) {
+    for card in completed(transcript) {
+        let tool = card
+            .tool_call
+            .as_ref()
+            .and_then(|t| t.tool.as_ref())
+            .expect("typed tool call");
+        let has_result = match tool {
+            tool_call::Tool::ReadToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::EditToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::DeleteToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::GrepToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::GlobToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::LsToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::ReadLintsToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::ShellToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::UpdateTodosToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            other => panic!("unexpected card kind {other:?}"),
+        };
+        assert!(
+            has_result,
+            "tool_call_completed {} lacks a typed result: {tool:?}",
+            card.call_id
+        );
+    }
+}
+
+fn tool_messages(messages: &[Value]) -> Vec<(&str, &str)> {
+    messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap(),
+                m["content"].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_read_tool_call_runs_on_the_client_and_its_result_reaches_the_next_request() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            Some("look first"),
+            &[("call_r1", "Read", r#"{"path":"src/main.rs"}"#)],
+            (100, 10, 0),
+        ),
+        text_events(&["It prints hello."], (150, 5, 100)),
+    ])
+    .await;
+    let mut session = h.session("req-read", "what does main do?").await;
+
+    let exec = session.next_exec().await;
+    let Some(args::Message::ReadArgs(read)) = &exec.message else {
+        panic!("expected read_args, got {exec:?}");
+    };
+    assert_eq!(read.path, "src/main.rs");
+    assert!(exec.id >= 1);
+    session
+        .send(&exec_result(
+            exec.id,
+            read_success("src/main.rs", "fn main() {\n    println!(\"hello\");\n}\n"),
+        ))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "It prints hello.");
+    let kinds = transcript.kinds();
+    let position = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or_else(|| panic!("{k} missing in {kinds:?}"))
+    };
+    assert!(position("partial_tool_call") < position("tool_call_started"));
+    assert!(position("tool_call_started") < position("exec"));
+    assert!(position("exec") < position("tool_call_completed"));
+    assert!(position("tool_call_completed") < position("text_delta"));
+    assert_eq!(kinds.last(), Some(&"turn_ended"));
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let cards = completed(&transcript);
+    assert_eq!(cards.len(), 1);
+    assert!(!cards[0].model_call_id.is_empty());
+    let Some(tool_call::Tool::ReadToolCall(card)) =
+        cards[0].tool_call.as_ref().and_then(|t| t.tool.as_ref())
+    else {
+        panic!("read card");
+    };
+    assert_eq!(card.args.as_ref().unwrap().path, "src/main.rs");
+    assert!(matches!(
+        card.result.as_ref().and_then(|r| r.result.as_ref()),
+        Some(pb::read_tool_result::Result::Success(_))
+    ));
+    let usage = transcript
+        .updates()
+        .find_map(|u| match u {
+            interaction_update::Message::TurnEnded(t) => Some(*t),
+            _ => None,
+        })
+        .expect("turn_ended");
+    assert_eq!(
+        usage.input_tokens,
+        Some(250),
+        "usage sums both provider calls"
+    );
+    assert_eq!(usage.output_tokens, Some(15));
+
+    let first = h.request_messages(0);
+    let second = h.request_messages(1);
+    assert_eq!(
+        &second[..first.len()],
+        first.as_slice(),
+        "request 1 is a prefix of request 2"
+    );
+    let added = &second[first.len()..];
+    assert_eq!(added.len(), 2);
+    assert_eq!(added[0]["role"], "assistant");
+    assert_eq!(added[0]["content"], Value::Null);
+    assert_eq!(added[0]["reasoning_content"], "look first");
+    assert_eq!(added[0]["tool_calls"][0]["id"], "call_r1");
+    assert_eq!(added[0]["tool_calls"][0]["function"]["name"], "Read");
+    assert_eq!(
+        added[0]["tool_calls"][0]["function"]["arguments"],
+        r#"{"path":"src/main.rs"}"#
+    );
+    assert_eq!(added[1]["role"], "tool");
+    assert_eq!(added[1]["tool_call_id"], "call_r1");
+    let content = added[1]["content"]
+        .as_str()
+        .expect("tool content is a string");
+    assert!(content.contains("     1|fn main() {"), "{content}");
+    assert!(
+        content.contains("     2|    println!(\"hello\");"),
+        "{content}"
+    );
+    assert!(
+        h.provider.requests()[0]["tools"]
+            .as_array()
+            .is_some_and(|t| t.len() == 10)
+    );
+}
+
+#[tokio::test]
+async fn three_parallel_calls_completed_in_reverse_order_are_replayed_in_call_order_once() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                ("call_a", "Read", r#"{"path":"a.txt"}"#),
+                ("call_b", "Read", r#"{"path":"b.txt"}"#),
+                ("call_c", "LS", r#"{"path":"/home/user/demo"}"#),
+            ],
+            (10, 3, 0),
+        ),
+        text_events(&["done"], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-parallel", "look around").await;
+
+    let mut execs = Vec::new();
+    for _ in 0..3 {
+        execs.push(session.next_exec().await);
+    }
+    // All three start before any result exists.
+    assert!(h.provider.requests().len() == 1);
+    let ids: Vec<u32> = execs.iter().map(|e| e.id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "exec ids are monotonic: {ids:?}"
+    );
+    let Some(args::Message::LsArgs(_)) = &execs[2].message else {
+        panic!("ls_args")
+    };
+    let tree = pb::LsDirectoryTreeNode {
+        abs_path: "/home/user/demo".into(),
+        children_dirs: vec![pb::LsDirectoryTreeNode {
+            abs_path: "/home/user/demo/src".into(),
+            children_files: vec![pb::ls_directory_tree_node::File {
+                name: "main.rs".into(),
+                ..Default::default()
+            }],
+            children_were_processed: true,
+            ..Default::default()
+        }],
+        children_files: vec![pb::ls_directory_tree_node::File {
+            name: "Cargo.toml".into(),
+            ..Default::default()
+        }],
+        children_were_processed: true,
+        ..Default::default()
+    };
+    session
+        .send(&exec_result(
+            ids[2],
+            result::Message::LsResult(pb::LsResult {
+                result: Some(pb::ls_result::Result::Success(pb::LsSuccess {
+                    directory_tree_root: Some(tree),
+                })),
+            }),
+        ))
+        .await;
+    session
+        .send(&exec_result(ids[1], read_success("b.txt", "bee\n")))
+        .await;
+    session
+        .send(&exec_result(ids[0], read_success("a.txt", "ay\n")))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    assert_eq!(completed(&transcript).len(), 3);
+    let second = h.request_messages(1);
+    let assistant: Vec<&Value> = second.iter().filter(|m| m["role"] == "assistant").collect();
+    assert_eq!(assistant.len(), 1);
+    let call_ids: Vec<&str> = assistant[0]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(call_ids, ["call_a", "call_b", "call_c"]);
+    let results = tool_messages(&second);
+    assert_eq!(
+        results.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ["call_a", "call_b", "call_c"]
+    );
+    assert!(results[0].1.contains("1|ay"));
+    assert!(results[1].1.contains("1|bee"));
+    assert!(
+        results[2].1.contains("- src/")
+            && results[2].1.contains("- main.rs")
+            && results[2].1.contains("Cargo.toml"),
+        "{}",
+        results[2].1
+    );
+}
+
+#[tokio::test]
+async fn a_shell_streams_stdout_then_exits_non_zero() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[(
+                "call_sh",
+                "Shell",
+                r#"{"command":"cargo build","description":"Build"}"#,
+            )],
+            (10, 3, 0),
+        ),
+        text_events(&["It failed."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-shell", "build it").await;
+
+    let exec = session.next_exec().await;
+    let Some(args::Message::ShellStreamArgs(shell)) = &exec.message else {
+        panic!("expected shell_stream_args, got {exec:?}");
+    };
+    assert_eq!(shell.command, "cargo build");
+    assert_eq!(shell.timeout, 30_000);
+    assert_eq!(
+        shell.timeout_behavior,
+        pb::TimeoutBehavior::Background as i32
+    );
+    assert_eq!(shell.hard_timeout, Some(86_400_000));
+    assert_eq!(shell.file_output_threshold_bytes, Some(40_000));
+    assert!(shell.close_stdin);
+    assert!(
+        shell
+            .parsing_result
+            .as_ref()
+            .is_some_and(|p| p.parsing_failed)
+    );
+    assert_eq!(shell.description.as_deref(), Some("Build"));
+    use pb::shell_stream::Event as E;
+    for event in [
+        E::Start(pb::ShellStreamStart::default()),
+        E::Stdout(pb::ShellStreamStdout {
+            data: "Compiling demo\n".into(),
+        }),
+        E::Stderr(pb::ShellStreamStderr {
+            data: "error[E0425]: oops\n".into(),
+        }),
+        E::Exit(pb::ShellStreamExit {
+            code: 101,
+            cwd: "/home/user/demo".into(),
+            ..Default::default()
+        }),
+    ] {
+        session
+            .send(&exec_result(exec.id, shell_event(event)))
+            .await;
+    }
+    session.send(&fixtures::stream_close(exec.id)).await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let deltas: Vec<&pb::ToolCallDeltaUpdate> = transcript
+        .updates()
+        .filter_map(|u| match u {
+            interaction_update::Message::ToolCallDelta(d) => Some(d.as_ref()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas.len(), 2, "stdout and stderr deltas");
+    assert!(deltas.iter().all(|d| !d.model_call_id.is_empty()));
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let Some(tool_call::Tool::ShellToolCall(card)) = completed(&transcript)[0]
+        .tool_call
+        .as_ref()
+        .and_then(|t| t.tool.as_ref())
+    else {
+        panic!("shell card");
+    };
+    let Some(pb::shell_result::Result::Failure(failure)) =
+        card.result.as_ref().and_then(|r| r.result.as_ref())
+    else {
+        panic!("a non-zero exit is a failure result: {card:?}");
+    };
+    assert_eq!(failure.exit_code, 101);
+    assert_eq!(failure.stdout, "Compiling demo\n");
+    let text = tool_messages(&h.request_messages(1))[0].1.to_owned();
+    assert!(text.starts_with("Exit code: 101"), "{text}");
+    assert!(
+        text.contains("Compiling demo") && text.contains("[stderr]\nerror[E0425]: oops"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_shell_with_block_until_zero_backgrounds_and_tells_the_model_where_output_goes() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[(
+                "call_bg",
+                "Shell",
+                r#"{"command":"npm run dev","block_until_ms":0}"#,
+            )],
+            (10, 3, 0),
+        ),
+        text_events(&["Server started."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-bg", "start the dev server").await;
+    let exec = session.next_exec().await;
+    let Some(args::Message::ShellStreamArgs(shell)) = &exec.message else {
+        panic!("shell")
+    };
+    assert_eq!(shell.timeout, 0);
+    assert!(shell.is_background);
+    session
+        .send(&exec_result(
+            exec.id,
+            shell_event(pb::shell_stream::Event::Backgrounded(
+                pb::ShellStreamBackgrounded {
+                    shell_id: 7,
+                    command: "npm run dev".into(),
+                    pid: Some(4242),
+                    ..Default::default()
+                },
+            )),
+        ))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success());
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let text = tool_messages(&h.request_messages(1))[0].1.to_owned();
+    assert!(
+        text.contains("shell id 7") && text.contains("pid 4242"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}/7.txt", fixtures::TERMINALS_FOLDER)),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_thrown_exec_is_a_failed_result_the_model_sees() {
+    let h = Harness::new(vec![
+        tool_call_events(None, &[("call_t", "Read", r#"{"path":"x"}"#)], (10, 3, 0)),
+        text_events(&["Could not read it."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-throw", "read x").await;
+    let exec = session.next_exec().await;
+    session
+        .send(&fixtures::throw(exec.id, "disk on fire"))
+        .await;
+    session.send(&fixtures::stream_close(exec.id)).await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let text = tool_messages(&h.request_messages(1))[0].1.to_owned();
+    assert!(
+        text.starts_with("Error:") && text.contains("disk on fire"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_tool_and_invalid_arguments_become_errors_the_model_can_fix() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                ("call_u", "Teleport", r#"{"to":"mars"}"#),
+                (
+                    "call_i",
+                    "Shell",
+                    r#"{"command":"sleep 1","block_until_ms":1.5}"#,
+                ),
+            ],
+            (10, 3, 0),
+        ),
+        text_events(&["Sorry."], (20, 1, 0)),
+    ])
+    .await;
+    let session = h.session("req-invalid", "go").await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(!transcript.kinds().contains(&"exec"), "nothing is executed");
+    // Only the known tool drew a card, and that card reached a terminal state.
+    let cards = completed(&transcript);
+    assert_eq!(cards.len(), 1);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let messages = h.request_messages(1);
+    let results = tool_messages(&messages);
+    assert_eq!(results[0].0, "call_u");
+    assert!(
+        results[0].1.contains("no tool named \"Teleport\""),
+        "{}",
+        results[0].1
+    );
+    assert_eq!(results[1].0, "call_i");
+    assert!(
+        results[1].1.contains("invalid arguments for Shell"),
+        "{}",
+        results[1].1
+    );
+}
+
+#[tokio::test]
+async fn a_late_duplicate_result_is_ignored_and_nothing_is_duplicated() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[("call_d", "Read", r#"{"path":"d.txt"}"#)],
+            (10, 3, 0),
+        ),
+        tool_call_events(
+            None,
+            &[("call_e", "Read", r#"{"path":"e.txt"}"#)],
+            (10, 3, 0),
+        ),
+        text_events(&["ok"], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-late", "read twice").await;
+    let first = session.next_exec().await;
+    session
+        .send(&exec_result(first.id, read_success("d.txt", "dee\n")))
+        .await;
+    // The same result again, after the batch finished: ignored, never attached to the next batch.
+    session
+        .send(&exec_result(first.id, read_success("d.txt", "dee\n")))
+        .await;
+    session.send(&fixtures::stream_close(first.id)).await;
+    let second = session.next_exec().await;
+    assert!(second.id > first.id);
+    session
+        .send(&exec_result(second.id, read_success("e.txt", "ee\n")))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let last = h.request_messages(2);
+    let results = tool_messages(&last);
+    assert_eq!(
+        results.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ["call_d", "call_e"]
+    );
+}
+
+#[tokio::test]
+async fn a_result_of_the_wrong_kind_is_a_protocol_error() {
+    let h = Harness::new(vec![tool_call_events(
+        None,
+        &[("call_w", "Read", r#"{"path":"w"}"#)],
+        (10, 3, 0),
+    )])
+    .await;
+    let mut session = h.session("req-wrong", "read w").await;
+    let exec = session.next_exec().await;
+    session
+        .send(&exec_result(
+            exec.id,
+            result::Message::LsResult(pb::LsResult::default()),
+        ))
+        .await;
+    let transcript = session.finish().await;
+
+    assert_eq!(transcript.error_code(), Some("invalid_argument"));
+    let message = transcript.error_message().unwrap();
+    assert!(
+        message.contains("expects read_result, got ls_result"),
+        "{message}"
+    );
+    assert!(!transcript.kinds().contains(&"turn_ended"));
+    // The running card still reached a terminal state.
+    assert_eq!(completed(&transcript).len(), 1);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+}
+
+#[tokio::test]
+async fn str_replace_reads_edits_and_writes_the_file() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                (
+                    "call_ok",
+                    "StrReplace",
+                    r#"{"path":"lib.rs","old_string":"fn old()","new_string":"fn new()"}"#,
+                ),
+                (
+                    "call_amb",
+                    "StrReplace",
+                    r#"{"path":"dup.rs","old_string":"x","new_string":"y"}"#,
+                ),
+            ],
+            (10, 3, 0),
+        ),
+        text_events(&["Renamed."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-edit", "rename").await;
+    let read_ok = session.next_exec().await;
+    let read_amb = session.next_exec().await;
+    let Some(args::Message::ReadArgs(read)) = &read_ok.message else {
+        panic!("read first")
+    };
+    assert_eq!(read.path, "lib.rs");
+    session
+        .send(&exec_result(read_amb.id, read_success("dup.rs", "x x\n")))
+        .await;
+    session
+        .send(&exec_result(
+            read_ok.id,
+            read_success("lib.rs", "// lib\nfn old() {}\n"),
+        ))
+        .await;
+    let write = session.next_exec().await;
+    let Some(args::Message::WriteArgs(w)) = &write.message else {
+        panic!("write after read: {write:?}")
+    };
+    assert_eq!(w.path, "lib.rs");
+    assert_eq!(w.file_text, "// lib\nfn new() {}\n");
+    session
+        .send(&exec_result(
+            write.id,
+            result::Message::WriteResult(pb::WriteResult {
+                result: Some(pb::write_result::Result::Success(pb::WriteSuccess {
+                    path: "lib.rs".into(),
+                    lines_created: 2,
+                    ..Default::default()
+                })),
+            }),
+        ))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let messages = h.request_messages(1);
+    let results = tool_messages(&messages);
+    assert!(
+        results[0]
+            .1
+            .contains("Edited lib.rs: replaced 1 occurrence"),
+        "{}",
+        results[0].1
+    );
+    assert!(
+        results[1].1.contains("occurs 2 times in dup.rs"),
+        "{}",
+        results[1].1
+    );
+    let cards = completed(&transcript);
+    let edit = cards
+        .iter()
+        .find_map(
+            |c| match c.tool_call.as_ref().and_then(|t| t.tool.as_ref()) {
+                Some(tool_call::Tool::EditToolCall(e))
+                    if e.args.as_ref().is_some_and(|a| a.path == "lib.rs") =>
+                {
+                    Some(e)
+                }
+                _ => None,
+            },
+        )
+        .expect("edit card");
+    let Some(pb::edit_result::Result::Success(success)) =
+        edit.result.as_ref().and_then(|r| r.result.as_ref())
+    else {
+        panic!("edit success");
+    };
+    assert_eq!(success.after_full_file_content, "// lib\nfn new() {}\n");
+    assert_eq!(
+        (success.lines_added, success.lines_removed),
+        (Some(1), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn grep_glob_write_delete_and_read_lints_map_to_their_execs_and_cards() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                (
+                    "call_g",
+                    "Grep",
+                    r#"{"pattern":"TODO","-C":1,"-i":true,"glob":"*.rs"}"#,
+                ),
+                ("call_gl", "Glob", r#"{"glob_pattern":"**/*.toml"}"#),
+                (
+                    "call_w",
+                    "Write",
+                    r#"{"path":"new.txt","contents":"one\ntwo\n"}"#,
+                ),
+                ("call_del", "Delete", r#"{"path":"old.txt"}"#),
+                ("call_l", "ReadLints", r#"{"paths":["a.rs","b.rs"]}"#),
+            ],
+            (10, 3, 0),
+        ),
+        text_events(&["Done."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-mixed", "do things").await;
+    let mut execs = Vec::new();
+    for _ in 0..5 {
+        execs.push(session.next_exec().await);
+    }
+    let Some(args::Message::GrepArgs(grep)) = &execs[0].message else {
+        panic!("grep")
+    };
+    assert_eq!(grep.pattern, "TODO");
+    assert_eq!(grep.context, Some(1));
+    assert_eq!(grep.case_insensitive, Some(true));
+    assert_eq!(grep.output_mode.as_deref(), Some("content"));
+    let Some(args::Message::GrepArgs(glob)) = &execs[1].message else {
+        panic!("glob runs as grep")
+    };
+    assert_eq!(glob.glob.as_deref(), Some("**/*.toml"));
+    assert_eq!(glob.output_mode.as_deref(), Some("files_with_matches"));
+    assert!(glob.pattern.is_empty());
+    let Some(args::Message::WriteArgs(write)) = &execs[2].message else {
+        panic!("write")
+    };
+    assert_eq!(write.file_text, "one\ntwo\n");
+    let Some(args::Message::DeleteArgs(delete)) = &execs[3].message else {
+        panic!("delete")
+    };
+    assert_eq!(delete.path, "old.txt");
+    let Some(args::Message::DiagnosticsArgs(lint_a)) = &execs[4].message else {
+        panic!("diagnostics")
+    };
+    assert_eq!(lint_a.path, "a.rs");
+
+    let content = pb::GrepUnionResult {
+        result: Some(pb::grep_union_result::Result::Content(
+            pb::GrepContentResult {
+                matches: vec![pb::GrepFileMatch {
+                    file: "src/lib.rs".into(),
+                    matches: vec![
+                        pb::GrepContentMatch {
+                            line_number: 3,
+                            content: "// context".into(),
+                            is_context_line: true,
+                            ..Default::default()
+                        },
+                        pb::GrepContentMatch {
+                            line_number: 4,
+                            content: "// TODO: fix".into(),
+                            ..Default::default()
+                        },
+                    ],
+                }],
+                ..Default::default()
+            },
+        )),
+    };
+    session
+        .send(&exec_result(
+            execs[0].id,
+            result::Message::GrepResult(pb::GrepResult {
+                result: Some(pb::grep_result::Result::Success(pb::GrepSuccess {
+                    pattern: "TODO".into(),
+                    workspace_results: [("/home/user/demo".to_owned(), content)].into(),
+                    ..Default::default()
+                })),
+            }),
+        ))
+        .await;
+    let files = pb::GrepUnionResult {
+        result: Some(pb::grep_union_result::Result::Files(pb::GrepFilesResult {
+            files: vec!["Cargo.toml".into(), "crates/x/Cargo.toml".into()],
+            total_files: 2,
+            ..Default::default()
+        })),
+    };
+    session
+        .send(&exec_result(
+            execs[1].id,
+            result::Message::GrepResult(pb::GrepResult {
+                result: Some(pb::grep_result::Result::Success(pb::GrepSuccess {
+                    workspace_results: [("/home/user/demo".to_owned(), files)].into(),
+                    ..Default::default()
+                })),
+            }),
+        ))
+        .await;
+    session
+        .send(&exec_result(
+            execs[2].id,
+            result::Message::WriteResult(pb::WriteResult {
+                result: Some(pb::write_result::Result::Success(pb::WriteSuccess {
+                    path: "new.txt".into(),
+                    lines_created: 2,
+                    ..Default::default()
+                })),
+            }),
+        ))
+        .await;
+    session
+        .send(&exec_result(
+            execs[3].id,
+            result::Message::DeleteResult(pb::DeleteResult {
+                result: Some(pb::delete_result::Result::FileNotFound(
+                    pb::DeleteFileNotFound {
+                        path: "old.txt".into(),
+                    },
+                )),
+            }),
+        ))
+        .await;
+    let diagnostics = |path: &str, items: Vec<pb::Diagnostic>| {
+        result::Message::DiagnosticsResult(pb::DiagnosticsResult {
+            result: Some(pb::diagnostics_result::Result::Success(
+                pb::DiagnosticsSuccess {
+                    path: path.into(),
+                    total_diagnostics: i32::try_from(items.len()).unwrap(),
+                    diagnostics: items,
+                },
+            )),
+        })
+    };
+    session
+        .send(&exec_result(execs[4].id, diagnostics("a.rs", vec![])))
+        .await;
+    let lint_b = session.next_exec().await;
+    let Some(args::Message::DiagnosticsArgs(b)) = &lint_b.message else {
+        panic!("second diagnostics")
+    };
+    assert_eq!(b.path, "b.rs");
+    session
+        .send(&exec_result(
+            lint_b.id,
+            diagnostics(
+                "b.rs",
+                vec![pb::Diagnostic {
+                    severity: pb::DiagnosticSeverity::Error as i32,
+                    range: Some(pb::Range {
+                        start: Some(pb::Position { line: 9, column: 4 }),
+                        end: None,
+                    }),
+                    message: "unused variable".into(),
+                    source: "rustc".into(),
+                    ..Default::default()
+                }],
+            ),
+        ))
+        .await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let messages = h.request_messages(1);
+    let results = tool_messages(&messages);
+    assert_eq!(results.len(), 5);
+    assert!(
+        results[0].1.contains("src/lib.rs-3-// context")
+            && results[0].1.contains("src/lib.rs:4:// TODO: fix"),
+        "{}",
+        results[0].1
+    );
+    assert_eq!(results[1].1, "Cargo.toml\ncrates/x/Cargo.toml");
+    assert_eq!(results[2].1, "Wrote 2 lines to new.txt.");
+    assert!(
+        results[3].1.starts_with("Error: file not found: old.txt"),
+        "{}",
+        results[3].1
+    );
+    assert_eq!(results[4].1, "b.rs:9:4: error: unused variable [rustc ]\n");
+    let glob_card = completed(&transcript)
+        .into_iter()
+        .find_map(
+            |c| match c.tool_call.as_ref().and_then(|t| t.tool.as_ref()) {
+                Some(tool_call::Tool::GlobToolCall(g)) => Some(g.clone()),
+                _ => None,
+            },
+        )
+        .expect("Glob is shown as a glob card");
+    assert!(matches!(
+        glob_card.result.and_then(|r| r.result),
+        Some(pb::glob_tool_result::Result::Success(s)) if s.total_files == 2
+    ));
+}
+
+#[tokio::test]
+async fn todo_write_is_answered_locally_and_merges_with_the_list_folded_from_history() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[(
+                "call_t1",
+                "TodoWrite",
+                r#"{"merge":false,"todos":[{"id":"1","content":"Write code","status":"in_progress"},{"id":"2","content":"Test","status":"pending"}]}"#,
+            )],
+            (10, 3, 0),
+        ),
+        tool_call_events(
+            None,
+            &[("call_t2", "TodoWrite", r#"{"merge":true,"todos":[{"id":"1","status":"completed"}]}"#)],
+            (10, 3, 0),
+        ),
+        text_events(&["Planned."], (20, 1, 0)),
+    ])
+    .await;
+    let session = h.session("req-todo", "plan it").await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(
+        !transcript.kinds().contains(&"exec"),
+        "TodoWrite needs no client round trip"
+    );
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let cards = completed(&transcript);
+    let Some(tool_call::Tool::UpdateTodosToolCall(second)) =
+        cards[1].tool_call.as_ref().and_then(|t| t.tool.as_ref())
+    else {
+        panic!("todo card");
+    };
+    let Some(pb::update_todos_result::Result::Success(success)) =
+        second.result.as_ref().and_then(|r| r.result.as_ref())
+    else {
+        panic!("todo success");
+    };
+    assert!(success.was_merge);
+    let statuses: Vec<(String, i32)> = success
+        .todos
+        .iter()
+        .map(|t| (t.content.clone(), t.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("Write code".to_owned(), pb::TodoStatus::Completed as i32),
+            ("Test".to_owned(), pb::TodoStatus::Pending as i32),
+        ]
+    );
+    let text = tool_messages(&h.request_messages(2))[1].1.to_owned();
+    assert!(
+        text.contains("[x] Write code (1)") && text.contains("[ ] Test (2)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn canceling_during_a_running_shell_aborts_it_and_completes_its_card() {
+    let h = Harness::new(vec![tool_call_events(
+        None,
+        &[("call_long", "Shell", r#"{"command":"sleep 100"}"#)],
+        (10, 3, 0),
+    )])
+    .await;
+    let mut session = h.session("req-cancel", "wait").await;
+    let exec = session.next_exec().await;
+    session.send(&cancel()).await;
+    let transcript = session.finish().await;
+
+    assert_eq!(transcript.error_code(), Some("canceled"));
+    assert!(!transcript.kinds().contains(&"turn_ended"));
+    let aborted = transcript.messages.iter().any(|m| {
+        matches!(&m.message, Some(agent_server_message::Message::ExecServerControlMessage(c))
+            if matches!(&c.message, Some(pb::exec_server_control_message::Message::Abort(a)) if a.id == exec.id))
+    });
+    assert!(aborted, "the running exec is aborted");
+    assert_eq!(completed(&transcript).len(), 1);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+}
+
+fn cancel() -> pb::AgentClientMessage {
+    pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(pb::conversation_action::Action::CancelAction(
+                    pb::CancelAction::default(),
+                )),
+                ..Default::default()
+            },
+        )),
+    }
+}
