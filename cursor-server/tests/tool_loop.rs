@@ -907,6 +907,24 @@ async fn grep_glob_write_delete_and_read_lints_map_to_their_execs_and_cards() {
     );
     assert_eq!(results[1].1, "Cargo.toml\ncrates/x/Cargo.toml");
     assert_eq!(results[2].1, "Wrote 2 lines to new.txt.");
+    let streamed: String = transcript
+        .updates()
+        .filter_map(|u| match u {
+            interaction_update::Message::ToolCallDelta(d) => {
+                match d.tool_call_delta.as_ref()?.delta.as_ref()? {
+                    pb::tool_call_delta::Delta::EditToolCallDelta(e) => {
+                        Some(e.stream_content_delta.clone())
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        streamed, "one\ntwo\n",
+        "the Write card streams the decoded file content"
+    );
     assert!(
         results[3].1.starts_with("Error: file not found: old.txt"),
         "{}",

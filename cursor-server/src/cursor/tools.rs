@@ -98,9 +98,162 @@ impl ToolKind {
         pb::ToolCall { tool: Some(tool) }
     }
 
-    /// Whether argument deltas stream into an edit card as content.
-    pub fn streams_edit_content(self) -> bool {
-        matches!(self, ToolKind::Write)
+    /// The argument whose value streams into the card as file content while the model writes it.
+    pub fn streamed_content_field(self) -> Option<&'static str> {
+        match self {
+            ToolKind::Write => Some("contents"),
+            _ => None,
+        }
+    }
+}
+
+/// Incremental argument decoder: follows the model's JSON argument text fragment by fragment and
+/// yields the decoded text of one top-level string field as it arrives, in O(fragment) per call.
+#[derive(Debug)]
+pub struct FieldStreamer {
+    field: &'static str,
+    depth: u32,
+    expect_key: bool,
+    last_key: String,
+    key: String,
+    state: ScanState,
+    escape: Escape,
+    high_surrogate: Option<u16>,
+    done: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScanState {
+    Outside,
+    InKey,
+    InOtherString,
+    InTarget,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Escape {
+    None,
+    Backslash,
+    Unicode(String),
+}
+
+impl FieldStreamer {
+    pub fn new(field: &'static str) -> Self {
+        FieldStreamer {
+            field,
+            depth: 0,
+            expect_key: false,
+            last_key: String::new(),
+            key: String::new(),
+            state: ScanState::Outside,
+            escape: Escape::None,
+            high_surrogate: None,
+            done: false,
+        }
+    }
+
+    /// Feeds one argument fragment; returns the newly decoded part of the field's value.
+    pub fn feed(&mut self, fragment: &str) -> String {
+        let mut out = String::new();
+        for c in fragment.chars() {
+            match self.state {
+                ScanState::Outside => self.outside(c),
+                ScanState::InKey | ScanState::InOtherString => {
+                    if self.string_char(c) == Some('"') {
+                        if self.state == ScanState::InKey {
+                            self.last_key = std::mem::take(&mut self.key);
+                        }
+                        self.state = ScanState::Outside;
+                    } else if self.state == ScanState::InKey {
+                        self.key.push(c);
+                    }
+                }
+                ScanState::InTarget => self.target_char(c, &mut out),
+            }
+        }
+        out
+    }
+
+    fn outside(&mut self, c: char) {
+        match c {
+            '{' => {
+                self.depth += 1;
+                self.expect_key = self.depth == 1;
+            }
+            '[' => self.depth += 1,
+            '}' | ']' => self.depth = self.depth.saturating_sub(1),
+            ',' if self.depth == 1 => self.expect_key = true,
+            ':' if self.depth == 1 => self.expect_key = false,
+            '"' => {
+                self.state = if self.depth == 1 && self.expect_key {
+                    self.key.clear();
+                    ScanState::InKey
+                } else if self.depth == 1 && !self.done && self.last_key == self.field {
+                    ScanState::InTarget
+                } else {
+                    ScanState::InOtherString
+                };
+            }
+            _ => {}
+        }
+    }
+
+    /// Escape tracking for strings we do not decode; returns `Some('"')` at the closing quote.
+    fn string_char(&mut self, c: char) -> Option<char> {
+        match (&self.escape, c) {
+            (Escape::Backslash, _) => {
+                self.escape = Escape::None;
+                None
+            }
+            (_, '\\') => {
+                self.escape = Escape::Backslash;
+                None
+            }
+            (_, '"') => Some('"'),
+            _ => None,
+        }
+    }
+
+    fn target_char(&mut self, c: char, out: &mut String) {
+        match std::mem::replace(&mut self.escape, Escape::None) {
+            Escape::None => match c {
+                '\\' => self.escape = Escape::Backslash,
+                '"' => {
+                    self.state = ScanState::Outside;
+                    self.done = true;
+                }
+                c => out.push(c),
+            },
+            Escape::Backslash => match c {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'u' => self.escape = Escape::Unicode(String::new()),
+                other => out.push(other),
+            },
+            Escape::Unicode(mut hex) => {
+                hex.push(c);
+                if hex.len() < 4 {
+                    self.escape = Escape::Unicode(hex);
+                    return;
+                }
+                let Ok(unit) = u16::from_str_radix(&hex, 16) else {
+                    return;
+                };
+                match (self.high_surrogate.take(), unit) {
+                    (None, 0xD800..=0xDBFF) => self.high_surrogate = Some(unit),
+                    (Some(high), 0xDC00..=0xDFFF) => {
+                        let code = 0x10000
+                            + ((u32::from(high) - 0xD800) << 10)
+                            + (u32::from(unit) - 0xDC00);
+                        out.extend(char::from_u32(code));
+                    }
+                    (_, unit) => out.extend(char::from_u32(u32::from(unit))),
+                }
+            }
+        }
     }
 }
 
@@ -473,6 +626,21 @@ mod tests {
                 "{} is registered but not offered",
                 kind.name()
             );
+        }
+    }
+
+    #[test]
+    fn the_streamed_field_decodes_incrementally_whatever_the_fragment_boundaries() {
+        let args = r#"{"path":"say \"contents\": x","contents":"line 1\n\"quoted\" \u00e9\ud83d\ude00 tab\tend","n":[1,{"contents":"no"}]}"#;
+        let expected = "line 1\n\"quoted\" é😀 tab\tend";
+        for size in [1, 2, 3, 7, args.len()] {
+            let mut streamer = FieldStreamer::new("contents");
+            let mut decoded = String::new();
+            let chars: Vec<char> = args.chars().collect();
+            for chunk in chars.chunks(size) {
+                decoded.push_str(&streamer.feed(&chunk.iter().collect::<String>()));
+            }
+            assert_eq!(decoded, expected, "fragment size {size}");
         }
     }
 

@@ -16,7 +16,7 @@ use crate::app::AppState;
 use crate::cursor::exec::{self, ExecPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
-use crate::cursor::tools::{ToolEnv, ToolKind, ToolRun, ToolStep};
+use crate::cursor::tools::{FieldStreamer, ToolEnv, ToolKind, ToolRun, ToolStep};
 use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
 use crate::model::message::{
@@ -50,6 +50,8 @@ struct DraftCall {
     arguments: String,
     /// `None` for a name the registry does not know (no card is drawn for it).
     kind: Option<ToolKind>,
+    /// Decodes file content out of the arguments as they stream (Write).
+    content: Option<FieldStreamer>,
 }
 
 /// The assistant message being streamed by the current provider call.
@@ -281,6 +283,9 @@ impl TurnLoop {
                     provider_call_id: id,
                     name,
                     arguments: String::new(),
+                    content: kind
+                        .and_then(ToolKind::streamed_content_field)
+                        .map(FieldStreamer::new),
                     kind,
                 });
             }
@@ -293,7 +298,18 @@ impl TurnLoop {
                     .into());
                 };
                 call.arguments.push_str(&fragment);
-                if let Some(kind) = call.kind {
+                if let Some(streamer) = &mut call.content {
+                    // Edits show the file content being written, not the JSON around it.
+                    let content = streamer.feed(&fragment);
+                    if !content.is_empty() {
+                        let delta = interaction::edit_content_delta(
+                            &call.call_id,
+                            content,
+                            &self.model_call_id,
+                        );
+                        out.send_message(&delta).await;
+                    }
+                } else if let Some(kind) = call.kind {
                     let delta = interaction::partial_tool_call(
                         &call.call_id,
                         kind.placeholder(),
