@@ -444,9 +444,13 @@ pub fn invalid_card(kind: ToolKind, message: &str) -> pb::ToolCall {
 }
 
 /// A failed outcome for `input` with a typed error result.
-pub fn failed(input: &ToolInput, message: &str) -> ToolOutcome {
+pub fn failed(input: &ToolInput, call_id: &str, message: &str) -> ToolOutcome {
     ToolOutcome {
-        card: Box::new(with_result(input, "", Some(error_part(input, message)))),
+        card: Box::new(with_result(
+            input,
+            call_id,
+            Some(error_part(input, message)),
+        )),
         model_text: format!("Error: {message}"),
         is_error: true,
     }
@@ -520,6 +524,7 @@ pub fn on_result(
         }
         (_, other) => done(failed(
             input,
+            call_id,
             &format!(
                 "internal error: unexpected {} for this tool",
                 exec::result_kind(&other)
@@ -666,7 +671,7 @@ fn str_replace_after_read(
     result: pb::ReadResult,
 ) -> Vec<ToolStep> {
     use pb::read_result::Result as R;
-    let fail = |text: String| vec![ToolStep::Done(failed(input, &text))];
+    let fail = |text: String| vec![ToolStep::Done(failed(input, call_id, &text))];
     let before = match result.result {
         Some(R::Success(success)) => match success.output {
             Some(pb::read_success::Output::Content(text)) => text,
@@ -814,7 +819,7 @@ fn delete_outcome(
             true,
         ),
         Some(D::Error(e)) => (format!("Error: deleting {path}: {}", e.error), true),
-        None => return failed(input, "the client returned an empty delete result"),
+        None => return failed(input, call_id, "the client returned an empty delete result"),
     };
     outcome(input, call_id, ResultPart::Delete(result), text, is_error)
 }
@@ -886,7 +891,7 @@ fn grep_outcome(
             let text = format!("Error: grep failed: {}", e.error);
             return outcome(input, call_id, ResultPart::Grep(result), text, true);
         }
-        None => return failed(input, "the client returned an empty grep result"),
+        None => return failed(input, call_id, "the client returned an empty grep result"),
     };
     outcome(input, call_id, ResultPart::Grep(result), text, false)
 }
@@ -947,7 +952,7 @@ fn glob_outcome(
                 true,
             )
         }
-        None => failed(input, "the client returned an empty glob result"),
+        None => failed(input, call_id, "the client returned an empty glob result"),
     }
 }
 
@@ -979,7 +984,7 @@ fn ls_outcome(
             format!("Error: listing {} was rejected: {}", r.path, r.reason),
             true,
         ),
-        None => return failed(input, "the client returned an empty ls result"),
+        None => return failed(input, call_id, "the client returned an empty ls result"),
     };
     outcome(input, call_id, ResultPart::Ls(result), text, is_error)
 }
@@ -1040,30 +1045,35 @@ fn lints_step(
         Some(D::FileNotFound(_)) => {
             return vec![ToolStep::Done(failed(
                 input,
+                call_id,
                 &format!("file not found: {path}"),
             ))];
         }
         Some(D::PermissionDenied(_)) => {
             return vec![ToolStep::Done(failed(
                 input,
+                call_id,
                 &format!("permission denied: {path}"),
             ))];
         }
         Some(D::Rejected(r)) => {
             return vec![ToolStep::Done(failed(
                 input,
+                call_id,
                 &format!("reading diagnostics of {path} was rejected: {}", r.reason),
             ))];
         }
         Some(D::Error(e)) => {
             return vec![ToolStep::Done(failed(
                 input,
+                call_id,
                 &format!("reading diagnostics of {path}: {}", e.error),
             ))];
         }
         None => {
             return vec![ToolStep::Done(failed(
                 input,
+                call_id,
                 "the client returned an empty diagnostics result",
             ))];
         }
@@ -1276,6 +1286,7 @@ fn shell_step(
         }
         Some(E::SandboxUnsupported(unsupported)) => vec![ToolStep::Done(failed(
             input,
+            call_id,
             &format!(
                 "the sandbox cannot run this command: {}",
                 unsupported.reason
@@ -1304,7 +1315,12 @@ fn model_output(stdout: &Bounded, stderr: &Bounded, max: usize) -> String {
 }
 
 /// The exec stream closed before a terminal result.
-pub fn closed_without_result(input: &ToolInput, stage: &mut Stage, env: &ToolEnv) -> ToolOutcome {
+pub fn closed_without_result(
+    input: &ToolInput,
+    call_id: &str,
+    stage: &mut Stage,
+    env: &ToolEnv,
+) -> ToolOutcome {
     let mut message = "the client closed the execution without a result".to_owned();
     if let ToolInput::Shell(_) = input {
         let stdout = std::mem::take(&mut stage.stdout);
@@ -1315,7 +1331,7 @@ pub fn closed_without_result(input: &ToolInput, stage: &mut Stage, env: &ToolEnv
             model_output(&stdout, &stderr, env.max_output_bytes)
         );
     }
-    failed(input, &message)
+    failed(input, call_id, &message)
 }
 
 /// TodoWrite, answered locally.

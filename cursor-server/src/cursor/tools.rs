@@ -571,6 +571,7 @@ impl ToolRun {
             Some(request) => ToolStep::Exec(request),
             None => ToolStep::Done(tool_result::failed(
                 &self.input,
+                &self.call_id,
                 "internal error: this tool has no client execution",
             )),
         }
@@ -585,18 +586,19 @@ impl ToolRun {
     pub fn on_throw(&mut self, error: &str) -> ToolOutcome {
         tool_result::failed(
             &self.input,
+            &self.call_id,
             &format!("the client failed to execute the tool: {error}"),
         )
     }
 
     /// `stream_close` before a terminal result: the exec ended without one.
     pub fn on_closed_without_result(&mut self, env: &ToolEnv) -> ToolOutcome {
-        tool_result::closed_without_result(&self.input, &mut self.stage, env)
+        tool_result::closed_without_result(&self.input, &self.call_id, &mut self.stage, env)
     }
 
     /// The run is ending (error, cancel) while this call is still running.
     pub fn abandon(&self, reason: &str) -> ToolOutcome {
-        tool_result::failed(&self.input, reason)
+        tool_result::failed(&self.input, &self.call_id, reason)
     }
 }
 
