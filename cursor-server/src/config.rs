@@ -20,6 +20,8 @@ pub const DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS: u64 = 120;
 pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
+pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS: u64 = 500;
 
 /// Environment variables that override the file (handy for containers and tests).
 pub const ENV_LISTEN: &str = "CURSOR_BYOK_LISTEN";
@@ -41,10 +43,6 @@ pub enum ConfigError {
         "provider {provider:?}: unknown kind {kind:?} (expected one of: openai-chat, openai-responses, anthropic)"
     )]
     UnknownKind { provider: String, kind: String },
-    #[error(
-        "provider {provider:?}: kind {kind:?} is not supported by this build yet; use kind = \"openai-chat\" (most endpoints offer an OpenAI-compatible Chat API)"
-    )]
-    KindNotYetSupported { provider: String, kind: String },
     #[error(
         "provider {provider:?}: no API key: set api_key, or api_key_env to the name of an environment variable"
     )]
@@ -71,6 +69,14 @@ pub enum ConfigError {
     NoProviders,
     #[error("default_model {model:?} is not a configured model (configured: {configured})")]
     UnknownDefaultModel { model: String, configured: String },
+    #[error(
+        "model {model:?}: thinking_budget {budget} must be at least 1024 and below max_output_tokens ({max_output_tokens})"
+    )]
+    ThinkingBudget {
+        model: String,
+        budget: u32,
+        max_output_tokens: u32,
+    },
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
 }
@@ -126,6 +132,24 @@ pub struct ModelConfig {
     pub display_name: String,
     pub context_window: u32,
     pub reasoning: bool,
+    /// Output token limit sent where the endpoint requires one (Anthropic `max_tokens`).
+    pub max_output_tokens: u32,
+    /// Anthropic: `Some(n)` = legacy `thinking.budget_tokens = n`; `None` = adaptive thinking.
+    pub thinking_budget: Option<u32>,
+    pub quirks: Quirks,
+}
+
+/// Per-model differences between endpoints that claim the same API, in one place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quirks {
+    /// Chat: send `stream_options.include_usage` (some old servers reject the field).
+    pub stream_usage: bool,
+    /// Chat: send `reasoning_content` back on assistant tool-call messages even when empty
+    /// (DeepSeek / Kimi thinking models reject the message without it). Defaults to `reasoning`.
+    pub reasoning_content_on_tool_calls: bool,
+    /// Extra top-level request fields merged into every request body (e.g. Qwen
+    /// `enable_thinking`, GLM `tool_stream`).
+    pub extra_body: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -149,6 +173,10 @@ pub struct Config {
     pub run_request_timeout: Duration,
     /// Tool output shown to the model is truncated (with a marker) past this many bytes.
     pub tool_output_max_bytes: usize,
+    /// Attempts for a provider call that fails before streaming (429, 5xx, 529, unreachable).
+    pub provider_max_attempts: u32,
+    /// First retry delay (doubled per attempt) unless the provider sends `retry-after`.
+    pub provider_retry_base_delay: Duration,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -210,6 +238,8 @@ struct FileConfig {
     provider_connect_timeout_secs: Option<u64>,
     run_request_timeout_secs: Option<u64>,
     tool_output_max_bytes: Option<usize>,
+    provider_max_attempts: Option<u32>,
+    provider_retry_base_delay_ms: Option<u64>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -235,9 +265,25 @@ struct FileModel {
     context_window: Option<u32>,
     #[serde(default)]
     reasoning: bool,
+    max_output_tokens: Option<u32>,
+    thinking_budget: Option<u32>,
+    #[serde(default)]
+    quirks: FileQuirks,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileQuirks {
+    stream_usage: Option<bool>,
+    reasoning_content_on_tool_calls: Option<bool>,
+    #[serde(default)]
+    extra_body: toml::Table,
 }
 
 const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
+const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 32_000;
+/// Anthropic's smallest allowed thinking budget.
+const MIN_THINKING_BUDGET: u32 = 1024;
 
 impl FileConfig {
     fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -328,6 +374,21 @@ impl FileConfig {
                 "run_request_timeout_secs",
             )?,
             tool_output_max_bytes,
+            provider_max_attempts: match self
+                .provider_max_attempts
+                .unwrap_or(DEFAULT_PROVIDER_MAX_ATTEMPTS)
+            {
+                0 => {
+                    return Err(ConfigError::Zero {
+                        field: "provider_max_attempts",
+                    });
+                }
+                n => n,
+            },
+            provider_retry_base_delay: Duration::from_millis(
+                self.provider_retry_base_delay_ms
+                    .unwrap_or(DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS),
+            ),
             providers,
         })
     }
@@ -350,12 +411,6 @@ impl FileProvider {
             provider: self.name.clone(),
             kind: self.kind.clone(),
         })?;
-        if kind != ProviderKind::OpenAiChat {
-            return Err(ConfigError::KindNotYetSupported {
-                provider: self.name,
-                kind: self.kind,
-            });
-        }
         if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
             return Err(ConfigError::BaseUrl {
                 provider: self.name,
@@ -394,11 +449,35 @@ impl FileProvider {
             if model.id.trim().is_empty() {
                 return Err(ConfigError::EmptyModelId(self.name));
             }
+            let max_output_tokens = model.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+            if let Some(budget) = model.thinking_budget
+                && (budget < MIN_THINKING_BUDGET || budget >= max_output_tokens)
+            {
+                return Err(ConfigError::ThinkingBudget {
+                    model: model.id,
+                    budget,
+                    max_output_tokens,
+                });
+            }
+            let extra_body = serde_json::to_value(&model.quirks.extra_body)
+                .ok()
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default();
             models.push(ModelConfig {
                 upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
                 display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
                 context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
                 reasoning: model.reasoning,
+                max_output_tokens,
+                thinking_budget: model.thinking_budget,
+                quirks: Quirks {
+                    stream_usage: model.quirks.stream_usage.unwrap_or(true),
+                    reasoning_content_on_tool_calls: model
+                        .quirks
+                        .reasoning_content_on_tool_calls
+                        .unwrap_or(model.reasoning),
+                    extra_body,
+                },
                 id: model.id,
             });
         }

@@ -150,10 +150,13 @@ async fn thinking_streams_first_then_completes_before_text() {
 #[tokio::test]
 async fn provider_http_500_ends_unavailable_with_error_details_and_no_turn_ended() {
     let provider = FakeProvider::start().await;
-    provider.push(Reply::Status {
-        status: 500,
-        body: r#"{"error":{"message":"upstream exploded","type":"server_error"}}"#.to_owned(),
-    });
+    // Retried before the first streamed byte (3 attempts by default), then reported.
+    for _ in 0..3 {
+        provider.push(Reply::Status {
+            status: 500,
+            body: r#"{"error":{"message":"upstream exploded","type":"server_error"}}"#.to_owned(),
+        });
+    }
     let server = TestServer::start(&provider.base_url()).await;
     let cursor = FakeCursor::new(server.addr);
 
@@ -163,6 +166,11 @@ async fn provider_http_500_ends_unavailable_with_error_details_and_no_turn_ended
         transcript.kinds().is_empty(),
         "no turn_ended, no text: {:?}",
         transcript.kinds()
+    );
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "a 500 before streaming is retried"
     );
     assert_eq!(transcript.error_code(), Some("unavailable"));
     let end = transcript.end.as_ref().expect("end");

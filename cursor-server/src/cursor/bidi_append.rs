@@ -81,6 +81,16 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         .map(|m| m.model_id.clone())
                         .filter(|id| !id.is_empty())
                 });
+            let parameters = request
+                .requested_model
+                .as_ref()
+                .map(|m| {
+                    m.parameters
+                        .iter()
+                        .map(|p| (p.id.clone(), p.value.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
             match request.action.and_then(|a| a.action) {
                 Some(conversation_action::Action::UserMessageAction(action)) => {
                     let user = action.user_message.unwrap_or_default();
@@ -95,6 +105,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         user_message_id: user.message_id,
                         model_id,
                         terminals_folder,
+                        parameters,
                     }))
                 }
                 Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,

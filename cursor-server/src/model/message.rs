@@ -102,4 +102,9 @@ pub struct ToolResultRecord {
 pub enum ProviderReplay {
     /// OpenAI Chat Completions and compatibles: the `reasoning_content` the model streamed.
     OpenAiChat { reasoning_content: String },
+    /// OpenAI Responses: the response's output items exactly as received (reasoning items with
+    /// `encrypted_content`, messages, function calls), in output order.
+    OpenAiResponses { items: Vec<serde_json::Value> },
+    /// Anthropic Messages: the thinking / redacted_thinking blocks exactly as received, in order.
+    Anthropic { blocks: Vec<serde_json::Value> },
 }

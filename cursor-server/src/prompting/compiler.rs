@@ -1,44 +1,127 @@
-//! Builds the provider-neutral `ModelRequest` of one provider call from the committed history.
+//! Builds the provider-neutral `ModelRequest` of one provider call from the committed history, the
+//! model's configuration and the run's requested parameters.
 //!
-//! The system prompt is byte-stable across calls so that request N stays an exact prefix of N+1.
+//! The system prompt and tools are byte-stable across calls so that request N stays an exact prefix
+//! of request N+1.
 
+use crate::config::ModelConfig;
 use crate::model::message::CanonicalMessage;
 
 /// The shared system prompt, from the repository's `prompt/` assets.
 pub const COMMON_PREFIX: &str = include_str!("../../../prompt/common_prefix.md");
 
-/// The Agent mode's tools, in OpenAI function format (names must exist in `cursor/tools.rs`).
+/// The Agent mode's tools, in OpenAI Chat function format (names must exist in `cursor/tools.rs`).
 pub const AGENT_TOOLS: &str = include_str!("../../../prompt/agent/tools.json");
+
+/// Reasoning effort levels Cursor can request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Max,
+}
+
+impl Effort {
+    pub fn parse(value: &str) -> Option<Effort> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "minimal" | "none" => Some(Effort::Minimal),
+            "low" => Some(Effort::Low),
+            "medium" => Some(Effort::Medium),
+            "high" => Some(Effort::High),
+            "max" | "xhigh" => Some(Effort::Max),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Minimal => "minimal",
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+            Effort::Max => "max",
+        }
+    }
+}
+
+/// What the client asked for beyond the model id (`requested_model.parameters`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestParameters {
+    pub effort: Option<Effort>,
+    /// Cursor's "fast" toggle: a priority tier where the endpoint has one.
+    pub fast: bool,
+}
+
+impl RequestParameters {
+    /// Maps Cursor's `(id, value)` parameters; unknown ones are logged and ignored, never fatal.
+    pub fn from_pairs(pairs: &[(String, String)]) -> RequestParameters {
+        let mut parameters = RequestParameters::default();
+        for (id, value) in pairs {
+            match id.as_str() {
+                "reasoning" | "reasoning_effort" | "effort" | "thinking" => {
+                    match Effort::parse(value) {
+                        Some(effort) => parameters.effort = Some(effort),
+                        None => tracing::debug!("ignoring reasoning parameter value {value:?}"),
+                    }
+                }
+                "fast" => parameters.fast = matches!(value.as_str(), "true" | "1" | "on"),
+                other => tracing::debug!("ignoring unknown model parameter {other:?}={value:?}"),
+            }
+        }
+        parameters
+    }
+}
 
 /// What one provider call is asked, before any provider-specific shaping.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelRequest<'a> {
     pub system: &'a str,
     pub history: &'a [CanonicalMessage],
-    /// The id the provider knows the model by.
-    pub upstream_model: &'a str,
-    /// Whether the model thinks (its replay rules are stricter).
-    pub reasoning_model: bool,
-    /// Tool definitions, OpenAI function format.
+    pub model: &'a ModelConfig,
+    /// Tool definitions, OpenAI Chat function format.
     pub tools: &'a [serde_json::Value],
+    pub parameters: RequestParameters,
 }
 
 pub fn compile<'a>(
     history: &'a [CanonicalMessage],
-    upstream_model: &'a str,
-    reasoning_model: bool,
+    model: &'a ModelConfig,
     tools: &'a [serde_json::Value],
+    parameters: RequestParameters,
 ) -> ModelRequest<'a> {
     ModelRequest {
         system: COMMON_PREFIX,
         history,
-        upstream_model,
-        reasoning_model,
+        model,
         tools,
+        parameters,
     }
 }
 
 /// Parses the embedded Agent tool list once (at start-up); a malformed asset is a start-up error.
 pub fn agent_tools() -> Result<Vec<serde_json::Value>, String> {
     serde_json::from_str(AGENT_TOOLS).map_err(|e| format!("prompt/agent/tools.json: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_map_effort_and_fast_and_ignore_the_rest() {
+        let pairs = [
+            ("reasoning".to_owned(), "high".to_owned()),
+            ("fast".to_owned(), "true".to_owned()),
+            ("something_new".to_owned(), "x".to_owned()),
+        ];
+        assert_eq!(
+            RequestParameters::from_pairs(&pairs),
+            RequestParameters {
+                effort: Some(Effort::High),
+                fast: true
+            }
+        );
+    }
 }

@@ -1,15 +1,19 @@
 //! LLM endpoint adapters. `call` starts one streaming provider call and hands back its canonical
 //! events; which adapter runs is decided by the configured provider kind, nowhere else.
 
+pub mod anthropic;
 pub mod event;
 pub mod openai_chat;
+pub mod openai_responses;
 
 use std::time::Duration;
 
+use eventsource_stream::Eventsource as _;
+use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ProviderConfig, ProviderKind};
+use crate::config::{ProviderConfig, ProviderKind, Secret};
 pub use event::{FinishReason, ResponseEvent};
 
 /// How many canonical events may wait between the adapter task and the loop.
@@ -72,9 +76,29 @@ pub struct CallLimits {
     pub headers_timeout: Duration,
     /// Between two streamed events (not a total limit).
     pub idle_timeout: Duration,
+    /// Attempts for a call that fails before its first streamed byte (429, 5xx, 529, unreachable).
+    pub max_attempts: u32,
+    /// First retry delay; doubled per attempt unless the provider sends `retry-after`.
+    pub retry_base_delay: Duration,
 }
 
+/// Longest `retry-after` honoured; beyond it the error goes to the user instead.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 pub type EventReceiver = mpsc::Receiver<Result<ResponseEvent, ProviderError>>;
+
+/// Turns one endpoint's SSE events into canonical events.
+pub trait StreamParser: Send {
+    /// Feeds one SSE event (`event:` name, possibly empty, and `data:`). Returns the events it
+    /// yields and whether the stream has properly ended.
+    fn feed(
+        &mut self,
+        event: &str,
+        data: &str,
+    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError>;
+    /// The terminal event a complete stream ends with (for the truncation error).
+    fn terminal(&self) -> &'static str;
+}
 
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
@@ -87,26 +111,188 @@ pub fn call(
     cancel: CancellationToken,
 ) -> EventReceiver {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    match provider.kind {
-        ProviderKind::OpenAiChat => {
-            let call = openai_chat::ChatCall::new(http.clone(), provider, body, limits);
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = call.run(&tx) => {}
-                }
-            });
+    let (path, parser): (&str, Box<dyn StreamParser>) = match provider.kind {
+        ProviderKind::OpenAiChat => (
+            "/chat/completions",
+            Box::new(openai_chat::ChatStreamParser::new(&provider.name)),
+        ),
+        ProviderKind::OpenAiResponses => (
+            "/responses",
+            Box::new(openai_responses::ResponsesStreamParser::new(&provider.name)),
+        ),
+        ProviderKind::Anthropic => (
+            "/messages",
+            Box::new(anthropic::AnthropicStreamParser::new(&provider.name)),
+        ),
+    };
+    let call = HttpCall {
+        http: http.clone(),
+        provider: provider.name.clone(),
+        kind: provider.kind,
+        url: format!("{}{path}", provider.base_url),
+        api_key: provider.api_key.clone(),
+        body,
+        limits,
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = call.run(parser, &tx) => {}
         }
-        ProviderKind::OpenAiResponses | ProviderKind::Anthropic => {
-            // Config validation refuses these kinds until their adapters exist; fail loudly anyway.
-            let message = format!(
-                "provider kind {:?} has no adapter in this build",
-                provider.kind
-            );
-            let _ = tx.try_send(Err(ProviderError::Unsupported(message)));
+    });
+    rx
+}
+
+struct HttpCall {
+    http: reqwest::Client,
+    provider: String,
+    kind: ProviderKind,
+    url: String,
+    api_key: Secret,
+    body: serde_json::Value,
+    limits: CallLimits,
+}
+
+impl HttpCall {
+    async fn run(
+        self,
+        parser: Box<dyn StreamParser>,
+        tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
+    ) {
+        if let Err(error) = self.stream(parser, tx).await {
+            let _ = tx.send(Err(error)).await;
         }
     }
-    rx
+
+    fn request(&self) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .post(&self.url)
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .json(&self.body);
+        match self.kind {
+            ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
+                request.bearer_auth(self.api_key.expose())
+            }
+            ProviderKind::Anthropic => request
+                .header("x-api-key", self.api_key.expose())
+                .header("anthropic-version", anthropic::API_VERSION),
+        }
+    }
+
+    /// Sends the request, retrying what may be retried before any byte was streamed.
+    async fn connect(&self) -> Result<reqwest::Response, ProviderError> {
+        let mut attempt = 1;
+        loop {
+            let (error, retry_after) = match tokio::time::timeout(
+                self.limits.headers_timeout,
+                self.request().send(),
+            )
+            .await
+            {
+                Err(_) => (
+                    ProviderError::HeadersTimeout {
+                        provider: self.provider.clone(),
+                        secs: self.limits.headers_timeout.as_secs(),
+                    },
+                    None,
+                ),
+                Ok(Err(e)) => (
+                    ProviderError::Connect {
+                        provider: self.provider.clone(),
+                        message: without_url(&e),
+                    },
+                    None,
+                ),
+                Ok(Ok(response)) if response.status().is_success() => return Ok(response),
+                Ok(Ok(response)) => {
+                    let status = response.status().as_u16();
+                    let retry_after = response
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    let error = ProviderError::Http {
+                        provider: self.provider.clone(),
+                        status,
+                        message: error_message(response).await,
+                    };
+                    if !is_retryable_status(status) {
+                        return Err(error);
+                    }
+                    (error, retry_after)
+                }
+            };
+            if attempt >= self.limits.max_attempts
+                || retry_after.is_some_and(|d| d > MAX_RETRY_AFTER)
+            {
+                return Err(error);
+            }
+            let delay = retry_after
+                .unwrap_or(self.limits.retry_base_delay * 2u32.saturating_pow(attempt - 1));
+            tracing::warn!(provider = %self.provider, attempt, delay_ms = delay.as_millis() as u64, "provider call failed before streaming, retrying: {error}");
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    async fn stream(
+        &self,
+        mut parser: Box<dyn StreamParser>,
+        tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
+    ) -> Result<(), ProviderError> {
+        let response = self.connect().await?;
+        let mut events = response.bytes_stream().eventsource();
+        loop {
+            let next = tokio::time::timeout(self.limits.idle_timeout, events.next())
+                .await
+                .map_err(|_| ProviderError::Idle {
+                    provider: self.provider.clone(),
+                    secs: self.limits.idle_timeout.as_secs(),
+                })?;
+            let Some(event) = next else {
+                return Err(ProviderError::Truncated {
+                    provider: self.provider.clone(),
+                    missing: parser.terminal(),
+                });
+            };
+            let event = event.map_err(|e| ProviderError::Stream {
+                provider: self.provider.clone(),
+                message: e.to_string(),
+            })?;
+            let (out, done) = parser.feed(&event.event, &event.data)?;
+            for item in out {
+                if tx.send(Ok(item)).await.is_err() {
+                    // The loop stopped listening (canceled); drop the connection.
+                    return Ok(());
+                }
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// 429 (rate limit), 5xx and Anthropic's 529 (overloaded) may succeed on a retry.
+fn is_retryable_status(status: u16) -> bool {
+    status == 429 || status == 529 || (500..=599).contains(&status)
+}
+
+/// reqwest errors print the URL; keep logs and user-facing errors free of query strings and paths.
+fn without_url(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), "<provider url>");
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Reads an error body (bounded) and extracts the provider's message from the usual
@@ -123,6 +309,7 @@ pub(crate) async fn error_message(response: reqwest::Response) -> String {
         Ok(json) => json
             .pointer("/error/message")
             .and_then(|m| m.as_str())
+            .or_else(|| json.pointer("/error/type").and_then(|m| m.as_str()))
             .or_else(|| json.get("message").and_then(|m| m.as_str()))
             .map(str::to_owned)
             .unwrap_or(text),

@@ -1,133 +1,16 @@
-//! OpenAI Chat Completions (and compatible endpoints): sends one streaming request and maps its SSE
-//! chunks onto `ResponseEvent`s.
+//! OpenAI Chat Completions (and compatible endpoints): maps the SSE chunks of a streaming call onto
+//! `ResponseEvent`s.
 //!
 //! A stream succeeds only if it reaches `data: [DONE]` after a `finish_reason`; an in-band
 //! `{"error":...}` chunk, EOF before `[DONE]`, or an idle gap longer than the limit is an error.
 
 use std::collections::HashMap;
 
-use eventsource_stream::Eventsource as _;
-use futures_util::StreamExt as _;
 use serde::Deserialize;
-use tokio::sync::mpsc;
 
-use super::{CallLimits, FinishReason, ProviderError, ResponseEvent};
-use crate::config::{ProviderConfig, Secret};
+use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
-
-pub struct ChatCall {
-    http: reqwest::Client,
-    provider: String,
-    url: String,
-    api_key: Secret,
-    body: serde_json::Value,
-    limits: CallLimits,
-}
-
-impl ChatCall {
-    pub fn new(
-        http: reqwest::Client,
-        provider: &ProviderConfig,
-        mut body: serde_json::Value,
-        limits: CallLimits,
-    ) -> Self {
-        body["stream"] = serde_json::Value::Bool(true);
-        body["stream_options"] = serde_json::json!({ "include_usage": true });
-        ChatCall {
-            http,
-            provider: provider.name.clone(),
-            url: format!("{}/chat/completions", provider.base_url),
-            api_key: provider.api_key.clone(),
-            body,
-            limits,
-        }
-    }
-
-    /// Runs the call to its end, sending events (and at most one error, last) into `tx`.
-    pub async fn run(self, tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>) {
-        if let Err(error) = self.stream(tx).await {
-            let _ = tx.send(Err(error)).await;
-        }
-    }
-
-    async fn stream(
-        &self,
-        tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
-    ) -> Result<(), ProviderError> {
-        let request = self
-            .http
-            .post(&self.url)
-            .bearer_auth(self.api_key.expose())
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            .json(&self.body)
-            .send();
-        let response = tokio::time::timeout(self.limits.headers_timeout, request)
-            .await
-            .map_err(|_| ProviderError::HeadersTimeout {
-                provider: self.provider.clone(),
-                secs: self.limits.headers_timeout.as_secs(),
-            })?
-            .map_err(|e| ProviderError::Connect {
-                provider: self.provider.clone(),
-                message: without_url(&e),
-            })?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(ProviderError::Http {
-                provider: self.provider.clone(),
-                status: status.as_u16(),
-                message: super::error_message(response).await,
-            });
-        }
-
-        let mut events = response.bytes_stream().eventsource();
-        let mut parser = ChatStreamParser::new(&self.provider);
-        loop {
-            let next = tokio::time::timeout(self.limits.idle_timeout, events.next())
-                .await
-                .map_err(|_| ProviderError::Idle {
-                    provider: self.provider.clone(),
-                    secs: self.limits.idle_timeout.as_secs(),
-                })?;
-            let Some(event) = next else {
-                return Err(ProviderError::Truncated {
-                    provider: self.provider.clone(),
-                    missing: "data: [DONE]",
-                });
-            };
-            let event = event.map_err(|e| ProviderError::Stream {
-                provider: self.provider.clone(),
-                message: e.to_string(),
-            })?;
-            let (out, done) = parser.feed(&event.data)?;
-            for item in out {
-                if tx.send(Ok(item)).await.is_err() {
-                    // The loop stopped listening (canceled); drop the connection.
-                    return Ok(());
-                }
-            }
-            if done {
-                return Ok(());
-            }
-        }
-    }
-}
-
-/// reqwest errors print the URL; keep logs and user-facing errors free of query strings and paths.
-fn without_url(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    if let Some(url) = error.url() {
-        text = text.replace(url.as_str(), "<provider url>");
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 /// Turns Chat SSE `data` payloads into canonical events. Pure and synchronous, so it can be tested on
 /// transcripts.
@@ -154,7 +37,7 @@ impl ChatStreamParser {
     }
 
     /// Feeds one SSE `data` payload. Returns the events it yields and whether the stream is complete.
-    pub fn feed(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+    pub fn feed_data(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
         let data = data.trim();
         if data == "[DONE]" {
             return self.done().map(|events| (events, true));
@@ -265,7 +148,21 @@ impl ChatStreamParser {
     }
 }
 
-fn truncate(text: &str, max: usize) -> &str {
+impl StreamParser for ChatStreamParser {
+    fn feed(
+        &mut self,
+        _event: &str,
+        data: &str,
+    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+        self.feed_data(data)
+    }
+
+    fn terminal(&self) -> &'static str {
+        "data: [DONE]"
+    }
+}
+
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
     match text.char_indices().nth(max) {
         Some((i, _)) => &text[..i],
         None => text,
@@ -380,7 +277,7 @@ mod tests {
         let mut parser = ChatStreamParser::new("test");
         let mut all = Vec::new();
         for line in lines {
-            let (events, done) = parser.feed(line)?;
+            let (events, done) = parser.feed_data(line)?;
             all.extend(events);
             if done {
                 return Ok(all);

@@ -47,6 +47,8 @@ pub struct RunRequestInput {
     pub model_id: Option<String>,
     /// `request_context.env.terminals_folder`: where backgrounded shell output goes.
     pub terminals_folder: String,
+    /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).
+    pub parameters: Vec<(String, String)>,
 }
 
 /// Messages to a run's actor.

@@ -25,7 +25,8 @@ use crate::model::message::{
 };
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
-use crate::prompting::{compiler, derived_state, projector};
+use crate::prompting::compiler::{self, RequestParameters};
+use crate::prompting::{derived_state, projector};
 use crate::provider::{
     self, CallLimits, EventReceiver, FinishReason, ProviderError, ResponseEvent,
 };
@@ -90,8 +91,8 @@ pub struct TurnLoop {
     conversation_id: String,
     model_id: String,
     provider_index: usize,
-    upstream_model: String,
-    reasoning_model: bool,
+    model_index: usize,
+    parameters: RequestParameters,
     history: Vec<CanonicalMessage>,
     events: EventReceiver,
     call_cancel: CancellationToken,
@@ -117,15 +118,15 @@ impl TurnLoop {
             .model_id
             .clone()
             .unwrap_or_else(|| config.default_model.clone());
-        let (provider_index, upstream_model, reasoning_model) = config
+        let (provider_index, model_index) = config
             .providers
             .iter()
             .enumerate()
             .find_map(|(i, p)| {
                 p.models
                     .iter()
-                    .find(|m| m.id == model_id)
-                    .map(|m| (i, m.upstream_id.clone(), m.reasoning))
+                    .position(|m| m.id == model_id)
+                    .map(|j| (i, j))
             })
             .ok_or_else(|| {
                 ServerError::NotFound(format!(
@@ -159,8 +160,8 @@ impl TurnLoop {
             conversation_id: input.conversation_id,
             model_id,
             provider_index,
-            upstream_model,
-            reasoning_model,
+            model_index,
+            parameters: RequestParameters::from_pairs(&input.parameters),
             history,
             events: tokio::sync::mpsc::channel(1).1,
             call_cancel: CancellationToken::new(),
@@ -181,13 +182,10 @@ impl TurnLoop {
     fn start_provider_call(&mut self) {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
-        let request = compiler::compile(
-            &self.history,
-            &self.upstream_model,
-            self.reasoning_model,
-            &self.app.agent_tools,
-        );
-        let body = projector::openai_chat(&request);
+        let model = &provider.models[self.model_index];
+        let request =
+            compiler::compile(&self.history, model, &self.app.agent_tools, self.parameters);
+        let body = projector::project(provider.kind, &request);
         self.call_cancel.cancel();
         self.call_cancel = CancellationToken::new();
         self.draft = Draft::default();
@@ -211,6 +209,8 @@ impl TurnLoop {
             CallLimits {
                 headers_timeout: config.provider_connect_timeout,
                 idle_timeout: config.provider_idle_timeout,
+                max_attempts: config.provider_max_attempts,
+                retry_base_delay: config.provider_retry_base_delay,
             },
             self.call_cancel.clone(),
         );

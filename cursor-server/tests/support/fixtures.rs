@@ -65,6 +65,7 @@ pub fn config_for(provider_base_url: &str, db: &Path, extra: &str) -> Config {
 listen = "127.0.0.1:0"
 database_url = "sqlite://{db}"
 provider_idle_timeout_secs = 5
+provider_retry_base_delay_ms = 10
 {extra}
 
 [[providers]]

@@ -1,0 +1,232 @@
+//! OpenAI Responses: maps the typed SSE events of a streaming, stateless (`store: false`) call onto
+//! `ResponseEvent`s, and keeps the response's output items verbatim for replay.
+//!
+//! A stream succeeds only with `response.completed` or `response.incomplete`; `error`,
+//! `response.failed`, or EOF before a terminal event is an error.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+
+use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
+use crate::model::message::ProviderReplay;
+use crate::model::usage::Usage;
+
+pub struct ResponsesStreamParser {
+    provider: String,
+    /// `output_index` and item id of each function call → our dense ordinal.
+    by_output_index: HashMap<u64, usize>,
+    by_item_id: HashMap<String, usize>,
+    next_ordinal: usize,
+    /// Items from `response.output_item.done`, by output index (the final form: a reasoning item's
+    /// `encrypted_content` differs from the one in `.added`).
+    items: BTreeMap<u64, Value>,
+}
+
+impl ResponsesStreamParser {
+    pub fn new(provider: &str) -> Self {
+        ResponsesStreamParser {
+            provider: provider.to_owned(),
+            by_output_index: HashMap::new(),
+            by_item_id: HashMap::new(),
+            next_ordinal: 0,
+            items: BTreeMap::new(),
+        }
+    }
+
+    fn error(&self, message: String) -> ProviderError {
+        ProviderError::InBand {
+            provider: self.provider.clone(),
+            message,
+        }
+    }
+
+    fn ordinal(&self, event: &Value) -> Option<usize> {
+        event
+            .get("item_id")
+            .and_then(Value::as_str)
+            .and_then(|id| self.by_item_id.get(id))
+            .or_else(|| {
+                event
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .and_then(|i| self.by_output_index.get(&i))
+            })
+            .copied()
+    }
+
+    fn finish(&mut self, response: &Value, reason: FinishReason) -> Vec<ResponseEvent> {
+        let mut out = Vec::new();
+        if let Some(usage) = response.get("usage").filter(|u| !u.is_null()) {
+            out.push(ResponseEvent::Usage(usage_of(usage)));
+        }
+        let items: Vec<Value> = match response.get("output").and_then(Value::as_array) {
+            Some(output) if !output.is_empty() => output.clone(),
+            _ => std::mem::take(&mut self.items).into_values().collect(),
+        };
+        out.push(ResponseEvent::Replay(ProviderReplay::OpenAiResponses {
+            items,
+        }));
+        out.push(ResponseEvent::Finished(reason));
+        out
+    }
+}
+
+fn usage_of(usage: &Value) -> Usage {
+    let number = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
+    Usage {
+        input_tokens: number("/input_tokens"),
+        output_tokens: number("/output_tokens"),
+        cache_read_tokens: number("/input_tokens_details/cached_tokens"),
+        cache_write_tokens: None,
+        reasoning_tokens: number("/output_tokens_details/reasoning_tokens"),
+    }
+}
+
+fn text_of<'a>(event: &'a Value, field: &str) -> &'a str {
+    event.get(field).and_then(Value::as_str).unwrap_or_default()
+}
+
+impl StreamParser for ResponsesStreamParser {
+    fn feed(
+        &mut self,
+        event_name: &str,
+        data: &str,
+    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok((Vec::new(), false));
+        }
+        let event: Value = serde_json::from_str(data).map_err(|e| ProviderError::Decode {
+            provider: self.provider.clone(),
+            message: format!("{e} in event {}", super::openai_chat::truncate(data, 200)),
+        })?;
+        let kind = event
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(event_name)
+            .to_owned();
+        let mut out = Vec::new();
+        match kind.as_str() {
+            "response.output_item.added" => {
+                let item = &event["item"];
+                if item["type"] == "function_call" {
+                    let ordinal = self.next_ordinal;
+                    self.next_ordinal += 1;
+                    if let Some(index) = event.get("output_index").and_then(Value::as_u64) {
+                        self.by_output_index.insert(index, ordinal);
+                    }
+                    if let Some(id) = item.get("id").and_then(Value::as_str) {
+                        self.by_item_id.insert(id.to_owned(), ordinal);
+                    }
+                    out.push(ResponseEvent::ToolCallStart {
+                        index: ordinal,
+                        id: text_of(item, "call_id").to_owned(),
+                        name: text_of(item, "name").to_owned(),
+                    });
+                    let arguments = text_of(item, "arguments");
+                    if !arguments.is_empty() {
+                        out.push(ResponseEvent::ToolArgsDelta {
+                            index: ordinal,
+                            fragment: arguments.to_owned(),
+                        });
+                    }
+                }
+            }
+            "response.function_call_arguments.delta" => {
+                let ordinal = self.ordinal(&event).ok_or_else(|| ProviderError::Decode {
+                    provider: self.provider.clone(),
+                    message: "function call arguments for an unknown item".to_owned(),
+                })?;
+                let delta = text_of(&event, "delta");
+                if !delta.is_empty() {
+                    out.push(ResponseEvent::ToolArgsDelta {
+                        index: ordinal,
+                        fragment: delta.to_owned(),
+                    });
+                }
+            }
+            "response.output_text.delta" | "response.refusal.delta" => {
+                let delta = text_of(&event, "delta");
+                if !delta.is_empty() {
+                    out.push(ResponseEvent::TextDelta(delta.to_owned()));
+                }
+            }
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                let delta = text_of(&event, "delta");
+                if !delta.is_empty() {
+                    out.push(ResponseEvent::ReasoningDelta(delta.to_owned()));
+                }
+            }
+            // Separate summary parts the way they are shown elsewhere: as paragraphs.
+            "response.reasoning_summary_part.added"
+                if event
+                    .get("summary_index")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|i| i > 0) =>
+            {
+                out.push(ResponseEvent::ReasoningDelta("\n\n".to_owned()));
+            }
+            "response.output_item.done" => {
+                if let Some(index) = event.get("output_index").and_then(Value::as_u64) {
+                    self.items.insert(index, event["item"].clone());
+                }
+            }
+            "response.completed" => {
+                let reason = if self.next_ordinal > 0 {
+                    FinishReason::ToolCalls
+                } else {
+                    FinishReason::Stop
+                };
+                return Ok((self.finish(&event["response"], reason), true));
+            }
+            "response.incomplete" => {
+                let response = &event["response"];
+                let reason = match response
+                    .pointer("/incomplete_details/reason")
+                    .and_then(Value::as_str)
+                {
+                    Some("max_output_tokens") => FinishReason::Length,
+                    Some("content_filter") => FinishReason::ContentFilter,
+                    Some(other) => FinishReason::Other(other.to_owned()),
+                    None => FinishReason::Other("incomplete".to_owned()),
+                };
+                return Ok((self.finish(response, reason), true));
+            }
+            "response.failed" => {
+                let response = &event["response"];
+                let message = response
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("response.failed");
+                let code = response.pointer("/error/code").and_then(Value::as_str);
+                return Err(self.error(match code {
+                    Some(code) => format!("{message} ({code})"),
+                    None => message.to_owned(),
+                }));
+            }
+            "error" => {
+                let message = event
+                    .get("message")
+                    .or_else(|| event.pointer("/error/message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown error");
+                let code = event
+                    .get("code")
+                    .or_else(|| event.pointer("/error/code"))
+                    .and_then(Value::as_str);
+                return Err(self.error(match code {
+                    Some(code) => format!("{message} ({code})"),
+                    None => message.to_owned(),
+                }));
+            }
+            // Lifecycle and `.done` echoes carry nothing the deltas did not.
+            _ => {}
+        }
+        Ok((out, false))
+    }
+
+    fn terminal(&self) -> &'static str {
+        "response.completed"
+    }
+}
