@@ -200,9 +200,19 @@ pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
                             let unanswered = item["type"] == "function_call"
                                 && !answered
                                     .contains(&item["call_id"].as_str().unwrap_or_default());
-                            if !unanswered {
-                                input.push(item.clone());
+                            if unanswered {
+                                continue;
                             }
+                            let mut item = item.clone();
+                            // An empty argument string is normalised like everywhere else.
+                            if item["type"] == "function_call"
+                                && item["arguments"]
+                                    .as_str()
+                                    .is_some_and(|a| a.trim().is_empty())
+                            {
+                                item["arguments"] = "{}".into();
+                            }
+                            input.push(item);
                         }
                     }
                     _ => {

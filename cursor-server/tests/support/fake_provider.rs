@@ -26,6 +26,19 @@ pub enum Reply {
     Status { status: u16, body: String },
     /// SSE payloads, then the connection is cut without `[DONE]`.
     CutAfter { events: Vec<String> },
+    /// A complete SSE body served byte for byte (a golden transcript).
+    Raw(String),
+    /// HTTP 429 with a `retry-after` header.
+    RateLimited { retry_after_secs: u64, body: String },
+}
+
+/// A golden transcript from `tests/golden/<endpoint>/<scenario>.sse`.
+pub fn golden(endpoint: &str, scenario: &str) -> Reply {
+    let path = format!(
+        "{}/tests/golden/{endpoint}/{scenario}.sse",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Reply::Raw(std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")))
 }
 
 impl Reply {
@@ -42,6 +55,8 @@ struct Shared {
     replies: VecDeque<Reply>,
     requests: Vec<serde_json::Value>,
     authorizations: Vec<String>,
+    paths: Vec<String>,
+    headers: Vec<HeaderMap>,
 }
 
 #[derive(Clone)]
@@ -55,6 +70,8 @@ impl FakeProvider {
         let shared = Arc::new(Mutex::new(Shared::default()));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(chat))
+            .route("/v1/messages", post(chat))
             .with_state(Arc::clone(&shared));
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -82,10 +99,20 @@ impl FakeProvider {
     pub fn authorizations(&self) -> Vec<String> {
         self.shared.lock().unwrap().authorizations.clone()
     }
+
+    /// Request paths received, in order.
+    pub fn paths(&self) -> Vec<String> {
+        self.shared.lock().unwrap().paths.clone()
+    }
+
+    pub fn headers(&self) -> Vec<HeaderMap> {
+        self.shared.lock().unwrap().headers.clone()
+    }
 }
 
 async fn chat(
     State(shared): State<Arc<Mutex<Shared>>>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -93,6 +120,8 @@ async fn chat(
     let reply = {
         let mut shared = shared.lock().unwrap();
         shared.requests.push(json);
+        shared.paths.push(uri.path().to_owned());
+        shared.headers.push(headers.clone());
         shared.authorizations.push(
             headers
                 .get("authorization")
@@ -120,6 +149,24 @@ async fn chat(
             let stream = async_stream(events, gap, false);
             sse_response(stream)
         }
+        Reply::Raw(body) => (
+            StatusCode::OK,
+            [("content-type", "text/event-stream")],
+            body,
+        )
+            .into_response(),
+        Reply::RateLimited {
+            retry_after_secs,
+            body,
+        } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [
+                ("content-type", "application/json".to_owned()),
+                ("retry-after", retry_after_secs.to_string()),
+            ],
+            body,
+        )
+            .into_response(),
         Reply::CutAfter { events } => {
             sse_response(async_stream(events, Duration::from_millis(1), true))
         }

@@ -37,6 +37,17 @@ impl TestServer {
         extra: &str,
     ) -> TestServer {
         let config = config_for(provider_base_url, &db_dir.path().join("test.db"), extra);
+        Self::start_with(config, db_dir).await
+    }
+
+    /// Starts a server with a fresh database whose provider is of `kind`.
+    pub async fn start_kind(provider_base_url: &str, kind: &str) -> TestServer {
+        let db_dir = tempfile::tempdir().expect("tempdir");
+        let config = config_for_kind(provider_base_url, &db_dir.path().join("test.db"), "", kind);
+        Self::start_with(config, db_dir).await
+    }
+
+    async fn start_with(config: Config, db_dir: tempfile::TempDir) -> TestServer {
         let app = App::bind(config).await.expect("server starts");
         let addr = app.local_addr().expect("addr");
         let shutdown = app.shutdown_token();
@@ -60,6 +71,10 @@ impl TestServer {
 }
 
 pub fn config_for(provider_base_url: &str, db: &Path, extra: &str) -> Config {
+    config_for_kind(provider_base_url, db, extra, "openai-chat")
+}
+
+pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &str) -> Config {
     let text = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -70,7 +85,7 @@ provider_retry_base_delay_ms = 10
 
 [[providers]]
 name = "fake"
-kind = "openai-chat"
+kind = "{kind}"
 base_url = "{provider_base_url}"
 api_key = "{API_KEY}"
 
