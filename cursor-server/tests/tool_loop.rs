@@ -1042,3 +1042,94 @@ fn cancel() -> pb::AgentClientMessage {
         )),
     }
 }
+
+/// The main scenario (reasoning, a Read call, its result, a final answer) on every endpoint, with the
+/// exact JSON each one gets back on the next request.
+#[tokio::test]
+async fn the_read_scenario_replays_exactly_on_every_endpoint() {
+    for (endpoint, kind) in [
+        ("openai_chat", "openai-chat"),
+        ("openai_responses", "openai-responses"),
+        ("anthropic", "anthropic"),
+    ] {
+        let provider = FakeProvider::start().await;
+        provider.push(fake_provider::golden(endpoint, "reasoning_tool"));
+        provider.push(fake_provider::golden(endpoint, "text"));
+        let server = TestServer::start_kind(&provider.base_url(), kind).await;
+        let cursor = FakeCursor::new(server.addr);
+        let mut session = Session::start(
+            &cursor,
+            &format!("req-{endpoint}"),
+            &run_request_with_env("conv-ep", "read main"),
+        )
+        .await;
+        let exec = session.next_exec().await;
+        let Some(args::Message::ReadArgs(read)) = &exec.message else {
+            panic!("{endpoint}: read_args expected, got {exec:?}");
+        };
+        assert_eq!(read.path, "src/main.rs");
+        session
+            .send(&exec_result(
+                exec.id,
+                read_success("src/main.rs", "fn main() {}\n"),
+            ))
+            .await;
+        let transcript = session.finish().await;
+
+        assert!(transcript.is_success(), "{endpoint}: {:?}", transcript.end);
+        assert_eq!(transcript.text(), "Hello there", "{endpoint}");
+        assert_eq!(
+            transcript.thinking(),
+            "I should read the file.",
+            "{endpoint}"
+        );
+        assert_every_completed_card_has_a_typed_result(&transcript);
+        let second = &provider.requests()[1];
+        let result_text = "     1|fn main() {}\n";
+        match kind {
+            "openai-chat" => {
+                let messages = second["messages"].as_array().unwrap();
+                assert_eq!(
+                    messages[messages.len() - 2..],
+                    [
+                        serde_json::json!({"role":"assistant","content":null,"reasoning_content":"I should read the file.","tool_calls":[{"id":"call_r","type":"function","function":{"name":"Read","arguments":"{\"path\":\"src/main.rs\"}"}}]}),
+                        serde_json::json!({"role":"tool","tool_call_id":"call_r","content":result_text}),
+                    ]
+                );
+            }
+            "openai-responses" => {
+                let input = second["input"].as_array().unwrap();
+                assert_eq!(
+                    input[input.len() - 3..],
+                    [
+                        serde_json::json!({"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"I should read the file."}],"encrypted_content":"gAAAA-final"}),
+                        serde_json::json!({"type":"function_call","id":"fc_r","call_id":"call_r","name":"Read","arguments":"{\"path\":\"src/main.rs\"}","status":"completed"}),
+                        serde_json::json!({"type":"function_call_output","call_id":"call_r","output":result_text}),
+                    ]
+                );
+                assert_eq!(second["store"], false);
+                assert_eq!(
+                    second["include"],
+                    serde_json::json!(["reasoning.encrypted_content"])
+                );
+            }
+            _ => {
+                let messages = second["messages"].as_array().unwrap();
+                assert_eq!(
+                    messages[messages.len() - 2..],
+                    [
+                        serde_json::json!({"role":"assistant","content":[
+                            {"type":"thinking","thinking":"I should read the file.","signature":"EsECsig=="},
+                            {"type":"tool_use","id":"toolu_r","name":"Read","input":{"path":"src/main.rs"}}
+                        ]}),
+                        serde_json::json!({"role":"user","content":[
+                            {"type":"tool_result","tool_use_id":"toolu_r","content":result_text,"cache_control":{"type":"ephemeral"}}
+                        ]}),
+                    ]
+                );
+                assert_eq!(second["max_tokens"], 32000);
+                assert_eq!(second["thinking"], serde_json::json!({"type":"adaptive"}));
+            }
+        }
+    }
+}
