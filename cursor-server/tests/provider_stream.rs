@@ -205,6 +205,7 @@ async fn reasoning_is_streamed_and_its_replay_data_kept_verbatim() {
         let expected = match kind {
             "openai-chat" => ProviderReplay::OpenAiChat {
                 reasoning_content: "I should read the file.".into(),
+                reasoning_details: Vec::new(),
             },
             "openai-responses" => ProviderReplay::OpenAiResponses {
                 items: vec![

@@ -101,7 +101,12 @@ pub struct ToolResultRecord {
 #[serde(tag = "family", rename_all = "snake_case")]
 pub enum ProviderReplay {
     /// OpenAI Chat Completions and compatibles: the `reasoning_content` the model streamed.
-    OpenAiChat { reasoning_content: String },
+    OpenAiChat {
+        reasoning_content: String,
+        /// OpenRouter's `reasoning_details`, merged from the stream, sent back as received.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reasoning_details: Vec<serde_json::Value>,
+    },
     /// OpenAI Responses: the response's output items exactly as received (reasoning items with
     /// `encrypted_content`, messages, function calls), in output order.
     OpenAiResponses { items: Vec<serde_json::Value> },

@@ -114,12 +114,19 @@ pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
                         Value::String(assistant.text.clone())
                     },
                 );
-                let reasoning = match &assistant.replay {
-                    Some(ProviderReplay::OpenAiChat { reasoning_content }) => {
-                        Some(reasoning_content.as_str())
-                    }
-                    _ => None,
+                let (reasoning, details) = match &assistant.replay {
+                    Some(ProviderReplay::OpenAiChat {
+                        reasoning_content,
+                        reasoning_details,
+                    }) => (
+                        Some(reasoning_content.as_str()),
+                        reasoning_details.as_slice(),
+                    ),
+                    _ => (None, &[][..]),
                 };
+                if !details.is_empty() {
+                    out.insert("reasoning_details".into(), Value::Array(details.to_vec()));
+                }
                 match reasoning {
                     Some(text) if !text.is_empty() => {
                         out.insert("reasoning_content".into(), text.into());
@@ -612,6 +619,45 @@ mod tests {
     }
 
     #[test]
+    fn switching_families_drops_foreign_reasoning_instead_of_faking_it() {
+        let model = model(false);
+        let chat_history = history(Some(ProviderReplay::OpenAiChat {
+            reasoning_content: "secret chain".into(),
+            reasoning_details: Vec::new(),
+        }));
+        for body in [
+            anthropic(&compile(
+                &chat_history,
+                &model,
+                &[],
+                RequestParameters::default(),
+            )),
+            openai_responses(&compile(
+                &chat_history,
+                &model,
+                &[],
+                RequestParameters::default(),
+            )),
+        ] {
+            assert!(!body.to_string().contains("secret chain"), "{body}");
+        }
+        let anthropic_history = history(Some(ProviderReplay::Anthropic {
+            blocks: vec![json!({"type":"thinking","thinking":"claude thoughts","signature":"s"})],
+        }));
+        let chat = openai_chat(&compile(
+            &anthropic_history,
+            &model,
+            &[],
+            RequestParameters::default(),
+        ));
+        assert!(!chat.to_string().contains("claude thoughts"));
+        assert!(
+            chat["messages"][2].get("reasoning_content").is_none(),
+            "not a thinking model: no placeholder"
+        );
+    }
+
+    #[test]
     fn next_request_extends_the_previous_one() {
         let model = model(false);
         let mut history = vec![user("hi")];
@@ -628,6 +674,7 @@ mod tests {
             model_call_id: "mc1".into(),
             replay: Some(ProviderReplay::OpenAiChat {
                 reasoning_content: "t".into(),
+                reasoning_details: Vec::new(),
             }),
         }));
         history.push(user("again"));

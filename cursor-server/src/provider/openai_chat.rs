@@ -20,6 +20,8 @@ pub struct ChatStreamParser {
     tool_slots: HashMap<u64, (String, usize)>,
     next_tool_ordinal: usize,
     reasoning: String,
+    /// OpenRouter reasoning details, merged by their `index` as fragments arrive.
+    reasoning_details: Vec<serde_json::Value>,
     finish: Option<FinishReason>,
     usage: Option<Usage>,
 }
@@ -31,6 +33,7 @@ impl ChatStreamParser {
             tool_slots: HashMap::new(),
             next_tool_ordinal: 0,
             reasoning: String::new(),
+            reasoning_details: Vec::new(),
             finish: None,
             usage: None,
         }
@@ -87,6 +90,9 @@ impl ChatStreamParser {
     }
 
     fn delta(&mut self, delta: Delta, out: &mut Vec<ResponseEvent>) {
+        for detail in delta.reasoning_details.unwrap_or_default() {
+            merge_reasoning_detail(&mut self.reasoning_details, detail);
+        }
         let reasoning = delta.reasoning_content.or(delta.reasoning);
         if let Some(reasoning) = reasoning.filter(|r| !r.is_empty()) {
             self.reasoning.push_str(&reasoning);
@@ -137,6 +143,7 @@ impl ChatStreamParser {
         }
         out.push(ResponseEvent::Replay(ProviderReplay::OpenAiChat {
             reasoning_content: std::mem::take(&mut self.reasoning),
+            reasoning_details: std::mem::take(&mut self.reasoning_details),
         }));
         // Some servers say tool_calls without sending any: that is a plain stop.
         let finish = match finish {
@@ -214,6 +221,36 @@ struct Delta {
     /// OpenRouter's reasoning text.
     reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCallDelta>>,
+    /// OpenRouter.
+    reasoning_details: Option<Vec<serde_json::Value>>,
+}
+
+/// Streams carry `reasoning_details` in fragments keyed by `index`: text-like fields are
+/// concatenated, everything else (type, id, format, signature, data) taken as sent.
+fn merge_reasoning_detail(details: &mut Vec<serde_json::Value>, fragment: serde_json::Value) {
+    let serde_json::Value::Object(fragment) = fragment else {
+        return;
+    };
+    let index = fragment.get("index").and_then(serde_json::Value::as_u64);
+    let existing = details
+        .iter_mut()
+        .find(|d| index.is_some() && d.get("index").and_then(serde_json::Value::as_u64) == index);
+    let Some(serde_json::Value::Object(existing)) = existing else {
+        details.push(serde_json::Value::Object(fragment));
+        return;
+    };
+    for (key, value) in fragment {
+        match (key.as_str(), existing.get_mut(&key), &value) {
+            (
+                "text" | "summary",
+                Some(serde_json::Value::String(have)),
+                serde_json::Value::String(more),
+            ) => have.push_str(more),
+            _ => {
+                existing.insert(key, value);
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -312,7 +349,8 @@ mod tests {
                     reasoning_tokens: Some(1),
                 }),
                 ResponseEvent::Replay(ProviderReplay::OpenAiChat {
-                    reasoning_content: String::new()
+                    reasoning_content: String::new(),
+                    reasoning_details: Vec::new(),
                 }),
                 ResponseEvent::Finished(FinishReason::Stop),
             ]
@@ -340,8 +378,38 @@ mod tests {
         assert_eq!(
             events[3],
             ResponseEvent::Replay(ProviderReplay::OpenAiChat {
-                reasoning_content: "think".into()
+                reasoning_content: "think".into(),
+                reasoning_details: Vec::new(),
             })
+        );
+    }
+
+    #[test]
+    fn openrouter_reasoning_details_are_merged_by_index_for_replay() {
+        let events = feed_all(&[
+            r#"{"choices":[{"delta":{"reasoning":"Let","reasoning_details":[{"type":"reasoning.text","text":"Let","index":0,"format":"anthropic-claude-v1"}]}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":" me","reasoning_details":[{"type":"reasoning.text","text":" me","index":0}]}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_details":[{"type":"reasoning.text","signature":"sig","index":0}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"ok"},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ])
+        .expect("complete stream");
+        let replay = events
+            .iter()
+            .find_map(|e| match e {
+                ResponseEvent::Replay(r) => Some(r.clone()),
+                _ => None,
+            })
+            .expect("replay");
+        assert_eq!(
+            replay,
+            ProviderReplay::OpenAiChat {
+                reasoning_content: "Let me".into(),
+                reasoning_details: vec![serde_json::json!({
+                    "type": "reasoning.text", "text": "Let me", "index": 0,
+                    "format": "anthropic-claude-v1", "signature": "sig"
+                })],
+            }
         );
     }
 
