@@ -1,8 +1,12 @@
--- cursor-server schema, version 1: conversations, append-only canonical messages, run records.
+-- cursor-server schema, version 1: conversations, append-only canonical messages, run records,
+-- the content-addressed blob store with its reference edges, and per-conversation KV acknowledgements.
 
 CREATE TABLE conversations (
     id            TEXT PRIMARY KEY NOT NULL,
-    created_at_ms INTEGER NOT NULL
+    created_at_ms INTEGER NOT NULL,
+    -- The latest published ConversationStateStructure blob (a GC root), and its revision.
+    head_blob     BLOB,
+    revision      INTEGER NOT NULL DEFAULT 0
 );
 
 -- The single source of truth for history. Rows are only ever inserted.
@@ -35,3 +39,29 @@ CREATE TABLE runs (
 );
 
 CREATE INDEX runs_by_conversation ON runs (conversation_id, started_at_ms);
+
+-- Immutable blobs keyed by SHA-256 of their data.
+CREATE TABLE blobs (
+    id            BLOB PRIMARY KEY NOT NULL CHECK (length(id) = 32),
+    data          BLOB    NOT NULL,
+    created_at_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- parent references child as the `ordinal`-th entry of its field `kind` (e.g. "turns", "steps").
+-- A child may be a blob only the client holds, so it is not a foreign key.
+CREATE TABLE blob_edges (
+    parent  BLOB    NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
+    kind    TEXT    NOT NULL,
+    ordinal INTEGER NOT NULL,
+    child   BLOB    NOT NULL,
+    PRIMARY KEY (parent, kind, ordinal)
+) WITHOUT ROWID;
+
+CREATE INDEX blob_edges_by_child ON blob_edges (child);
+
+-- Blobs the client has acknowledged storing for a conversation: never sent to it again.
+CREATE TABLE conversation_blob_acks (
+    conversation_id TEXT NOT NULL REFERENCES conversations (id),
+    blob_id         BLOB NOT NULL,
+    PRIMARY KEY (conversation_id, blob_id)
+) WITHOUT ROWID;

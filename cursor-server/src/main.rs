@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use cursor_server::app::App;
 use cursor_server::config::{Config, DEFAULT_CONFIG_PATH};
+use cursor_server::store::{Store, blobs};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -20,6 +21,36 @@ struct Args {
     /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
     #[arg(long, default_value = "info", env = "CURSOR_BYOK_LOG")]
     log_level: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Delete stored blobs that no conversation references any more, then exit. Blobs younger than
+    /// an hour are kept, so it is safe while the server runs.
+    Gc,
+}
+
+async fn collect_garbage(config: &Config) -> ExitCode {
+    let store = match Store::open(&config.database_url).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("cursor-server gc: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let grace = std::time::Duration::from_secs(3600);
+    match blobs::collect_garbage(&store, &[], grace).await {
+        Ok(deleted) => {
+            println!("cursor-server gc: deleted {deleted} unreachable blobs");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cursor-server gc: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[tokio::main]
@@ -41,6 +72,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::Gc) = args.command {
+        return collect_garbage(&config).await;
+    }
     let app = match App::bind(config).await {
         Ok(app) => app,
         Err(e) => {

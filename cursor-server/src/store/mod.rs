@@ -1,6 +1,7 @@
 //! SQLite persistence. `messages` is the only source of truth for history; everything else is
 //! bookkeeping around it.
 
+pub mod blobs;
 pub mod conversations;
 pub mod messages;
 pub mod runs;
@@ -27,6 +28,8 @@ pub enum StoreError {
     },
     #[error("encoding message: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("{0}")]
+    BlobHash(#[from] blobs::HashMismatch),
 }
 
 /// Attaches a short description of the failed operation to a sqlx error.

@@ -1,0 +1,273 @@
+//! The blob CAS: immutable blobs keyed by SHA-256 of their bytes (verified on every put), the edges
+//! of the object graph, and reachability GC from conversation heads.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sqlx::{Row, SqliteConnection};
+
+use super::{QueryContext, Store, StoreError, now_ms};
+
+/// A blob id: the SHA-256 of the blob's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobId(pub [u8; 32]);
+
+impl BlobId {
+    pub fn of(data: &[u8]) -> BlobId {
+        BlobId(Sha256::digest(data).into())
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> Option<BlobId> {
+        <[u8; 32]>::try_from(bytes).ok().map(BlobId)
+    }
+
+    pub fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl std::fmt::Display for BlobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Edge<'a> {
+    pub kind: &'a str,
+    pub ordinal: u32,
+    pub child: BlobId,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("blob {claimed} does not match its data (SHA-256 is {actual})")]
+pub struct HashMismatch {
+    pub claimed: BlobId,
+    pub actual: BlobId,
+}
+
+/// Stores `data` under `id` (a no-op if present) after checking that `id` is its hash.
+pub async fn put(
+    conn: &mut SqliteConnection,
+    id: BlobId,
+    data: &[u8],
+    edges: &[Edge<'_>],
+) -> Result<(), StoreError> {
+    let actual = BlobId::of(data);
+    if actual != id {
+        return Err(StoreError::BlobHash(HashMismatch {
+            claimed: id,
+            actual,
+        }));
+    }
+    sqlx::query("INSERT OR IGNORE INTO blobs (id, data, created_at_ms) VALUES (?, ?, ?)")
+        .bind(&id.0[..])
+        .bind(data)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await
+        .context("storing blob")?;
+    for edge in edges {
+        sqlx::query(
+            "INSERT OR IGNORE INTO blob_edges (parent, kind, ordinal, child) VALUES (?, ?, ?, ?)",
+        )
+        .bind(&id.0[..])
+        .bind(edge.kind)
+        .bind(i64::from(edge.ordinal))
+        .bind(&edge.child.0[..])
+        .execute(&mut *conn)
+        .await
+        .context("storing blob edge")?;
+    }
+    Ok(())
+}
+
+pub async fn get(store: &Store, id: BlobId) -> Result<Option<Vec<u8>>, StoreError> {
+    let row = sqlx::query("SELECT data FROM blobs WHERE id = ?")
+        .bind(&id.0[..])
+        .fetch_optional(store.pool())
+        .await
+        .context("reading blob")?;
+    Ok(row.map(|row| row.get::<Vec<u8>, _>("data")))
+}
+
+/// Children of `parent` in field `kind`, in ordinal order.
+pub async fn children(
+    store: &Store,
+    parent: BlobId,
+    kind: &str,
+) -> Result<Vec<BlobId>, StoreError> {
+    let rows =
+        sqlx::query("SELECT child FROM blob_edges WHERE parent = ? AND kind = ? ORDER BY ordinal")
+            .bind(&parent.0[..])
+            .bind(kind)
+            .fetch_all(store.pool())
+            .await
+            .context("reading blob edges")?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("child")))
+        .collect())
+}
+
+/// Deletes every blob not reachable from a conversation head or one of `extra_roots`, sparing blobs
+/// younger than `grace` (a run may be building a graph that no head references yet). Returns the
+/// number of blobs deleted.
+pub async fn collect_garbage(
+    store: &Store,
+    extra_roots: &[BlobId],
+    grace: Duration,
+) -> Result<u64, StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS gc_roots (id BLOB PRIMARY KEY)")
+        .execute(&mut *tx)
+        .await
+        .context("preparing gc")?;
+    sqlx::query("DELETE FROM gc_roots")
+        .execute(&mut *tx)
+        .await
+        .context("preparing gc")?;
+    for root in extra_roots {
+        sqlx::query("INSERT OR IGNORE INTO gc_roots (id) VALUES (?)")
+            .bind(&root.0[..])
+            .execute(&mut *tx)
+            .await
+            .context("preparing gc")?;
+    }
+    let cutoff = now_ms() - i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+    let deleted = sqlx::query(
+        "WITH RECURSIVE live(id) AS (
+             SELECT head_blob FROM conversations WHERE head_blob IS NOT NULL
+             UNION SELECT id FROM gc_roots
+             UNION SELECT id FROM blobs WHERE created_at_ms >= ?
+             UNION SELECT e.child FROM blob_edges e JOIN live l ON e.parent = l.id
+         )
+         DELETE FROM blobs WHERE id NOT IN (SELECT id FROM live)",
+    )
+    .bind(cutoff)
+    .execute(&mut *tx)
+    .await
+    .context("collecting garbage")?
+    .rows_affected();
+    sqlx::query("DELETE FROM blob_edges WHERE parent NOT IN (SELECT id FROM blobs)")
+        .execute(&mut *tx)
+        .await
+        .context("collecting garbage")?;
+    sqlx::query("DROP TABLE gc_roots")
+        .execute(&mut *tx)
+        .await
+        .context("finishing gc")?;
+    tx.commit().await.context("committing gc")?;
+    Ok(deleted)
+}
+
+/// Records that the client stored `ids` for `conversation_id`.
+pub async fn record_acks(
+    store: &Store,
+    conversation_id: &str,
+    ids: &[BlobId],
+) -> Result<(), StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    super::conversations::ensure(&mut tx, conversation_id).await?;
+    for id in ids {
+        sqlx::query(
+            "INSERT OR IGNORE INTO conversation_blob_acks (conversation_id, blob_id) VALUES (?, ?)",
+        )
+        .bind(conversation_id)
+        .bind(&id.0[..])
+        .execute(&mut *tx)
+        .await
+        .context("recording blob ack")?;
+    }
+    tx.commit().await.context("committing blob acks")?;
+    Ok(())
+}
+
+/// Blobs the client already holds for `conversation_id`.
+pub async fn acked(store: &Store, conversation_id: &str) -> Result<Vec<BlobId>, StoreError> {
+    let rows = sqlx::query("SELECT blob_id FROM conversation_blob_acks WHERE conversation_id = ?")
+        .bind(conversation_id)
+        .fetch_all(store.pool())
+        .await
+        .context("reading blob acks")?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("blob_id")))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}", dir.path().join("b.db").display()))
+            .await
+            .unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn puts_are_hash_checked_and_idempotent() {
+        let (_dir, store) = store().await;
+        let data = b"hello blob";
+        let id = BlobId::of(data);
+        let mut conn = store.pool().acquire().await.unwrap();
+        put(&mut conn, id, data, &[]).await.unwrap();
+        put(&mut conn, id, data, &[]).await.unwrap();
+        assert_eq!(get(&store, id).await.unwrap().as_deref(), Some(&data[..]));
+        let wrong = BlobId::of(b"other");
+        let err = put(&mut conn, wrong, data, &[]).await.unwrap_err();
+        assert!(err.to_string().contains("does not match its data"), "{err}");
+        assert!(get(&store, wrong).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn gc_keeps_what_a_head_reaches_and_drops_the_rest() {
+        let (_dir, store) = store().await;
+        let mut conn = store.pool().acquire().await.unwrap();
+        let leaf = BlobId::of(b"leaf");
+        put(&mut conn, leaf, b"leaf", &[]).await.unwrap();
+        let head_data = b"head";
+        let head = BlobId::of(head_data);
+        put(
+            &mut conn,
+            head,
+            head_data,
+            &[Edge {
+                kind: "turns",
+                ordinal: 0,
+                child: leaf,
+            }],
+        )
+        .await
+        .unwrap();
+        let orphan = BlobId::of(b"orphan");
+        put(&mut conn, orphan, b"orphan", &[]).await.unwrap();
+        crate::store::conversations::ensure(&mut conn, "c")
+            .await
+            .unwrap();
+        sqlx::query("UPDATE conversations SET head_blob = ? WHERE id = 'c'")
+            .bind(&head.0[..])
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        drop(conn);
+        // Within the grace period nothing goes.
+        assert_eq!(
+            collect_garbage(&store, &[], Duration::from_secs(3600))
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            collect_garbage(&store, &[], Duration::ZERO).await.unwrap(),
+            1
+        );
+        assert!(get(&store, orphan).await.unwrap().is_none());
+        assert!(get(&store, leaf).await.unwrap().is_some());
+        assert_eq!(children(&store, head, "turns").await.unwrap(), vec![leaf]);
+    }
+}
