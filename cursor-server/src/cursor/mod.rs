@@ -2,6 +2,8 @@
 //! loop's domain types. No loop decisions are made here.
 
 pub mod bidi_append;
+pub mod blob_sync;
+pub mod checkpoint;
 pub mod connect;
 pub mod exec;
 pub mod handlers;

@@ -1,0 +1,130 @@
+//! Bench binary for the per-event and per-checkpoint hot paths, as history grows.
+//!
+//! `cargo bench --bench hot_paths` prints, for conversations of 10, 100 and 1,000 messages:
+//! - the time to add one step and build the next checkpoint (step + turn + state blobs) and the
+//!   bytes of new blobs it sends — both must stay flat as history grows;
+//! - the Chat stream parser's time per chunk (independent of history by construction);
+//! - the projection time of a full provider request (O(history), once per provider call).
+//!
+//! Under `cargo test` it runs one quick iteration of each as a smoke test.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use cursor_server::config::{ModelConfig, Quirks};
+use cursor_server::cursor::checkpoint::{ConversationGraph, roots};
+use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
+use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
+use cursor_server::prompting::compiler::{RequestParameters, compile};
+use cursor_server::prompting::projector;
+use cursor_server::provider::StreamParser;
+use cursor_server::provider::openai_chat::ChatStreamParser;
+
+fn graph_with_history(messages: usize) -> ConversationGraph {
+    let mut graph = ConversationGraph::default();
+    graph.push_root(&roots::system("system prompt"));
+    for i in 0..messages {
+        graph.push_root(&roots::user(&format!(
+            "message {i} with some realistic length of text"
+        )));
+        if i % 10 == 0 {
+            graph.begin_turn(&format!("req-{i}"), &pb::UserMessage::default());
+            let t = graph.turn_blob().expect("turn");
+            graph.finish_turn(&t);
+        }
+    }
+    graph.begin_turn("req-now", &pb::UserMessage::default());
+    graph
+}
+
+fn history(messages: usize) -> Vec<CanonicalMessage> {
+    (0..messages)
+        .map(|i| {
+            if i % 2 == 0 {
+                CanonicalMessage::User(UserMessage {
+                    origin: Origin::User,
+                    text: format!("question {i} with some realistic length of text"),
+                    client_message_id: String::new(),
+                })
+            } else {
+                CanonicalMessage::Assistant(AssistantMessage {
+                    text: format!("answer {i} with a few more words than the question had"),
+                    thinking: String::new(),
+                    model_id: "m".into(),
+                    replay: None,
+                    model_call_id: format!("mc{i}"),
+                })
+            }
+        })
+        .collect()
+}
+
+fn time<F: FnMut()>(iterations: u32, mut f: F) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iterations {
+        f();
+    }
+    start.elapsed() / iterations
+}
+
+fn main() {
+    let benching = std::env::args().any(|a| a == "--bench");
+    let iterations = if benching { 2_000 } else { 1 };
+    let model = ModelConfig {
+        id: "m".into(),
+        upstream_id: "m".into(),
+        display_name: "m".into(),
+        context_window: 128_000,
+        reasoning: false,
+        max_output_tokens: 4096,
+        thinking_budget: None,
+        quirks: Quirks {
+            stream_usage: true,
+            reasoning_content_on_tool_calls: false,
+            extra_body: Default::default(),
+        },
+    };
+    println!(
+        "{:>8} {:>16} {:>14} {:>18}",
+        "messages", "checkpoint (µs)", "new bytes", "projection (µs)"
+    );
+    for size in [10, 100, 1_000] {
+        let base = graph_with_history(size);
+        let mut new_bytes = 0;
+        let per_checkpoint = time(iterations, || {
+            let mut graph = base.clone();
+            let step = graph.push_step(conversation_step::Message::AssistantMessage(
+                pb::AssistantMessage {
+                    text: "a step".into(),
+                },
+            ));
+            let turn = graph.turn_blob().expect("turn");
+            let (_, state) = graph.state(Some(&turn), Vec::new());
+            new_bytes = step.data.len() + turn.data.len() + state.data.len();
+            black_box(state);
+        });
+        let messages = history(size);
+        let projection = time(iterations.min(200), || {
+            black_box(projector::openai_chat(&compile(
+                &messages,
+                &model,
+                &[],
+                RequestParameters::default(),
+            )));
+        });
+        println!(
+            "{size:>8} {:>16.2} {new_bytes:>14} {:>18.2}",
+            per_checkpoint.as_secs_f64() * 1e6,
+            projection.as_secs_f64() * 1e6
+        );
+    }
+    let chunk = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}]}"#;
+    let mut parser = ChatStreamParser::new("bench");
+    let per_chunk = time(iterations * 10, || {
+        black_box(parser.feed("", chunk).expect("chunk"));
+    });
+    println!(
+        "chat parser: {:.2} µs per chunk",
+        per_chunk.as_secs_f64() * 1e6
+    );
+}

@@ -1,0 +1,249 @@
+//! The conversation's immutable blob graph in Cursor's own model (protocol.md §7), built
+//! incrementally: each addition returns only the new blobs, so a checkpoint costs O(new blobs).
+//!
+//! `root_prompt_messages_json[]` → model-message JSON blobs (Vercel AI SDK shape); `turns[]` →
+//! `ConversationTurnStructure` blobs → `UserMessage` + `ConversationStep` blobs. The
+//! `ConversationStateStructure` that names them all is the checkpoint.
+
+use bytes::Bytes;
+use prost::Message;
+use serde_json::{Value, json};
+
+use super::proto::agent::{
+    self as pb, AgentConversationTurnStructure, ConversationStateStructure, ConversationStep,
+    ConversationTurnStructure, conversation_step, conversation_turn_structure,
+};
+use crate::store::blobs::BlobId;
+
+/// A blob to store (on our side and the client's), with the edges it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blob {
+    pub id: BlobId,
+    pub data: Bytes,
+    pub edges: Vec<(&'static str, u32, BlobId)>,
+}
+
+impl Blob {
+    pub fn new(data: Vec<u8>, edges: Vec<(&'static str, u32, BlobId)>) -> Blob {
+        Blob {
+            id: BlobId::of(&data),
+            data: Bytes::from(data),
+            edges,
+        }
+    }
+}
+
+fn ids(list: &[BlobId]) -> Vec<Vec<u8>> {
+    list.iter().map(|id| id.0.to_vec()).collect()
+}
+
+fn edges_of(kind: &'static str, list: &[BlobId]) -> Vec<(&'static str, u32, BlobId)> {
+    list.iter()
+        .enumerate()
+        .map(|(i, id)| (kind, u32::try_from(i).unwrap_or(u32::MAX), *id))
+        .collect()
+}
+
+#[derive(Debug, Clone, Default)]
+struct TurnDraft {
+    request_id: String,
+    user_message: Option<BlobId>,
+    steps: Vec<BlobId>,
+}
+
+/// The graph of one conversation as far as this server has built it.
+#[derive(Debug, Clone, Default)]
+pub struct ConversationGraph {
+    roots: Vec<BlobId>,
+    turns: Vec<BlobId>,
+    current: Option<TurnDraft>,
+}
+
+impl ConversationGraph {
+    /// Continues from a published state (its roots and finished turns).
+    pub fn from_state(state: &ConversationStateStructure) -> ConversationGraph {
+        ConversationGraph {
+            roots: state
+                .root_prompt_messages_json
+                .iter()
+                .filter_map(|b| BlobId::from_slice(b))
+                .collect(),
+            turns: state
+                .turns
+                .iter()
+                .filter_map(|b| BlobId::from_slice(b))
+                .collect(),
+            current: None,
+        }
+    }
+
+    /// Appends a model-message root (AI SDK JSON).
+    pub fn push_root(&mut self, message: &Value) -> Blob {
+        let blob = Blob::new(message.to_string().into_bytes(), Vec::new());
+        self.roots.push(blob.id);
+        blob
+    }
+
+    /// Starts the run's turn with the user's message.
+    pub fn begin_turn(&mut self, request_id: &str, user_message: &pb::UserMessage) -> Blob {
+        let blob = Blob::new(user_message.encode_to_vec(), Vec::new());
+        self.current = Some(TurnDraft {
+            request_id: request_id.to_owned(),
+            user_message: Some(blob.id),
+            steps: Vec::new(),
+        });
+        blob
+    }
+
+    /// Appends a step to the current turn (none open = a step without a turn, which is a bug in the
+    /// caller; the step is still returned so it can be stored).
+    pub fn push_step(&mut self, step: conversation_step::Message) -> Blob {
+        let blob = Blob::new(
+            ConversationStep {
+                message: Some(step),
+            }
+            .encode_to_vec(),
+            Vec::new(),
+        );
+        if let Some(turn) = &mut self.current {
+            turn.steps.push(blob.id);
+        }
+        blob
+    }
+
+    /// The current turn's structure blob (re-made as steps are added; older versions become garbage).
+    pub fn turn_blob(&self) -> Option<Blob> {
+        let turn = self.current.as_ref()?;
+        let user_message = turn.user_message?;
+        let structure = ConversationTurnStructure {
+            turn: Some(conversation_turn_structure::Turn::AgentConversationTurn(
+                AgentConversationTurnStructure {
+                    user_message: user_message.0.to_vec(),
+                    steps: ids(&turn.steps),
+                    request_id: Some(turn.request_id.clone()),
+                    encrypted_model: None,
+                },
+            )),
+        };
+        let mut edges = vec![("user_message", 0, user_message)];
+        edges.extend(edges_of("steps", &turn.steps));
+        Some(Blob::new(structure.encode_to_vec(), edges))
+    }
+
+    /// The checkpoint naming every root and turn (including the current one, as `turn`).
+    pub fn state(
+        &self,
+        turn: Option<&Blob>,
+        pending_tool_calls: Vec<String>,
+    ) -> (ConversationStateStructure, Blob) {
+        let mut turns = self.turns.clone();
+        turns.extend(turn.map(|t| t.id));
+        let state = ConversationStateStructure {
+            root_prompt_messages_json: ids(&self.roots),
+            turns: ids(&turns),
+            pending_tool_calls,
+            ..ConversationStateStructure::default()
+        };
+        let mut edges = edges_of("root_prompt_messages_json", &self.roots);
+        edges.extend(edges_of("turns", &turns));
+        let blob = Blob::new(state.encode_to_vec(), edges);
+        (state, blob)
+    }
+
+    /// Closes the current turn with its final structure blob.
+    pub fn finish_turn(&mut self, turn: &Blob) {
+        self.turns.push(turn.id);
+        self.current = None;
+    }
+
+    pub fn root_count(&self) -> usize {
+        self.roots.len()
+    }
+}
+
+/// AI SDK model-message JSON for the roots.
+pub mod roots {
+    use super::*;
+
+    pub fn system(text: &str) -> Value {
+        json!({ "role": "system", "content": text })
+    }
+
+    pub fn user(text: &str) -> Value {
+        json!({ "role": "user", "content": [{ "type": "text", "text": text }] })
+    }
+
+    pub fn assistant(text: &str, reasoning: &str) -> Value {
+        let mut content = Vec::new();
+        if !reasoning.is_empty() {
+            content.push(json!({ "type": "reasoning", "text": reasoning }));
+        }
+        if !text.is_empty() {
+            content.push(json!({ "type": "text", "text": text }));
+        }
+        json!({ "role": "assistant", "content": content })
+    }
+
+    pub fn tool_call(call_id: &str, name: &str, arguments: &str) -> Value {
+        let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+        json!({ "role": "assistant", "content": [{ "type": "tool-call", "toolCallId": call_id, "toolName": name, "args": args }] })
+    }
+
+    pub fn tool_result(call_id: &str, name: &str, result: &str, is_error: bool) -> Value {
+        let mut part = json!({ "type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result });
+        if is_error {
+            part["isError"] = true.into();
+        }
+        json!({ "role": "tool", "content": [part] })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_graph_grows_by_new_blobs_only_and_is_a_pure_projection() {
+        let build = || {
+            let mut graph = ConversationGraph::default();
+            let mut blobs = vec![
+                graph.push_root(&roots::system("sys")),
+                graph.push_root(&roots::user("hi")),
+            ];
+            blobs.push(graph.begin_turn(
+                "req-1",
+                &pb::UserMessage {
+                    text: "hi".into(),
+                    ..Default::default()
+                },
+            ));
+            blobs.push(
+                graph.push_step(conversation_step::Message::AssistantMessage(
+                    pb::AssistantMessage {
+                        text: "hello".into(),
+                    },
+                )),
+            );
+            let turn = graph.turn_blob().expect("turn");
+            let (state, state_blob) = graph.state(Some(&turn), Vec::new());
+            (graph, blobs, turn, state, state_blob)
+        };
+        let (mut graph, blobs, turn, state, state_blob) = build();
+        let again = build();
+        assert_eq!(
+            state_blob.id, again.4.id,
+            "the same history projects to the same blob ids"
+        );
+        assert_eq!(state.root_prompt_messages_json.len(), 2);
+        assert_eq!(state.turns, vec![turn.id.0.to_vec()]);
+        assert_eq!(state_blob.edges.len(), 3);
+        assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
+
+        graph.finish_turn(&turn);
+        let (next_state, _) = graph.state(None, vec!["call-1".into()]);
+        assert_eq!(next_state.turns.len(), 1);
+        assert_eq!(next_state.pending_tool_calls, ["call-1"]);
+        let decoded = ConversationStateStructure::decode(state_blob.data.as_ref()).unwrap();
+        assert_eq!(ConversationGraph::from_state(&decoded).root_count(), 2);
+    }
+}
