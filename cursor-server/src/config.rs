@@ -21,6 +21,7 @@ pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS: u64 = 500;
 
 /// Environment variables that override the file (handy for containers and tests).
@@ -173,6 +174,8 @@ pub struct Config {
     pub run_request_timeout: Duration,
     /// Tool output shown to the model is truncated (with a marker) past this many bytes.
     pub tool_output_max_bytes: usize,
+    /// A heartbeat goes to the client after this long without any other frame.
+    pub heartbeat_interval: Duration,
     /// Attempts for a provider call that fails before streaming (429, 5xx, 529, unreachable).
     pub provider_max_attempts: u32,
     /// First retry delay (doubled per attempt) unless the provider sends `retry-after`.
@@ -238,6 +241,7 @@ struct FileConfig {
     provider_connect_timeout_secs: Option<u64>,
     run_request_timeout_secs: Option<u64>,
     tool_output_max_bytes: Option<usize>,
+    heartbeat_interval_ms: Option<u64>,
     provider_max_attempts: Option<u32>,
     provider_retry_base_delay_ms: Option<u64>,
     #[serde(default)]
@@ -374,6 +378,17 @@ impl FileConfig {
                 "run_request_timeout_secs",
             )?,
             tool_output_max_bytes,
+            heartbeat_interval: match self
+                .heartbeat_interval_ms
+                .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS)
+            {
+                0 => {
+                    return Err(ConfigError::Zero {
+                        field: "heartbeat_interval_ms",
+                    });
+                }
+                ms => Duration::from_millis(ms),
+            },
             provider_max_attempts: match self
                 .provider_max_attempts
                 .unwrap_or(DEFAULT_PROVIDER_MAX_ATTEMPTS)

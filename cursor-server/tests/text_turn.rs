@@ -402,3 +402,76 @@ async fn an_unknown_model_is_not_found_and_names_the_configured_models() {
         "no provider call for an unknown model"
     );
 }
+
+#[tokio::test]
+async fn a_slow_provider_is_covered_by_heartbeats() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::Sse {
+        events: text_events(&["late"], (5, 1, 0)),
+        gap: std::time::Duration::from_millis(150),
+    });
+    let db = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(&provider.base_url(), db, "heartbeat_interval_ms = 50").await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let transcript = sse_turn(&cursor, "req-heartbeat", "conv-heartbeat", "hi").await;
+
+    assert!(transcript.is_success());
+    let kinds = transcript.kinds();
+    let first_text = kinds.iter().position(|k| *k == "text_delta").expect("text");
+    assert!(
+        kinds[..first_text].contains(&"heartbeat"),
+        "heartbeats while waiting for the provider: {kinds:?}"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
+    let provider = FakeProvider::start().await;
+    let parts: Vec<String> = (0..60).map(|i| format!("part {i} ")).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    provider.push(Reply::Sse {
+        events: text_events(&parts, (5, 60, 0)),
+        gap: std::time::Duration::from_millis(30),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let sse = cursor.open_run_sse("req-drop").await;
+    assert_eq!(
+        cursor
+            .append(
+                "req-drop",
+                0,
+                &run_request("conv-drop", "long answer please")
+            )
+            .await
+            .status(),
+        200
+    );
+    let mut stream = sse.bytes_stream();
+    use futures_util::StreamExt as _;
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
+        .await
+        .expect("a first frame");
+    assert!(first.is_some());
+    drop(stream);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while provider.disconnects() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider never saw the disconnect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .expect("reopen");
+    let record = runs::get(&store, "req-drop")
+        .await
+        .expect("query")
+        .expect("run");
+    assert_eq!(record.outcome.status, RunStatus::Canceled);
+}

@@ -21,12 +21,26 @@ use crate::store::runs::{self, RunOutcome, RunStatus};
 
 /// The run's outgoing frames. Frames produced before a RunSSE attaches are kept and replayed to it
 /// in order; after `end` nothing more is sent.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Downlink {
     sink: Option<mpsc::Sender<Bytes>>,
     backlog: Vec<Bytes>,
     ended: bool,
     client_gone: bool,
+    /// When the last frame went out (for heartbeats while nothing else does).
+    last_sent: Instant,
+}
+
+impl Default for Downlink {
+    fn default() -> Self {
+        Downlink {
+            sink: None,
+            backlog: Vec::new(),
+            ended: false,
+            client_gone: false,
+            last_sent: Instant::now(),
+        }
+    }
 }
 
 impl Downlink {
@@ -69,6 +83,7 @@ impl Downlink {
                     self.client_gone = true;
                     self.sink = None;
                 }
+                self.last_sent = Instant::now();
             }
             None if self.client_gone => {}
             None => self.backlog.push(frame),
@@ -191,8 +206,11 @@ impl RunActor {
     /// Runs until one of the three endings.
     async fn drive(&mut self) -> RunEnd {
         let run_request_deadline = Instant::now() + self.app.config.run_request_timeout;
+        let heartbeat_every = self.app.config.heartbeat_interval;
         loop {
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
+            let heartbeat_due = self.downlink.last_sent + heartbeat_every;
+            let beating = !awaiting && self.downlink.is_attached();
             tokio::select! {
                 _ = self.app.shutdown.cancelled() => {
                     return RunEnd::Canceled { reason: "the server is shutting down".to_owned() };
@@ -219,6 +237,10 @@ impl RunActor {
                         Ok(LoopStep::TurnComplete { usage }) => return RunEnd::Success { usage },
                         Err(error) => return RunEnd::Failed(error),
                     }
+                }
+                // While the provider thinks or tools run, Cursor hears that the run is alive.
+                _ = tokio::time::sleep_until(heartbeat_due), if beating => {
+                    self.downlink.send_message(&crate::cursor::interaction::heartbeat()).await;
                 }
                 _ = tokio::time::sleep_until(run_request_deadline), if awaiting => {
                     let secs = self.app.config.run_request_timeout.as_secs();

@@ -57,6 +57,8 @@ struct Shared {
     authorizations: Vec<String>,
     paths: Vec<String>,
     headers: Vec<HeaderMap>,
+    /// Streams the client dropped before they were finished.
+    disconnects: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Clone)]
@@ -105,6 +107,15 @@ impl FakeProvider {
         self.shared.lock().unwrap().paths.clone()
     }
 
+    /// How many streamed replies the client abandoned mid-way.
+    pub fn disconnects(&self) -> usize {
+        self.shared
+            .lock()
+            .unwrap()
+            .disconnects
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn headers(&self) -> Vec<HeaderMap> {
         self.shared.lock().unwrap().headers.clone()
     }
@@ -129,8 +140,9 @@ async fn chat(
                 .unwrap_or_default()
                 .to_owned(),
         );
-        shared.replies.pop_front()
+        (shared.replies.pop_front(), Arc::clone(&shared.disconnects))
     };
+    let (reply, disconnects) = reply;
     let Some(reply) = reply else {
         return (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -146,7 +158,7 @@ async fn chat(
         )
             .into_response(),
         Reply::Sse { events, gap } => {
-            let stream = async_stream(events, gap, false);
+            let stream = async_stream(events, gap, false, disconnects);
             sse_response(stream)
         }
         Reply::Raw(body) => (
@@ -167,9 +179,12 @@ async fn chat(
             body,
         )
             .into_response(),
-        Reply::CutAfter { events } => {
-            sse_response(async_stream(events, Duration::from_millis(1), true))
-        }
+        Reply::CutAfter { events } => sse_response(async_stream(
+            events,
+            Duration::from_millis(1),
+            true,
+            disconnects,
+        )),
     }
 }
 
@@ -190,6 +205,7 @@ fn async_stream(
     events: Vec<String>,
     gap: Duration,
     cut: bool,
+    disconnects: Arc<std::sync::atomic::AtomicUsize>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
@@ -200,6 +216,7 @@ fn async_stream(
                 .await
                 .is_err()
             {
+                disconnects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 return;
             }
         }
