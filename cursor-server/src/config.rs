@@ -22,6 +22,7 @@ pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
+pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS: u64 = 500;
 
 /// Environment variables that override the file (handy for containers and tests).
@@ -176,6 +177,8 @@ pub struct Config {
     pub tool_output_max_bytes: usize,
     /// A heartbeat goes to the client after this long without any other frame.
     pub heartbeat_interval: Duration,
+    /// How long a finished turn waits for the client to store the final checkpoint's blobs.
+    pub checkpoint_ack_timeout: Duration,
     /// Attempts for a provider call that fails before streaming (429, 5xx, 529, unreachable).
     pub provider_max_attempts: u32,
     /// First retry delay (doubled per attempt) unless the provider sends `retry-after`.
@@ -242,6 +245,7 @@ struct FileConfig {
     run_request_timeout_secs: Option<u64>,
     tool_output_max_bytes: Option<usize>,
     heartbeat_interval_ms: Option<u64>,
+    checkpoint_ack_timeout_ms: Option<u64>,
     provider_max_attempts: Option<u32>,
     provider_retry_base_delay_ms: Option<u64>,
     #[serde(default)]
@@ -389,6 +393,10 @@ impl FileConfig {
                 }
                 ms => Duration::from_millis(ms),
             },
+            checkpoint_ack_timeout: Duration::from_millis(
+                self.checkpoint_ack_timeout_ms
+                    .unwrap_or(DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS),
+            ),
             provider_max_attempts: match self
                 .provider_max_attempts
                 .unwrap_or(DEFAULT_PROVIDER_MAX_ATTEMPTS)

@@ -121,10 +121,10 @@ fn bidi_append_decodes_a_hex_agent_client_message() {
         kv.message,
         Some(kv_client_message::Message::SetBlobResult(_))
     ));
-    assert_eq!(
+    assert!(matches!(
         bidi_append::translate(append.message).expect("translates"),
-        ClientInput::KvResult { id: 1 }
-    );
+        ClientInput::KvResult { id: 1, .. }
+    ));
 }
 
 #[test]

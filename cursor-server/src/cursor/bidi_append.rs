@@ -1,6 +1,7 @@
 //! The uplink: `BidiAppendRequest` decoding (hex `data`, request id, `append_seqno`) and the translation
 //! of an `AgentClientMessage` into the loop's `ClientInput`. Both transports use `translate`.
 
+use super::blob_sync::KvPayload;
 use super::connect::{WireError, decode_message};
 use super::exec;
 use super::proto::agent::{
@@ -152,7 +153,18 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                 ));
             }
         },
-        Message::KvClientMessage(kv) => ClientInput::KvResult { id: kv.id },
+        Message::KvClientMessage(kv) => match kv.message {
+            Some(result) => ClientInput::KvResult {
+                id: kv.id,
+                payload: KvPayload(Box::new(result)),
+            },
+            None => {
+                return Err(ProtocolError::Uplink(format!(
+                    "kv_client_message {} carries no result",
+                    kv.id
+                )));
+            }
+        },
         Message::InteractionResponse(response) => {
             ClientInput::InteractionResponse { id: response.id }
         }

@@ -29,6 +29,10 @@ pub enum KvError {
     HashMismatch { claimed: BlobId, actual: BlobId },
 }
 
+/// A client's KV answer, opaque to the loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvPayload(pub Box<kv_client_message::Message>);
+
 #[derive(Debug, Clone, Copy)]
 enum Request {
     Set(BlobId),
@@ -176,9 +180,15 @@ impl KvSync {
 
 /// Holds the newest checkpoint until every blob it references is acknowledged. A newer checkpoint
 /// replaces a waiting older one: publishing the older would only be overwritten.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CheckpointGate<C> {
     waiting: Option<(C, Vec<BlobId>)>,
+}
+
+impl<C> Default for CheckpointGate<C> {
+    fn default() -> Self {
+        CheckpointGate { waiting: None }
+    }
 }
 
 impl<C> CheckpointGate<C> {

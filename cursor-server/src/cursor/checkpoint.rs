@@ -161,6 +161,13 @@ impl ConversationGraph {
     }
 }
 
+/// The `conversation_checkpoint_update` carrying `state`.
+pub fn update_message(state: ConversationStateStructure) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(pb::agent_server_message::Message::ConversationCheckpointUpdate(state)),
+    }
+}
+
 /// AI SDK model-message JSON for the roots.
 pub mod roots {
     use super::*;

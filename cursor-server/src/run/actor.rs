@@ -153,7 +153,22 @@ impl RunActor {
         };
         if let State::Running(turn) = &mut self.state {
             match &end {
-                RunEnd::Success { .. } => {}
+                RunEnd::Success { usage } => {
+                    // SET the final blobs, then turn_ended, then the final checkpoint once the
+                    // client has stored them (protocol.md §8).
+                    if let Err(e) = turn.final_checkpoint(&mut self.downlink).await {
+                        tracing::error!(request_id = %self.request_id, "building the final checkpoint: {e}");
+                    }
+                    lifecycle::announce_turn_ended(&mut self.downlink, usage).await;
+                    settle_checkpoints(
+                        turn,
+                        &mut self.commands,
+                        &mut self.downlink,
+                        &self.app,
+                        &self.request_id,
+                    )
+                    .await;
+                }
                 RunEnd::Failed(error) => {
                     turn.abandon(&format!("the run failed: {error}"), &mut self.downlink)
                         .await
@@ -165,7 +180,7 @@ impl RunActor {
         self.state = State::AwaitingRunRequest;
         let outcome = match &end {
             RunEnd::Success { usage } => {
-                lifecycle::finish_success(&mut self.downlink, usage).await;
+                lifecycle::finish_success(&mut self.downlink).await;
                 RunOutcome {
                     status: RunStatus::Succeeded,
                     provider_calls,
@@ -308,7 +323,14 @@ impl RunActor {
                 }
                 tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
                 self.recorded = true;
-                match TurnLoop::start(Arc::clone(&self.app), &self.request_id, *request).await {
+                match TurnLoop::start(
+                    Arc::clone(&self.app),
+                    &self.request_id,
+                    *request,
+                    &mut self.downlink,
+                )
+                .await
+                {
                     Ok(turn) => {
                         self.state = State::Running(Box::new(turn));
                         None
@@ -338,7 +360,14 @@ impl RunActor {
                 };
                 step_end(turn.on_exec_control(id, control, &mut self.downlink).await)
             }
-            ClientInput::KvResult { id } => protocol(ProtocolError::UnknownKvId(id)),
+            ClientInput::KvResult { id, payload } => {
+                let State::Running(turn) = &mut self.state else {
+                    return protocol(ProtocolError::Kv(format!(
+                        "KV result for KV id {id}, which was never issued"
+                    )));
+                };
+                step_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
+            }
             ClientInput::InteractionResponse { id } => {
                 protocol(ProtocolError::UnknownInteractionId(id))
             }
@@ -373,6 +402,42 @@ impl RunActor {
             }
         }
     }
+}
+
+/// After `turn_ended`: keeps answering KV results until the final checkpoint is published (or the
+/// wait times out: the turn stays done, only the client's copy of the state is older), then sends
+/// the final checkpoint a second time.
+async fn settle_checkpoints(
+    turn: &mut TurnLoop,
+    commands: &mut mpsc::Receiver<RunCommand>,
+    downlink: &mut Downlink,
+    app: &AppState,
+    request_id: &str,
+) {
+    let deadline = Instant::now() + app.config.checkpoint_ack_timeout;
+    while !turn.checkpoints_settled() {
+        tokio::select! {
+            command = commands.recv() => match command {
+                Some(RunCommand::Ordered(ClientInput::KvResult { id, payload }))
+                | Some(RunCommand::Appended { input: ClientInput::KvResult { id, payload }, .. }) => {
+                    // Appends after turn_ended are answers to our SETs; their order does not matter.
+                    if let Err(e) = turn.on_kv_result(id, payload, downlink).await {
+                        tracing::warn!(request_id, "KV result after turn_ended: {e}");
+                    }
+                }
+                Some(RunCommand::AttachDownlink(sink)) => downlink.attach(sink).await,
+                Some(other) => tracing::debug!(request_id, "ignored after turn_ended: {other:?}"),
+                None => return,
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(request_id, "the client did not store the final checkpoint's blobs in time");
+                return;
+            }
+            _ = app.shutdown.cancelled() => return,
+            _ = downlink.closed() => return,
+        }
+    }
+    turn.republish_checkpoint(downlink).await;
 }
 
 /// Maps a loop step to the run's end, if it is one.

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::ExecPayload;
 
 /// One client message, in protocol terms the loop understands.
@@ -21,8 +22,8 @@ pub enum ClientInput {
     ExecResult { id: u32, payload: ExecPayload },
     /// `stream_close` / `throw` for exec `id`.
     ExecControl { id: u32, control: ExecControl },
-    /// A KV answer (`kv_client_message`) for KV request `id`.
-    KvResult { id: u32 },
+    /// A KV answer (`kv_client_message`) for KV request `id`, opaque to the loop.
+    KvResult { id: u32, payload: KvPayload },
     /// An `interaction_response` for query `id`.
     InteractionResponse { id: u32 },
     /// A client message or action this server does not handle yet; ends the run with a clear error.
@@ -69,8 +70,8 @@ pub enum RunCommand {
 pub enum ProtocolError {
     #[error("{0}")]
     Exec(String),
-    #[error("KV result for unknown KV id {0}")]
-    UnknownKvId(u32),
+    #[error("{0}")]
+    Kv(String),
     #[error("interaction response for unknown query id {0}")]
     UnknownInteractionId(u32),
     #[error("a second run_request arrived for a run that already started")]

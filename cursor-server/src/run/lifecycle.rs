@@ -1,11 +1,19 @@
-//! The three ways a run ends — success, error, canceled — and the frames each sends. Every path ends
-//! with exactly one end-of-stream frame, after which nothing is sent.
+//! The three ways a run ends — success, error, canceled — and the frames each sends (every path ends
+//! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
+//! along the way.
 
 use super::actor::Downlink;
+use super::command::ProtocolError;
+use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
+use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
+use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
 use crate::error::ServerError;
+use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
+use crate::store::blobs::{self, BlobId, Edge};
+use crate::store::{Store, StoreError, conversations};
 
 #[derive(Debug)]
 pub enum RunEnd {
@@ -17,9 +25,13 @@ pub enum RunEnd {
     Canceled { reason: String },
 }
 
-/// `turn_ended` with the summed usage, then end-of-stream `{}`.
-pub async fn finish_success(downlink: &mut Downlink, usage: &Usage) {
+/// `turn_ended` with the summed usage: the loop is over (the final checkpoint follows).
+pub async fn announce_turn_ended(downlink: &mut Downlink, usage: &Usage) {
     downlink.send_message(&interaction::turn_ended(usage)).await;
+}
+
+/// After `turn_ended` and the final checkpoint: end-of-stream `{}`.
+pub async fn finish_success(downlink: &mut Downlink) {
     downlink.end(connect::end_stream_ok()).await;
 }
 
@@ -42,5 +54,271 @@ pub fn connect_error(error: &ServerError) -> ConnectError {
             ConnectError::provider(provider.title(), provider.to_string())
         }
         other => ConnectError::new(other.connect_code(), other.to_string()),
+    }
+}
+
+/// Publishes the run's checkpoints: builds the blob graph as history grows, stores each new blob in
+/// the CAS and asks the client to store it, and publishes a checkpoint only once every blob it
+/// references is acknowledged (protocol.md §7). Owned by the run's turn loop.
+pub struct Checkpoints {
+    conversation_id: String,
+    graph: ConversationGraph,
+    kv: KvSync,
+    gate: CheckpointGate<(ConversationStateStructure, BlobId)>,
+    /// Every blob sent in this run: the newest checkpoint references them all.
+    referenced: Vec<BlobId>,
+    revision: i64,
+    last_published: Option<ConversationStateStructure>,
+}
+
+impl Checkpoints {
+    /// Continues the conversation's graph from its stored head and opens this run's turn.
+    pub async fn start(
+        store: &Store,
+        conversation_id: &str,
+        request_id: &str,
+        system: &str,
+        user_text: &str,
+        user_message_id: &str,
+        out: &mut Downlink,
+    ) -> Result<Checkpoints, ServerError> {
+        let head = conversations::head(store, conversation_id).await?;
+        let mut new_blobs = Vec::new();
+        let (graph, revision, previous) = match head {
+            Some((id, revision)) => match blobs::get(store, id).await? {
+                Some(data) => {
+                    let state = connect::decode_message::<ConversationStateStructure>(
+                        &data,
+                        "agent.v1.ConversationStateStructure",
+                    )
+                    .map_err(|e| {
+                        ServerError::InvalidRequest(format!("stored checkpoint {id}: {e}"))
+                    })?;
+                    (ConversationGraph::from_state(&state), revision, Some(id))
+                }
+                None => (ConversationGraph::default(), revision, None),
+            },
+            None => (ConversationGraph::default(), 0, None),
+        };
+        let mut graph = graph;
+        if graph.root_count() == 0 {
+            new_blobs.push(graph.push_root(&roots::system(system)));
+        }
+        new_blobs.push(graph.push_root(&roots::user(user_text)));
+        new_blobs.push(graph.begin_turn(
+            request_id,
+            &pb::UserMessage {
+                text: user_text.to_owned(),
+                message_id: user_message_id.to_owned(),
+                conversation_state_blob_id: previous.map(|id| id.0.to_vec()).unwrap_or_default(),
+                ..pb::UserMessage::default()
+            },
+        ));
+        let acked = blobs::acked(store, conversation_id).await?;
+        let mut checkpoints = Checkpoints {
+            conversation_id: conversation_id.to_owned(),
+            graph,
+            kv: KvSync::with_acked(acked),
+            gate: CheckpointGate::default(),
+            referenced: Vec::new(),
+            revision,
+            last_published: None,
+        };
+        checkpoints.emit(store, new_blobs, out).await?;
+        Ok(checkpoints)
+    }
+
+    async fn emit(
+        &mut self,
+        store: &Store,
+        new_blobs: Vec<Blob>,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let mut conn = store
+            .pool()
+            .acquire()
+            .await
+            .map_err(|source| StoreError::Query {
+                context: "storing blobs",
+                source,
+            })?;
+        for blob in new_blobs {
+            let edges: Vec<Edge<'_>> = blob
+                .edges
+                .iter()
+                .map(|(kind, ordinal, child)| Edge {
+                    kind,
+                    ordinal: *ordinal,
+                    child: *child,
+                })
+                .collect();
+            blobs::put(&mut conn, blob.id, &blob.data, &edges).await?;
+            if let Some(message) = self.kv.store(&blob) {
+                out.send_message(&message).await;
+            }
+            self.referenced.push(blob.id);
+        }
+        Ok(())
+    }
+
+    /// A finished thinking segment.
+    pub async fn thinking(
+        &mut self,
+        store: &Store,
+        text: &str,
+        duration_ms: u32,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let step = self
+            .graph
+            .push_step(conversation_step::Message::ThinkingMessage(
+                pb::ThinkingMessage {
+                    text: text.to_owned(),
+                    duration_ms,
+                },
+            ));
+        self.emit(store, vec![step], out).await
+    }
+
+    /// A completed provider call's text and reasoning.
+    pub async fn assistant(
+        &mut self,
+        store: &Store,
+        text: &str,
+        reasoning: &str,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let mut new_blobs = Vec::new();
+        if !text.is_empty() {
+            new_blobs.push(
+                self.graph
+                    .push_step(conversation_step::Message::AssistantMessage(
+                        pb::AssistantMessage {
+                            text: text.to_owned(),
+                        },
+                    )),
+            );
+        }
+        if !text.is_empty() || !reasoning.is_empty() {
+            new_blobs.push(self.graph.push_root(&roots::assistant(text, reasoning)));
+        }
+        self.emit(store, new_blobs, out).await
+    }
+
+    /// A completed tool call: its card as a step, its call and result as roots, then a checkpoint
+    /// naming the calls still running.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn tool_completed(
+        &mut self,
+        store: &Store,
+        call: &ToolCall,
+        result: &ToolResult,
+        card: Option<pb::ToolCall>,
+        still_running: Vec<String>,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let mut new_blobs = Vec::new();
+        if let Some(card) = card {
+            new_blobs.push(
+                self.graph
+                    .push_step(conversation_step::Message::ToolCall(card)),
+            );
+        }
+        new_blobs.push(self.graph.push_root(&roots::tool_call(
+            &call.call_id,
+            &call.name,
+            &call.arguments,
+        )));
+        new_blobs.push(self.graph.push_root(&roots::tool_result(
+            &call.call_id,
+            &call.name,
+            &result.content,
+            result.is_error,
+        )));
+        self.emit(store, new_blobs, out).await?;
+        self.checkpoint(store, still_running, out).await
+    }
+
+    /// Builds the checkpoint of everything so far and publishes it once it is safe to.
+    pub async fn checkpoint(
+        &mut self,
+        store: &Store,
+        pending_tool_calls: Vec<String>,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(turn) = self.graph.turn_blob() else {
+            return Ok(());
+        };
+        let (state, state_blob) = self.graph.state(Some(&turn), pending_tool_calls);
+        let state_id = state_blob.id;
+        self.emit(store, vec![turn, state_blob], out).await?;
+        let needed = self.referenced.clone();
+        if let Some(ready) = self.gate.offer((state, state_id), needed, &self.kv) {
+            self.publish(store, ready, out).await?;
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &mut self,
+        store: &Store,
+        (state, state_id): (ConversationStateStructure, BlobId),
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        self.revision += 1;
+        if !conversations::set_head(store, &self.conversation_id, state_id, self.revision).await? {
+            tracing::warn!(conversation_id = %self.conversation_id, "a newer run moved the head; this checkpoint is not published");
+            return Ok(());
+        }
+        out.send_message(&checkpoint::update_message(state.clone()))
+            .await;
+        self.last_published = Some(state);
+        Ok(())
+    }
+
+    /// The client's answer to a KV request.
+    pub async fn on_kv(
+        &mut self,
+        store: &Store,
+        id: u32,
+        payload: KvPayload,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        match self.kv.on_result(id, *payload.0) {
+            Ok(KvOutcome::Stored(blob)) => {
+                blobs::record_acks(store, &self.conversation_id, &[blob]).await?;
+                if let Some(ready) = self.gate.ready(&self.kv) {
+                    self.publish(store, ready, out).await?;
+                }
+                Ok(())
+            }
+            Ok(other) => {
+                tracing::debug!(conversation_id = %self.conversation_id, "KV read answered: {other:?}");
+                Ok(())
+            }
+            Err(KvError::Late(id)) => {
+                tracing::info!(conversation_id = %self.conversation_id, kv_id = id, "late KV result ignored");
+                Ok(())
+            }
+            Err(KvError::StoreFailed { blob, message }) => {
+                // The previous checkpoint stays current; the graph is still ours to publish later.
+                tracing::warn!(conversation_id = %self.conversation_id, %blob, "client could not store a blob: {message}");
+                Ok(())
+            }
+            Err(error) => Err(ProtocolError::Kv(error.to_string()).into()),
+        }
+    }
+
+    /// Whether every built checkpoint has been published.
+    pub fn settled(&self) -> bool {
+        !self.gate.is_waiting()
+    }
+
+    /// Sends the last published checkpoint once more (the final state is published twice).
+    pub async fn republish(&self, out: &mut Downlink) {
+        if let Some(state) = &self.last_published {
+            out.send_message(&checkpoint::update_message(state.clone()))
+                .await;
+        }
     }
 }

@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::actor::Downlink;
 use super::command::{ExecControl, ProtocolError, RunRequestInput};
+use super::lifecycle::Checkpoints;
 use crate::app::AppState;
+use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{self, ExecPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
@@ -63,6 +65,8 @@ struct Draft {
     replay: Option<ProviderReplay>,
     /// Set while a thinking segment is open (monotonic clock).
     thinking_since: Option<Instant>,
+    /// The open thinking segment's text (for its checkpoint step).
+    thinking_segment: String,
     usage: Option<Usage>,
     calls: Vec<DraftCall>,
 }
@@ -102,6 +106,7 @@ pub struct TurnLoop {
     batch: Vec<Slot>,
     pending: PendingExecs,
     tool_env: ToolEnv,
+    checkpoints: Checkpoints,
     usage: Usage,
     provider_calls: u32,
 }
@@ -112,6 +117,7 @@ impl TurnLoop {
         app: Arc<AppState>,
         request_id: &str,
         input: RunRequestInput,
+        out: &mut Downlink,
     ) -> Result<TurnLoop, ServerError> {
         let config = &app.config;
         let model_id = input
@@ -136,6 +142,8 @@ impl TurnLoop {
             })?;
 
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
+        let user_text = input.user_text.clone();
+        let user_message_id = input.user_message_id.clone();
         let user = CanonicalMessage::User(UserMessage {
             origin: Origin::User,
             text: input.user_text,
@@ -149,6 +157,16 @@ impl TurnLoop {
         )
         .await?;
         let history = messages::load(&app.store, &input.conversation_id).await?;
+        let checkpoints = Checkpoints::start(
+            &app.store,
+            &input.conversation_id,
+            request_id,
+            compiler::COMMON_PREFIX,
+            &user_text,
+            &user_message_id,
+            out,
+        )
+        .await?;
         let tool_env = ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
@@ -171,6 +189,7 @@ impl TurnLoop {
             batch: Vec::new(),
             pending: PendingExecs::default(),
             tool_env,
+            checkpoints,
             usage: Usage::default(),
             provider_calls: 0,
             app,
@@ -251,15 +270,16 @@ impl TurnLoop {
                     self.draft.thinking_since = Some(Instant::now());
                 }
                 self.draft.thinking.push_str(&text);
+                self.draft.thinking_segment.push_str(&text);
                 out.send_message(&interaction::thinking_delta(text)).await;
             }
             ResponseEvent::TextDelta(text) => {
-                self.close_thinking(out).await;
+                self.close_thinking(out).await?;
                 self.draft.text.push_str(&text);
                 out.send_message(&interaction::text_delta(text)).await;
             }
             ResponseEvent::ToolCallStart { index, id, name } => {
-                self.close_thinking(out).await;
+                self.close_thinking(out).await?;
                 if index != self.draft.calls.len() {
                     return Err(ProviderError::Decode {
                         provider: self.provider_name(),
@@ -322,7 +342,7 @@ impl TurnLoop {
             ResponseEvent::Usage(usage) => self.draft.usage = Some(usage),
             ResponseEvent::Replay(replay) => self.draft.replay = Some(replay),
             ResponseEvent::Finished(reason) => {
-                self.close_thinking(out).await;
+                self.close_thinking(out).await?;
                 match &reason {
                     FinishReason::Stop | FinishReason::ToolCalls => {}
                     other => tracing::warn!(
@@ -341,13 +361,18 @@ impl TurnLoop {
         self.app.config.providers[self.provider_index].name.clone()
     }
 
-    async fn close_thinking(&mut self, out: &mut Downlink) {
+    async fn close_thinking(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
         if let Some(since) = self.draft.thinking_since.take() {
-            out.send_message(&interaction::thinking_completed(
-                since.elapsed().as_millis(),
-            ))
-            .await;
+            let elapsed = since.elapsed().as_millis();
+            out.send_message(&interaction::thinking_completed(elapsed))
+                .await;
+            let text = std::mem::take(&mut self.draft.thinking_segment);
+            let ms = u32::try_from(elapsed.max(1)).unwrap_or(u32::MAX);
+            self.checkpoints
+                .thinking(&self.app.store, &text, ms, out)
+                .await?;
         }
+        Ok(())
     }
 
     /// Commits the streamed assistant message; ends the turn or starts its tool batch.
@@ -364,6 +389,11 @@ impl TurnLoop {
             model_call_id: self.model_call_id.clone(),
         });
         self.append(std::slice::from_ref(&assistant)).await?;
+        if let CanonicalMessage::Assistant(a) = &assistant {
+            self.checkpoints
+                .assistant(&self.app.store, &a.text, &a.thinking, out)
+                .await?;
+        }
         self.history.push(assistant);
         if draft.calls.is_empty() {
             return Ok(LoopStep::TurnComplete { usage: self.usage });
@@ -461,6 +491,7 @@ impl TurnLoop {
         self.pending.finish_slot(slot);
         let entry = &mut self.batch[slot];
         let was_todo_write = entry.run.take().map(|r| r.kind()) == Some(ToolKind::TodoWrite);
+        let final_card = card.as_ref().map(|outcome| (*outcome.card).clone());
         if let Some(outcome) = card {
             out.send_message(&interaction::tool_call_completed(
                 &entry.call.call_id,
@@ -486,6 +517,28 @@ impl TurnLoop {
             }),
         ];
         self.append(&pair).await?;
+        if let [
+            CanonicalMessage::ToolCall(call),
+            CanonicalMessage::ToolResult(result),
+        ] = &pair
+        {
+            let still_running: Vec<String> = self
+                .batch
+                .iter()
+                .filter(|slot| slot.run.is_some())
+                .map(|slot| slot.call.call_id.clone())
+                .collect();
+            self.checkpoints
+                .tool_completed(
+                    &self.app.store,
+                    &call.call,
+                    &result.result,
+                    final_card,
+                    still_running,
+                    out,
+                )
+                .await?;
+        }
         self.history.extend(pair);
         if was_todo_write {
             self.tool_env.todos = fold_todos(&self.history);
@@ -510,6 +563,36 @@ impl TurnLoop {
         )
         .await?;
         Ok(())
+    }
+
+    /// A client answer to a KV request.
+    pub async fn on_kv_result(
+        &mut self,
+        id: u32,
+        payload: KvPayload,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        self.checkpoints
+            .on_kv(&self.app.store, id, payload, out)
+            .await?;
+        Ok(LoopStep::Continue)
+    }
+
+    /// Builds the final checkpoint (published once the client has stored its blobs).
+    pub async fn final_checkpoint(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+        self.checkpoints
+            .checkpoint(&self.app.store, Vec::new(), out)
+            .await
+    }
+
+    /// Whether every checkpoint built so far has been published.
+    pub fn checkpoints_settled(&self) -> bool {
+        self.checkpoints.settled()
+    }
+
+    /// The final checkpoint once more.
+    pub async fn republish_checkpoint(&self, out: &mut Downlink) {
+        self.checkpoints.republish(out).await;
     }
 
     /// A client result for exec `id`.

@@ -34,9 +34,33 @@ pub struct Transcript {
 }
 
 impl Transcript {
-    /// Short names of the interaction updates in order (`text_delta`, `turn_ended`, ...).
+    /// Short names of the messages in order (`text_delta`, `exec`, `turn_ended`, ...), leaving out
+    /// blob sync and checkpoints (see `all_kinds`).
     pub fn kinds(&self) -> Vec<&'static str> {
+        self.all_kinds()
+            .into_iter()
+            .filter(|k| *k != "kv" && *k != "checkpoint")
+            .collect()
+    }
+
+    /// Every message's short name, KV and checkpoints included.
+    pub fn all_kinds(&self) -> Vec<&'static str> {
         self.messages.iter().map(kind).collect()
+    }
+
+    /// The published checkpoints, in order.
+    pub fn checkpoints(
+        &self,
+    ) -> Vec<&cursor_server::cursor::proto::agent::ConversationStateStructure> {
+        self.messages
+            .iter()
+            .filter_map(|m| match &m.message {
+                Some(agent_server_message::Message::ConversationCheckpointUpdate(state)) => {
+                    Some(state)
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn text(&self) -> String {
@@ -234,6 +258,11 @@ pub struct Session<'a> {
     cursor: &'a FakeCursor,
     pub request_id: String,
     seqno: i64,
+    /// Blobs the client stored (acknowledged `set_blob_args`).
+    pub blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    /// While set, `set_blob_args` are not acknowledged but kept here (id, KV id).
+    pub withhold_acks: bool,
+    pub withheld: Vec<(Vec<u8>, u32)>,
     stream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
     decoder: FrameDecoder,
     pub transcript: Transcript,
@@ -252,6 +281,9 @@ impl<'a> Session<'a> {
             cursor,
             request_id: request_id.to_owned(),
             seqno: 0,
+            blobs: std::collections::HashMap::new(),
+            withhold_acks: false,
+            withheld: Vec::new(),
             stream: response.bytes_stream().boxed(),
             decoder: FrameDecoder::new(64 * 1024 * 1024),
             transcript: Transcript {
@@ -290,6 +322,7 @@ impl<'a> Session<'a> {
                 let message =
                     AgentServerMessage::decode(frame.payload.as_ref()).expect("AgentServerMessage");
                 self.transcript.messages.push(message.clone());
+                self.store_blob(&message).await;
                 return Some(message);
             }
             let chunk = tokio::time::timeout(READ_TIMEOUT, self.stream.next())
@@ -302,6 +335,60 @@ impl<'a> Session<'a> {
                     return None;
                 }
             }
+        }
+    }
+
+    /// Acts as Cursor's blob store: keeps every `set_blob_args` and acknowledges it (unless
+    /// withholding).
+    async fn store_blob(&mut self, message: &AgentServerMessage) {
+        use cursor_server::cursor::proto::agent::{
+            AgentClientMessage, KvClientMessage, SetBlobResult, agent_client_message,
+            kv_client_message, kv_server_message,
+        };
+        let Some(agent_server_message::Message::KvServerMessage(kv)) = &message.message else {
+            return;
+        };
+        let Some(kv_server_message::Message::SetBlobArgs(set)) = &kv.message else {
+            return;
+        };
+        if self.withhold_acks {
+            self.withheld.push((set.blob_id.clone(), kv.id));
+            return;
+        }
+        self.blobs
+            .insert(set.blob_id.clone(), set.blob_data.clone());
+        let ack = AgentClientMessage {
+            message: Some(agent_client_message::Message::KvClientMessage(
+                KvClientMessage {
+                    id: kv.id,
+                    message: Some(kv_client_message::Message::SetBlobResult(SetBlobResult {
+                        error: None,
+                    })),
+                },
+            )),
+        };
+        self.send(&ack).await;
+    }
+
+    /// Acknowledges the withheld `set_blob_args` now.
+    pub async fn release_acks(&mut self) {
+        use cursor_server::cursor::proto::agent::{
+            AgentClientMessage, KvClientMessage, SetBlobResult, agent_client_message,
+            kv_client_message,
+        };
+        self.withhold_acks = false;
+        for (_, id) in std::mem::take(&mut self.withheld) {
+            let ack = AgentClientMessage {
+                message: Some(agent_client_message::Message::KvClientMessage(
+                    KvClientMessage {
+                        id,
+                        message: Some(kv_client_message::Message::SetBlobResult(SetBlobResult {
+                            error: None,
+                        })),
+                    },
+                )),
+            };
+            self.send(&ack).await;
         }
     }
 

@@ -81,6 +81,7 @@ listen = "127.0.0.1:0"
 database_url = "sqlite://{db}"
 provider_idle_timeout_secs = 5
 provider_retry_base_delay_ms = 10
+checkpoint_ack_timeout_ms = 200
 {extra}
 
 [[providers]]
