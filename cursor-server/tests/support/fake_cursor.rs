@@ -351,12 +351,12 @@ impl<'a> Session<'a> {
         let Some(kv_server_message::Message::SetBlobArgs(set)) = &kv.message else {
             return;
         };
+        self.blobs
+            .insert(set.blob_id.clone(), set.blob_data.clone());
         if self.withhold_acks {
             self.withheld.push((set.blob_id.clone(), kv.id));
             return;
         }
-        self.blobs
-            .insert(set.blob_id.clone(), set.blob_data.clone());
         let ack = AgentClientMessage {
             message: Some(agent_client_message::Message::KvClientMessage(
                 KvClientMessage {

@@ -75,13 +75,19 @@ pub fn config_for(provider_base_url: &str, db: &Path, extra: &str) -> Config {
 }
 
 pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &str) -> Config {
+    // Fake clients that do not answer KV requests should not hold every test for the default 10 s.
+    let ack_timeout = if extra.contains("checkpoint_ack_timeout_ms") {
+        ""
+    } else {
+        "checkpoint_ack_timeout_ms = 200"
+    };
     let text = format!(
         r#"
 listen = "127.0.0.1:0"
 database_url = "sqlite://{db}"
 provider_idle_timeout_secs = 5
 provider_retry_base_delay_ms = 10
-checkpoint_ack_timeout_ms = 200
+{ack_timeout}
 {extra}
 
 [[providers]]

@@ -1,0 +1,357 @@
+//! Checkpoints and durable history: the ACK barrier, the success tail, the blob graph the client
+//! ends up holding, and continuing a conversation after a server restart.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use cursor_server::cursor::proto::agent::{
+    self as pb, ConversationStateStructure, ConversationStep, ConversationTurnStructure,
+    agent_server_message, conversation_step, conversation_turn_structure,
+    exec_client_message as result,
+};
+use cursor_server::store::Store;
+use cursor_server::store::blobs::BlobId;
+use cursor_server::store::conversations;
+use fake_cursor::{FakeCursor, Session};
+use fake_provider::{
+    FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,
+};
+use fixtures::{TestServer, exec_result, run_request_with_env};
+use prost::Message as _;
+
+fn read_success(content: &str) -> result::Message {
+    result::Message::ReadResult(pb::ReadResult {
+        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+            total_lines: 1,
+            output: Some(pb::read_success::Output::Content(content.to_owned())),
+            ..pb::ReadSuccess::default()
+        })),
+    })
+}
+
+fn blob<'a>(session: &'a Session<'_>, id: &[u8]) -> &'a [u8] {
+    session.blobs.get(id).unwrap_or_else(|| {
+        panic!(
+            "the client was never asked to store blob {}",
+            hex::encode(id)
+        )
+    })
+}
+
+#[tokio::test]
+async fn a_text_turn_ends_with_turn_ended_then_the_final_checkpoint_twice_then_end_of_stream() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(thinking_then_text_events(
+        &["hmm"],
+        &["Hi!"],
+        (10, 2, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-tail",
+        &run_request_with_env("conv-tail", "hello"),
+    )
+    .await;
+    while session.next().await.is_some() {}
+
+    let kinds = session.transcript.all_kinds();
+    let tail: Vec<&str> = kinds.iter().rev().take(3).rev().copied().collect();
+    assert_eq!(
+        tail,
+        ["turn_ended", "checkpoint", "checkpoint"],
+        "{kinds:?}"
+    );
+    assert!(session.transcript.is_success());
+    let checkpoints = session.transcript.checkpoints();
+    assert_eq!(checkpoints.len(), 2);
+    assert_eq!(
+        checkpoints[0], checkpoints[1],
+        "the final state is published twice, unchanged"
+    );
+    let state = checkpoints[1];
+
+    // Every blob the client was asked to keep is content-addressed.
+    for (id, data) in &session.blobs {
+        assert_eq!(BlobId::of(data).0.to_vec(), *id);
+    }
+    // Roots: system, user, assistant — all stored on the client.
+    let roots: Vec<serde_json::Value> = state
+        .root_prompt_messages_json
+        .iter()
+        .map(|id| serde_json::from_slice(blob(&session, id)).expect("JSON root"))
+        .collect();
+    assert_eq!(roots.len(), 3);
+    assert_eq!(roots[0]["role"], "system");
+    assert_eq!(
+        roots[1],
+        serde_json::json!({"role":"user","content":[{"type":"text","text":"hello"}]})
+    );
+    assert_eq!(
+        roots[2]["content"][0],
+        serde_json::json!({"type":"reasoning","text":"hmm"})
+    );
+    assert_eq!(
+        roots[2]["content"][1],
+        serde_json::json!({"type":"text","text":"Hi!"})
+    );
+    // One turn: the user message, a thinking step, the assistant step.
+    assert_eq!(state.turns.len(), 1);
+    let turn = ConversationTurnStructure::decode(blob(&session, &state.turns[0])).expect("turn");
+    let Some(conversation_turn_structure::Turn::AgentConversationTurn(turn)) = turn.turn else {
+        panic!("agent turn");
+    };
+    assert_eq!(turn.request_id.as_deref(), Some("req-tail"));
+    let user = pb::UserMessage::decode(blob(&session, &turn.user_message)).expect("user message");
+    assert_eq!(user.text, "hello");
+    let steps: Vec<conversation_step::Message> = turn
+        .steps
+        .iter()
+        .map(|id| {
+            ConversationStep::decode(blob(&session, id))
+                .expect("step")
+                .message
+                .expect("step kind")
+        })
+        .collect();
+    assert!(
+        matches!(&steps[0], conversation_step::Message::ThinkingMessage(t) if t.text == "hmm" && t.duration_ms >= 1)
+    );
+    assert!(
+        matches!(&steps[1], conversation_step::Message::AssistantMessage(a) if a.text == "Hi!")
+    );
+}
+
+#[tokio::test]
+async fn no_checkpoint_is_published_until_every_blob_it_references_is_acknowledged() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_1", "Read", r#"{"path":"a"}"#)],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["done"], (12, 1, 0))));
+    let db = tempfile::tempdir().expect("tempdir");
+    let server =
+        TestServer::start_in(&provider.base_url(), db, "checkpoint_ack_timeout_ms = 5000").await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-barrier",
+        &run_request_with_env("conv-barrier", "read a"),
+    )
+    .await;
+    session.withhold_acks = true;
+    let exec = session.next_exec().await;
+    session
+        .send(&exec_result(exec.id, read_success("ay")))
+        .await;
+    // Read on to turn_ended: the tool checkpoint and the final one are built, but none may go out.
+    while let Some(message) = session.next().await {
+        if fake_cursor::kind(&message) == "turn_ended" {
+            break;
+        }
+    }
+    assert!(
+        session.transcript.checkpoints().is_empty(),
+        "published before the ACKs"
+    );
+    assert!(!session.withheld.is_empty());
+    session.release_acks().await;
+    while session.next().await.is_some() {}
+
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let checkpoints = session.transcript.checkpoints();
+    assert_eq!(
+        checkpoints.len(),
+        2,
+        "only the newest state is published, then repeated"
+    );
+    let state = checkpoints[0];
+    assert!(state.pending_tool_calls.is_empty());
+    for id in state.root_prompt_messages_json.iter().chain(&state.turns) {
+        assert!(
+            session.blobs.contains_key(id),
+            "a published checkpoint references only stored blobs"
+        );
+    }
+    // system, user, assistant(call), tool-call, tool-result, assistant(text)
+    assert_eq!(
+        state.root_prompt_messages_json.len(),
+        5,
+        "the first assistant had no text: no root"
+    );
+}
+
+#[tokio::test]
+async fn a_checkpoint_follows_each_completed_tool_naming_the_calls_still_running() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_a", "Read", r#"{"path":"a"}"#),
+            ("call_b", "Read", r#"{"path":"b"}"#),
+        ],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["both read"], (12, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-per-tool",
+        &run_request_with_env("conv-per-tool", "read"),
+    )
+    .await;
+    let a = session.next_exec().await;
+    let b = session.next_exec().await;
+    session.send(&exec_result(a.id, read_success("ay"))).await;
+    // Wait for the checkpoint of the first completion before answering the second.
+    let first = loop {
+        let message = session.next().await.expect("stream open");
+        if let Some(agent_server_message::Message::ConversationCheckpointUpdate(state)) =
+            message.message
+        {
+            break state;
+        }
+    };
+    assert_eq!(first.pending_tool_calls.len(), 1, "call b is still running");
+    session.send(&exec_result(b.id, read_success("bee"))).await;
+    while session.next().await.is_some() {}
+
+    assert!(session.transcript.is_success());
+    let checkpoints = session.transcript.checkpoints();
+    assert!(
+        checkpoints.len() >= 3,
+        "one per tool, then the final state twice"
+    );
+    assert!(checkpoints[1].pending_tool_calls.is_empty());
+    let turn =
+        ConversationTurnStructure::decode(blob(&session, &checkpoints.last().unwrap().turns[0]))
+            .unwrap();
+    let Some(conversation_turn_structure::Turn::AgentConversationTurn(turn)) = turn.turn else {
+        panic!()
+    };
+    let tool_steps = turn
+        .steps
+        .iter()
+        .filter(|id| {
+            matches!(
+                ConversationStep::decode(blob(&session, id))
+                    .unwrap()
+                    .message,
+                Some(conversation_step::Message::ToolCall(_))
+            )
+        })
+        .count();
+    assert_eq!(
+        tool_steps, 2,
+        "each tool call is a step carrying its typed result"
+    );
+}
+
+#[tokio::test]
+async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["First answer."], (10, 2, 0))));
+    provider.push(Reply::sse(text_events(&["Second answer."], (20, 2, 0))));
+    let first_server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(first_server.addr);
+    let first = Session::start(
+        &cursor,
+        "req-r1",
+        &run_request_with_env("conv-restart", "one"),
+    )
+    .await;
+    let first = first.finish().await;
+    assert!(first.is_success());
+    let head_after_first = first.checkpoints()[0].clone();
+
+    // A new app instance on the same database.
+    let db = first_server.stop().await;
+    let db_path = db.path().join("test.db");
+    let second_server = TestServer::start_in(&provider.base_url(), db, "").await;
+    let cursor = FakeCursor::new(second_server.addr);
+    let mut second = Session::start(
+        &cursor,
+        "req-r2",
+        &run_request_with_env("conv-restart", "two"),
+    )
+    .await;
+    while second.next().await.is_some() {}
+    assert!(second.transcript.is_success());
+
+    let requests = provider.requests();
+    let first_messages = requests[0]["messages"].as_array().unwrap();
+    let second_messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(
+        &second_messages[..first_messages.len()],
+        first_messages.as_slice()
+    );
+    assert_eq!(
+        &second_messages[first_messages.len()..],
+        &[
+            serde_json::json!({"role":"assistant","content":"First answer."}),
+            serde_json::json!({"role":"user","content":"two"}),
+        ]
+    );
+    // The blob graph continues too: the new state extends the old roots and turns.
+    let state: &ConversationStateStructure = second.transcript.checkpoints()[0];
+    assert_eq!(
+        &state.root_prompt_messages_json[..head_after_first.root_prompt_messages_json.len()],
+        head_after_first.root_prompt_messages_json.as_slice()
+    );
+    assert_eq!(state.turns.len(), 2);
+    assert_eq!(state.turns[0], head_after_first.turns[0]);
+    // Blobs the client already acknowledged in this conversation are not sent again.
+    let resent = second
+        .blobs
+        .keys()
+        .filter(|id| head_after_first.root_prompt_messages_json.contains(id))
+        .count();
+    assert_eq!(resent, 0, "acknowledged roots are never sent twice");
+
+    let _db = second_server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+        .await
+        .unwrap();
+    let (head, revision) = conversations::head(&store, "conv-restart")
+        .await
+        .unwrap()
+        .expect("head");
+    assert!(revision >= 2);
+    let stored = cursor_server::store::blobs::get(&store, head)
+        .await
+        .unwrap()
+        .expect("head blob stored");
+    assert_eq!(
+        ConversationStateStructure::decode(stored.as_slice()).unwrap(),
+        *state
+    );
+    // Late events of an older run cannot move a newer head.
+    assert!(
+        !conversations::set_head(&store, "conv-restart", BlobId::of(b"old"), 1)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        conversations::head(&store, "conv-restart")
+            .await
+            .unwrap()
+            .unwrap()
+            .0,
+        head
+    );
+}
