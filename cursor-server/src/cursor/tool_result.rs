@@ -307,58 +307,6 @@ impl ResultPart {
     }
 }
 
-/// The typed error result of each card kind.
-fn error_part(input: &ToolInput, message: &str) -> ResultPart {
-    let msg = message.to_owned();
-    match input {
-        ToolInput::Read(_) => ResultPart::Read(pb::ReadToolResult {
-            result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
-                error_message: msg,
-            })),
-        }),
-        ToolInput::Write(pb_path) => ResultPart::Edit(edit_error(&pb_path.path, &msg)),
-        ToolInput::StrReplace(edit) => ResultPart::Edit(edit_error(&edit.path, &msg)),
-        ToolInput::Delete(delete) => ResultPart::Delete(pb::DeleteResult {
-            result: Some(pb::delete_result::Result::Error(pb::DeleteError {
-                path: delete.path.clone(),
-                error: msg,
-            })),
-        }),
-        ToolInput::Grep(_) => ResultPart::Grep(pb::GrepResult {
-            result: Some(pb::grep_result::Result::Error(pb::GrepError { error: msg })),
-        }),
-        ToolInput::Glob(_) => ResultPart::Glob(pb::GlobToolResult {
-            result: Some(pb::glob_tool_result::Result::Error(pb::GlobToolError {
-                error: msg,
-            })),
-        }),
-        ToolInput::Ls(ls) => ResultPart::Ls(pb::LsResult {
-            result: Some(pb::ls_result::Result::Error(pb::LsError {
-                path: ls.path.clone(),
-                error: msg,
-            })),
-        }),
-        ToolInput::ReadLints(_) => ResultPart::Lints(pb::ReadLintsToolResult {
-            result: Some(pb::read_lints_tool_result::Result::Error(
-                pb::ReadLintsToolError { error_message: msg },
-            )),
-        }),
-        ToolInput::Shell(shell) => ResultPart::Shell(pb::ShellResult {
-            result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
-                command: shell.command.clone(),
-                working_directory: shell.working_directory.clone().unwrap_or_default(),
-                error: msg,
-            })),
-            ..pb::ShellResult::default()
-        }),
-        ToolInput::TodoWrite(_) => ResultPart::Todos(pb::UpdateTodosResult {
-            result: Some(pb::update_todos_result::Result::Error(
-                pb::UpdateTodosError { error: msg },
-            )),
-        }),
-    }
-}
-
 fn edit_error(path: &str, message: &str) -> pb::EditResult {
     pb::EditResult {
         result: Some(pb::edit_result::Result::Error(pb::EditError {
@@ -369,88 +317,102 @@ fn edit_error(path: &str, message: &str) -> pb::EditResult {
     }
 }
 
-/// A card for a known tool whose arguments did not validate: placeholder kind with an error result.
-pub fn invalid_card(kind: ToolKind, message: &str) -> pb::ToolCall {
-    let mut placeholder = kind.placeholder();
-    let error = message.to_owned();
+/// Gives any card its kind's typed error result (paths and commands taken from the card's args).
+fn set_error(card: &mut pb::ToolCall, message: &str) {
     use tool_call::Tool;
-    if let Some(tool) = &mut placeholder.tool {
-        match tool {
-            Tool::ReadToolCall(c) => {
-                c.result = Some(pb::ReadToolResult {
-                    result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
-                        error_message: error,
-                    })),
-                })
-            }
-            Tool::EditToolCall(c) => c.result = Some(edit_error("", &error)),
-            Tool::DeleteToolCall(c) => {
-                c.result = Some(pb::DeleteResult {
-                    result: Some(pb::delete_result::Result::Error(pb::DeleteError {
-                        path: String::new(),
-                        error,
-                    })),
-                })
-            }
-            Tool::GrepToolCall(c) => {
-                c.result = Some(pb::GrepResult {
-                    result: Some(pb::grep_result::Result::Error(pb::GrepError { error })),
-                })
-            }
-            Tool::GlobToolCall(c) => {
-                c.result = Some(pb::GlobToolResult {
-                    result: Some(pb::glob_tool_result::Result::Error(pb::GlobToolError {
-                        error,
-                    })),
-                })
-            }
-            Tool::LsToolCall(c) => {
-                c.result = Some(pb::LsResult {
-                    result: Some(pb::ls_result::Result::Error(pb::LsError {
-                        path: String::new(),
-                        error,
-                    })),
-                })
-            }
-            Tool::ReadLintsToolCall(c) => {
-                c.result = Some(pb::ReadLintsToolResult {
-                    result: Some(pb::read_lints_tool_result::Result::Error(
-                        pb::ReadLintsToolError {
-                            error_message: error,
-                        },
-                    )),
-                })
-            }
-            Tool::ShellToolCall(c) => {
-                c.result = Some(pb::ShellResult {
-                    result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
-                        error,
-                        ..pb::ShellSpawnError::default()
-                    })),
-                    ..pb::ShellResult::default()
-                })
-            }
-            Tool::UpdateTodosToolCall(c) => {
-                c.result = Some(pb::UpdateTodosResult {
-                    result: Some(pb::update_todos_result::Result::Error(
-                        pb::UpdateTodosError { error },
-                    )),
-                })
-            }
-            _ => {}
+    let error = message.to_owned();
+    let Some(tool) = &mut card.tool else {
+        return;
+    };
+    match tool {
+        Tool::ReadToolCall(c) => {
+            c.result = Some(pb::ReadToolResult {
+                result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
+                    error_message: error,
+                })),
+            })
         }
+        Tool::EditToolCall(c) => {
+            let path = c.args.as_ref().map(|a| a.path.as_str()).unwrap_or_default();
+            c.result = Some(edit_error(path, &error));
+        }
+        Tool::DeleteToolCall(c) => {
+            c.result = Some(pb::DeleteResult {
+                result: Some(pb::delete_result::Result::Error(pb::DeleteError {
+                    path: c.args.as_ref().map(|a| a.path.clone()).unwrap_or_default(),
+                    error,
+                })),
+            })
+        }
+        Tool::GrepToolCall(c) => {
+            c.result = Some(pb::GrepResult {
+                result: Some(pb::grep_result::Result::Error(pb::GrepError { error })),
+            })
+        }
+        Tool::GlobToolCall(c) => {
+            c.result = Some(pb::GlobToolResult {
+                result: Some(pb::glob_tool_result::Result::Error(pb::GlobToolError {
+                    error,
+                })),
+            })
+        }
+        Tool::LsToolCall(c) => {
+            c.result = Some(pb::LsResult {
+                result: Some(pb::ls_result::Result::Error(pb::LsError {
+                    path: c.args.as_ref().map(|a| a.path.clone()).unwrap_or_default(),
+                    error,
+                })),
+            })
+        }
+        Tool::ReadLintsToolCall(c) => {
+            c.result = Some(pb::ReadLintsToolResult {
+                result: Some(pb::read_lints_tool_result::Result::Error(
+                    pb::ReadLintsToolError {
+                        error_message: error,
+                    },
+                )),
+            })
+        }
+        Tool::ShellToolCall(c) => {
+            let (command, working_directory) = c
+                .args
+                .as_ref()
+                .map(|a| (a.command.clone(), a.working_directory.clone()))
+                .unwrap_or_default();
+            c.result = Some(pb::ShellResult {
+                result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
+                    command,
+                    working_directory,
+                    error,
+                })),
+                ..pb::ShellResult::default()
+            })
+        }
+        Tool::UpdateTodosToolCall(c) => {
+            c.result = Some(pb::UpdateTodosResult {
+                result: Some(pb::update_todos_result::Result::Error(
+                    pb::UpdateTodosError { error },
+                )),
+            })
+        }
+        // Only the registry's cards are ever built here (see `ToolKind::placeholder`).
+        _ => {}
     }
-    placeholder
 }
 
-/// A failed outcome for `input` with a typed error result.
+/// A card for a known tool whose arguments did not validate: placeholder kind with an error result.
+pub fn invalid_card(kind: ToolKind, message: &str) -> pb::ToolCall {
+    let mut card = kind.placeholder();
+    set_error(&mut card, message);
+    card
+}
+
+/// A failed outcome for `input` with its typed error result.
 pub fn failed(input: &ToolInput, call_id: &str, message: &str) -> ToolOutcome {
+    let mut card = args_card(input, call_id);
+    set_error(&mut card, message);
     ToolOutcome {
-        card: Box::new(with_result(
-            input,
-            call_id,
-            Some(error_part(input, message)),
-        )),
+        card: Box::new(card),
         model_text: format!("Error: {message}"),
         is_error: true,
     }
@@ -541,15 +503,7 @@ fn read_outcome(
     env: &ToolEnv,
 ) -> ToolOutcome {
     use pb::read_result::Result as R;
-    let error = |text: String| {
-        outcome(
-            input,
-            call_id,
-            error_part(input, &text),
-            format!("Error: {text}"),
-            true,
-        )
-    };
+    let error = |text: String| failed(input, call_id, &text);
     match result.result {
         Some(R::Success(success)) => {
             let content = match &success.output {
@@ -942,16 +896,7 @@ fn glob_outcome(
                 false,
             )
         }
-        Some(G::Error(e)) => {
-            let text = format!("glob failed: {}", e.error);
-            outcome(
-                input,
-                call_id,
-                error_part(input, &text),
-                format!("Error: {text}"),
-                true,
-            )
-        }
+        Some(G::Error(e)) => failed(input, call_id, &format!("glob failed: {}", e.error)),
         None => failed(input, call_id, "the client returned an empty glob result"),
     }
 }

@@ -141,21 +141,9 @@ impl StreamParser for AnthropicStreamParser {
         event_name: &str,
         data: &str,
     ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
-        let data = data.trim();
-        if data.is_empty() {
+        let Some((kind, event)) = super::typed_event(&self.provider, event_name, data)? else {
             return Ok((Vec::new(), false));
-        }
-        let event: Value = serde_json::from_str(data).map_err(|e| {
-            self.decode_error(format!(
-                "{e} in event {}",
-                super::openai_chat::truncate(data, 200)
-            ))
-        })?;
-        let kind = event
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(event_name)
-            .to_owned();
+        };
         let mut out = Vec::new();
         match kind.as_str() {
             "message_start" => {

@@ -275,6 +275,30 @@ impl HttpCall {
     }
 }
 
+/// Parses the JSON `data` of a typed SSE event (Responses, Anthropic) and names its type: the
+/// `type` field, else the SSE event name. `None` for an empty keep-alive.
+pub(crate) fn typed_event(
+    provider: &str,
+    event_name: &str,
+    data: &str,
+) -> Result<Option<(String, serde_json::Value)>, ProviderError> {
+    let data = data.trim();
+    if data.is_empty() {
+        return Ok(None);
+    }
+    let event: serde_json::Value =
+        serde_json::from_str(data).map_err(|e| ProviderError::Decode {
+            provider: provider.to_owned(),
+            message: format!("{e} in event {}", openai_chat::truncate(data, 200)),
+        })?;
+    let kind = event
+        .get("type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or(event_name)
+        .to_owned();
+    Ok(Some((kind, event)))
+}
+
 /// 429 (rate limit), 5xx and Anthropic's 529 (overloaded) may succeed on a retry.
 fn is_retryable_status(status: u16) -> bool {
     status == 429 || status == 529 || (500..=599).contains(&status)

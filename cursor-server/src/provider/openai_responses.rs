@@ -93,19 +93,9 @@ impl StreamParser for ResponsesStreamParser {
         event_name: &str,
         data: &str,
     ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
-        let data = data.trim();
-        if data.is_empty() {
+        let Some((kind, event)) = super::typed_event(&self.provider, event_name, data)? else {
             return Ok((Vec::new(), false));
-        }
-        let event: Value = serde_json::from_str(data).map_err(|e| ProviderError::Decode {
-            provider: self.provider.clone(),
-            message: format!("{e} in event {}", super::openai_chat::truncate(data, 200)),
-        })?;
-        let kind = event
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(event_name)
-            .to_owned();
+        };
         let mut out = Vec::new();
         match kind.as_str() {
             "response.output_item.added" => {

@@ -216,6 +216,27 @@ impl RunActor {
         }
         tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
         self.deliver_backlog().await;
+        self.refuse_late_commands();
+    }
+
+    /// Closes the command channel (later senders see the run as finished) and answers what was
+    /// already queued: a RunSSE that raced the ending gets a clear error instead of a silent close.
+    fn refuse_late_commands(&mut self) {
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                RunCommand::AttachDownlink(sink) => {
+                    let error = ConnectError::new(
+                        ConnectCode::NotFound,
+                        format!("request {} has already finished", self.request_id),
+                    );
+                    let _ = sink.try_send(connect::end_stream_error(&error));
+                }
+                other => {
+                    tracing::debug!(request_id = %self.request_id, "dropped after the run ended: {other:?}")
+                }
+            }
+        }
     }
 
     /// Runs until one of the three endings.
