@@ -428,16 +428,19 @@ async fn a_slow_provider_is_covered_by_heartbeats() {
 #[tokio::test]
 async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
     let provider = FakeProvider::start().await;
-    let parts: Vec<String> = (0..60).map(|i| format!("part {i} ")).collect();
+    // Long enough that the provider is still streaming when the client goes away.
+    let parts: Vec<String> = (0..300).map(|i| format!("part {i} ")).collect();
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     provider.push(Reply::Sse {
-        events: text_events(&parts, (5, 60, 0)),
+        events: text_events(&parts, (5, 300, 0)),
         gap: std::time::Duration::from_millis(30),
     });
     let server = TestServer::start(&provider.base_url()).await;
     let cursor = FakeCursor::new(server.addr);
 
-    let sse = cursor.open_run_sse("req-drop").await;
+    // A client of its own, so that dropping it closes the connection rather than pooling it.
+    let own_client = FakeCursor::new(server.addr);
+    let sse = own_client.open_run_sse("req-drop").await;
     assert_eq!(
         cursor
             .append(
@@ -456,8 +459,9 @@ async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
         .expect("a first frame");
     assert!(first.is_some());
     drop(stream);
+    drop(own_client);
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
     while provider.disconnects() == 0 {
         assert!(
             std::time::Instant::now() < deadline,
