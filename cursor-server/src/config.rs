@@ -23,6 +23,7 @@ pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_KV_RETRY_AFTER_MS: u64 = 5_000;
 pub const DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS: u64 = 500;
 
 /// Environment variables that override the file (handy for containers and tests).
@@ -179,6 +180,8 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// How long a finished turn waits for the client to store the final checkpoint's blobs.
     pub checkpoint_ack_timeout: Duration,
+    /// A blob whose `set_blob_result` has not come back after this long is sent again.
+    pub kv_retry_after: Duration,
     /// Attempts for a provider call that fails before streaming (429, 5xx, 529, unreachable).
     pub provider_max_attempts: u32,
     /// First retry delay (doubled per attempt) unless the provider sends `retry-after`.
@@ -246,6 +249,7 @@ struct FileConfig {
     tool_output_max_bytes: Option<usize>,
     heartbeat_interval_ms: Option<u64>,
     checkpoint_ack_timeout_ms: Option<u64>,
+    kv_retry_after_ms: Option<u64>,
     provider_max_attempts: Option<u32>,
     provider_retry_base_delay_ms: Option<u64>,
     #[serde(default)]
@@ -397,6 +401,14 @@ impl FileConfig {
                 self.checkpoint_ack_timeout_ms
                     .unwrap_or(DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS),
             ),
+            kv_retry_after: match self.kv_retry_after_ms.unwrap_or(DEFAULT_KV_RETRY_AFTER_MS) {
+                0 => {
+                    return Err(ConfigError::Zero {
+                        field: "kv_retry_after_ms",
+                    });
+                }
+                ms => Duration::from_millis(ms),
+            },
             provider_max_attempts: match self
                 .provider_max_attempts
                 .unwrap_or(DEFAULT_PROVIDER_MAX_ATTEMPTS)

@@ -355,3 +355,100 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
         head
     );
 }
+
+#[tokio::test]
+async fn a_blob_whose_ack_is_overdue_is_sent_again_under_a_new_kv_id() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["ok"], (3, 1, 0))));
+    let db = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        db,
+        "kv_retry_after_ms = 100\ncheckpoint_ack_timeout_ms = 5000",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-resend",
+        &run_request_with_env("conv-resend", "hi"),
+    )
+    .await;
+    session.withhold_acks = true;
+    // Wait until some blob has been asked for twice.
+    let resent = loop {
+        assert!(
+            session.next().await.is_some(),
+            "stream ended before any resend"
+        );
+        let mut seen = std::collections::HashMap::new();
+        let twice = session.withheld.iter().find_map(|(id, kv_id)| {
+            seen.insert(id.clone(), *kv_id)
+                .filter(|first| first != kv_id)
+                .map(|_| id.clone())
+        });
+        if let Some(id) = twice {
+            break id;
+        }
+    };
+    let kv_ids: Vec<u32> = session
+        .withheld
+        .iter()
+        .filter(|(id, _)| *id == resent)
+        .map(|(_, k)| *k)
+        .collect();
+    assert!(
+        kv_ids.len() >= 2 && kv_ids.windows(2).all(|w| w[0] < w[1]),
+        "{kv_ids:?}"
+    );
+    assert!(session.transcript.checkpoints().is_empty());
+    // Acknowledging every attempt (the stale ones are late and ignored) releases the checkpoint.
+    session.release_acks().await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    assert_eq!(session.transcript.checkpoints().len(), 2);
+}
+
+#[tokio::test]
+async fn a_provider_failure_publishes_the_committed_state_then_the_error() {
+    let provider = FakeProvider::start().await;
+    for _ in 0..3 {
+        provider.push(Reply::Status {
+            status: 503,
+            body: r#"{"error":{"message":"try later"}}"#.to_owned(),
+        });
+    }
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-fail-cp",
+        &run_request_with_env("conv-fail-cp", "hello"),
+    )
+    .await;
+    while session.next().await.is_some() {}
+
+    assert_eq!(session.transcript.error_code(), Some("unavailable"));
+    let kinds = session.transcript.all_kinds();
+    assert_eq!(kinds.last(), Some(&"checkpoint"), "{kinds:?}");
+    assert!(!kinds.contains(&"turn_ended"));
+    let state = session.transcript.checkpoints()[0];
+    assert_eq!(
+        state.root_prompt_messages_json.len(),
+        2,
+        "system and the user's message"
+    );
+    let root: serde_json::Value =
+        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[1])).unwrap();
+    assert_eq!(root["content"][0]["text"], "hello");
+    assert!(
+        !root.to_string().contains("try later"),
+        "errors never become history"
+    );
+}

@@ -166,12 +166,32 @@ impl RunActor {
                         &mut self.downlink,
                         &self.app,
                         &self.request_id,
+                        true,
                     )
                     .await;
                 }
                 RunEnd::Failed(error) => {
                     turn.abandon(&format!("the run failed: {error}"), &mut self.downlink)
-                        .await
+                        .await;
+                    // A provider failure keeps what was committed: publish that state first.
+                    if matches!(error, ServerError::Provider(_)) {
+                        match turn.final_checkpoint(&mut self.downlink).await {
+                            Ok(()) => {
+                                settle_checkpoints(
+                                    turn,
+                                    &mut self.commands,
+                                    &mut self.downlink,
+                                    &self.app,
+                                    &self.request_id,
+                                    false,
+                                )
+                                .await
+                            }
+                            Err(e) => {
+                                tracing::error!(request_id = %self.request_id, "checkpoint of committed state: {e}")
+                            }
+                        }
+                    }
                 }
                 RunEnd::Canceled { reason } => turn.abandon(reason, &mut self.downlink).await,
             }
@@ -243,6 +263,8 @@ impl RunActor {
     async fn drive(&mut self) -> RunEnd {
         let run_request_deadline = Instant::now() + self.app.config.run_request_timeout;
         let heartbeat_every = self.app.config.heartbeat_interval;
+        let mut resend = tokio::time::interval(self.app.config.kv_retry_after);
+        resend.reset();
         loop {
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
             let heartbeat_due = self.downlink.last_sent + heartbeat_every;
@@ -272,6 +294,11 @@ impl RunActor {
                         Ok(LoopStep::Continue) => {}
                         Ok(LoopStep::TurnComplete { usage }) => return RunEnd::Success { usage },
                         Err(error) => return RunEnd::Failed(error),
+                    }
+                }
+                _ = resend.tick(), if !awaiting => {
+                    if let State::Running(turn) = &mut self.state {
+                        turn.resend_overdue_blobs(&mut self.downlink).await;
                     }
                 }
                 // While the provider thinks or tools run, Cursor hears that the run is alive.
@@ -434,10 +461,14 @@ async fn settle_checkpoints(
     downlink: &mut Downlink,
     app: &AppState,
     request_id: &str,
+    repeat_final: bool,
 ) {
     let deadline = Instant::now() + app.config.checkpoint_ack_timeout;
+    let mut resend = tokio::time::interval(app.config.kv_retry_after);
+    resend.reset();
     while !turn.checkpoints_settled() {
         tokio::select! {
+            _ = resend.tick() => turn.resend_overdue_blobs(downlink).await,
             command = commands.recv() => match command {
                 Some(RunCommand::Ordered(ClientInput::KvResult { id, payload }))
                 | Some(RunCommand::Appended { input: ClientInput::KvResult { id, payload }, .. }) => {
@@ -458,7 +489,9 @@ async fn settle_checkpoints(
             _ = downlink.closed() => return,
         }
     }
-    turn.republish_checkpoint(downlink).await;
+    if repeat_final {
+        turn.republish_checkpoint(downlink).await;
+    }
 }
 
 /// Maps a loop step to the run's end, if it is one.

@@ -15,6 +15,11 @@ use crate::model::usage::Usage;
 use crate::store::blobs::{self, BlobId, Edge};
 use crate::store::{Store, StoreError, conversations};
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 #[derive(Debug)]
 pub enum RunEnd {
     /// The loop finished: the model answered without further tool calls.
@@ -67,6 +72,8 @@ pub struct Checkpoints {
     gate: CheckpointGate<(ConversationStateStructure, BlobId)>,
     /// Every blob sent in this run: the newest checkpoint references them all.
     referenced: Vec<BlobId>,
+    /// Blobs sent and not yet acknowledged, with when they were (last) sent.
+    outstanding: HashMap<BlobId, (Blob, Instant)>,
     revision: i64,
     last_published: Option<ConversationStateStructure>,
 }
@@ -121,6 +128,7 @@ impl Checkpoints {
             kv: KvSync::with_acked(acked),
             gate: CheckpointGate::default(),
             referenced: Vec::new(),
+            outstanding: HashMap::new(),
             revision,
             last_published: None,
         };
@@ -155,6 +163,8 @@ impl Checkpoints {
             blobs::put(&mut conn, blob.id, &blob.data, &edges).await?;
             if let Some(message) = self.kv.store(&blob) {
                 out.send_message(&message).await;
+                self.outstanding
+                    .insert(blob.id, (blob.clone(), Instant::now()));
             }
             self.referenced.push(blob.id);
         }
@@ -286,6 +296,7 @@ impl Checkpoints {
     ) -> Result<(), ServerError> {
         match self.kv.on_result(id, *payload.0) {
             Ok(KvOutcome::Stored(blob)) => {
+                self.outstanding.remove(&blob);
                 blobs::record_acks(store, &self.conversation_id, &[blob]).await?;
                 if let Some(ready) = self.gate.ready(&self.kv) {
                     self.publish(store, ready, out).await?;
@@ -306,6 +317,20 @@ impl Checkpoints {
                 Ok(())
             }
             Err(error) => Err(ProtocolError::Kv(error.to_string()).into()),
+        }
+    }
+
+    /// Sends again, under new KV ids, the blobs whose ACK is overdue (storing is idempotent).
+    pub async fn resend_overdue(&mut self, overdue_after: Duration, out: &mut Downlink) {
+        let now = Instant::now();
+        for (blob, sent) in self.outstanding.values_mut() {
+            if now.duration_since(*sent) >= overdue_after
+                && let Some(message) = self.kv.resend(blob)
+            {
+                tracing::info!(conversation_id = %self.conversation_id, blob = %blob.id, "resending a blob whose ACK is overdue");
+                out.send_message(&message).await;
+                *sent = now;
+            }
         }
     }
 

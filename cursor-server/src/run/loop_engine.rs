@@ -585,6 +585,12 @@ impl TurnLoop {
             .await
     }
 
+    /// Sends again the blobs whose ACK is overdue.
+    pub async fn resend_overdue_blobs(&mut self, out: &mut Downlink) {
+        let after = self.app.config.kv_retry_after;
+        self.checkpoints.resend_overdue(after, out).await;
+    }
+
     /// Whether every checkpoint built so far has been published.
     pub fn checkpoints_settled(&self) -> bool {
         self.checkpoints.settled()
