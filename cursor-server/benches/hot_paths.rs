@@ -53,6 +53,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
                     model_id: "m".into(),
                     replay: None,
                     model_call_id: format!("mc{i}"),
+                    planned_calls: Vec::new(),
                 })
             }
         })

@@ -452,3 +452,130 @@ async fn a_provider_failure_publishes_the_committed_state_then_the_error() {
         "errors never become history"
     );
 }
+
+#[tokio::test]
+async fn a_run_killed_after_two_of_three_tools_resumes_without_running_them_again() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_1", "Read", r#"{"path":"one.txt"}"#),
+            ("call_2", "Read", r#"{"path":"two.txt"}"#),
+            ("call_3", "Read", r#"{"path":"three.txt"}"#),
+        ],
+        (10, 3, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["All three read."], (20, 2, 0))));
+    let first_server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(first_server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-kill",
+        &run_request_with_env("conv-kill", "read three"),
+    )
+    .await;
+    let execs = [
+        session.next_exec().await,
+        session.next_exec().await,
+        session.next_exec().await,
+    ];
+    session
+        .send(&exec_result(execs[0].id, read_success("one")))
+        .await;
+    session
+        .send(&exec_result(execs[1].id, read_success("two")))
+        .await;
+    // Both results are committed: wait for the checkpoint that names only call 3 as running.
+    loop {
+        let message = tokio::time::timeout(std::time::Duration::from_secs(5), session.next())
+            .await
+            .unwrap_or_else(|_| panic!("no checkpoint; got {:?}", session.transcript.all_kinds()))
+            .expect("stream open");
+        if let Some(agent_server_message::Message::ConversationCheckpointUpdate(state)) =
+            &message.message
+            && state.pending_tool_calls.len() == 1
+        {
+            break;
+        }
+    }
+    // The server dies with tool 3 still running.
+    let db = tokio::time::timeout(std::time::Duration::from_secs(10), first_server.stop())
+        .await
+        .expect("the server stops");
+    assert!(
+        session.finish().await.error_code().is_some(),
+        "the killed run does not succeed"
+    );
+
+    let second_server = TestServer::start_in(&provider.base_url(), db, "").await;
+    let cursor = FakeCursor::new(second_server.addr);
+    let mut resumed = Session::start(
+        &cursor,
+        "req-resume",
+        &fixtures::resume_request("conv-kill"),
+    )
+    .await;
+    let exec = resumed.next_exec().await;
+    let Some(pb::exec_server_message::Message::ReadArgs(read)) = &exec.message else {
+        panic!("expected the third read, got {exec:?}");
+    };
+    assert_eq!(
+        read.path, "three.txt",
+        "only the unfinished call runs again"
+    );
+    assert_eq!(
+        provider.requests().len(),
+        1,
+        "the model is not asked again before the batch completes"
+    );
+    resumed
+        .send(&exec_result(exec.id, read_success("three")))
+        .await;
+    while resumed.next().await.is_some() {}
+
+    assert!(
+        resumed.transcript.is_success(),
+        "{:?}",
+        resumed.transcript.end
+    );
+    assert_eq!(resumed.transcript.text(), "All three read.");
+    assert!(
+        !resumed.transcript.kinds().iter().any(|k| *k == "exec")
+            || resumed
+                .transcript
+                .messages
+                .iter()
+                .filter(|m| fake_cursor::kind(m) == "exec")
+                .count()
+                == 1,
+        "exactly one exec in the resumed run"
+    );
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    let results: Vec<(&str, &str)> = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap(),
+                m["content"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ["call_1", "call_2", "call_3"]
+    );
+    assert!(results[2].1.contains("three"));
+    // The resumed checkpoint continues the interrupted turn rather than starting a new one.
+    let state = resumed
+        .transcript
+        .checkpoints()
+        .last()
+        .copied()
+        .expect("checkpoint")
+        .clone();
+    assert_eq!(state.turns.len(), 1);
+}

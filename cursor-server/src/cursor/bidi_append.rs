@@ -8,7 +8,7 @@ use super::proto::agent::{
     AgentClientMessage, agent_client_message, conversation_action, exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunRequestInput};
+use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -95,6 +95,10 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             match request.action.and_then(|a| a.action) {
                 Some(conversation_action::Action::UserMessageAction(action)) => {
                     let user = action.user_message.unwrap_or_default();
+                    let run_action = RunAction::UserMessage {
+                        text: user.text,
+                        message_id: user.message_id,
+                    };
                     let terminals_folder = action
                         .request_context
                         .and_then(|c| c.env)
@@ -102,10 +106,18 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         .unwrap_or_default();
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
-                        user_text: user.text,
-                        user_message_id: user.message_id,
+                        action: run_action,
                         model_id,
                         terminals_folder,
+                        parameters,
+                    }))
+                }
+                Some(conversation_action::Action::ResumeAction(_)) => {
+                    ClientInput::RunRequest(Box::new(RunRequestInput {
+                        conversation_id,
+                        action: RunAction::Resume,
+                        model_id,
+                        terminals_folder: String::new(),
                         parameters,
                     }))
                 }

@@ -150,6 +150,25 @@ impl ConversationGraph {
         (state, blob)
     }
 
+    /// Takes the last finished turn out of the list to continue it under `request_id` (a resumed
+    /// run adds its steps to the turn it interrupted).
+    pub fn reopen_last_turn(&mut self, request_id: &str, turn: &AgentConversationTurnStructure) {
+        self.turns.pop();
+        self.current = Some(TurnDraft {
+            request_id: request_id.to_owned(),
+            user_message: BlobId::from_slice(&turn.user_message),
+            steps: turn
+                .steps
+                .iter()
+                .filter_map(|s| BlobId::from_slice(s))
+                .collect(),
+        });
+    }
+
+    pub fn last_turn(&self) -> Option<BlobId> {
+        self.turns.last().copied()
+    }
+
     /// Closes the current turn with its final structure blob.
     pub fn finish_turn(&mut self, turn: &Blob) {
         self.turns.push(turn.id);

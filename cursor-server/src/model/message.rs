@@ -79,6 +79,10 @@ pub struct AssistantMessage {
     /// The provider call that produced it; its tool calls carry the same id.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model_call_id: String,
+    /// Every tool call of this response, in order, stored before any runs: after a crash the calls
+    /// without a stored result are known, and only those run again (`resume_action`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub planned_calls: Vec<ToolCall>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

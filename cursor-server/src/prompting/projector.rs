@@ -499,6 +499,7 @@ mod tests {
                 model_id: "m".into(),
                 replay,
                 model_call_id: "mc1".into(),
+                planned_calls: Vec::new(),
             }),
             call(1, "functions.Read:1"),
             result(1),
@@ -672,6 +673,7 @@ mod tests {
             thinking: "t".into(),
             model_id: "m".into(),
             model_call_id: "mc1".into(),
+            planned_calls: Vec::new(),
             replay: Some(ProviderReplay::OpenAiChat {
                 reasoning_content: "t".into(),
                 reasoning_details: Vec::new(),

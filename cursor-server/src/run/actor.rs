@@ -379,9 +379,9 @@ impl RunActor {
                 )
                 .await
                 {
-                    Ok(turn) => {
+                    Ok((turn, step)) => {
                         self.state = State::Running(Box::new(turn));
-                        None
+                        step_end(Ok(step))
                     }
                     Err(error) => {
                         if matches!(error, ServerError::NotFound(_)) {

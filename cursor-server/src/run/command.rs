@@ -39,11 +39,19 @@ pub enum ExecControl {
     Throw { error: String },
 }
 
+/// What a `run_request` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunAction {
+    /// A new user message starts a turn.
+    UserMessage { text: String, message_id: String },
+    /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
+    Resume,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRequestInput {
     pub conversation_id: String,
-    pub user_text: String,
-    pub user_message_id: String,
+    pub action: RunAction,
     /// `requested_model.model_id`, else `model_details.model_id`; `None` = the configured default.
     pub model_id: Option<String>,
     /// `request_context.env.terminals_folder`: where backgrounded shell output goes.

@@ -62,6 +62,20 @@ pub fn connect_error(error: &ServerError) -> ConnectError {
     }
 }
 
+/// A blob of our own store that must decode; if it does not, the store is corrupt.
+fn decode_stored<M: prost::Message + Default>(
+    data: &[u8],
+    name: &'static str,
+    id: BlobId,
+) -> Result<M, ServerError> {
+    connect::decode_message::<M>(data, name).map_err(|e| {
+        ServerError::Store(StoreError::CorruptBlob {
+            id: id.to_hex(),
+            message: e.to_string(),
+        })
+    })
+}
+
 /// Publishes the run's checkpoints: builds the blob graph as history grows, stores each new blob in
 /// the CAS and asks the client to store it, and publishes a checkpoint only once every blob it
 /// references is acknowledged (protocol.md §7). Owned by the run's turn loop.
@@ -94,13 +108,11 @@ impl Checkpoints {
         let (graph, revision, previous) = match head {
             Some((id, revision)) => match blobs::get(store, id).await? {
                 Some(data) => {
-                    let state = connect::decode_message::<ConversationStateStructure>(
+                    let state = decode_stored::<ConversationStateStructure>(
                         &data,
                         "agent.v1.ConversationStateStructure",
-                    )
-                    .map_err(|e| {
-                        ServerError::InvalidRequest(format!("stored checkpoint {id}: {e}"))
-                    })?;
+                        id,
+                    )?;
                     (ConversationGraph::from_state(&state), revision, Some(id))
                 }
                 None => (ConversationGraph::default(), revision, None),
@@ -134,6 +146,54 @@ impl Checkpoints {
         };
         checkpoints.emit(store, new_blobs, out).await?;
         Ok(checkpoints)
+    }
+
+    /// Continues the conversation's last turn (a resumed run has no new user message).
+    pub async fn resume(
+        store: &Store,
+        conversation_id: &str,
+        request_id: &str,
+    ) -> Result<Checkpoints, ServerError> {
+        let head = conversations::head(store, conversation_id).await?;
+        let mut graph = ConversationGraph::default();
+        let mut revision = 0;
+        if let Some((id, rev)) = head {
+            revision = rev;
+            if let Some(data) = blobs::get(store, id).await? {
+                let state = decode_stored::<ConversationStateStructure>(
+                    &data,
+                    "agent.v1.ConversationStateStructure",
+                    id,
+                )?;
+                graph = ConversationGraph::from_state(&state);
+                if let Some(last) = graph.last_turn()
+                    && let Some(data) = blobs::get(store, last).await?
+                {
+                    let turn = decode_stored::<pb::ConversationTurnStructure>(
+                        &data,
+                        "agent.v1.ConversationTurnStructure",
+                        last,
+                    )?;
+                    if let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(
+                        turn,
+                    )) = turn.turn
+                    {
+                        graph.reopen_last_turn(request_id, &turn);
+                    }
+                }
+            }
+        }
+        let acked = blobs::acked(store, conversation_id).await?;
+        Ok(Checkpoints {
+            conversation_id: conversation_id.to_owned(),
+            graph,
+            kv: KvSync::with_acked(acked),
+            gate: CheckpointGate::default(),
+            referenced: Vec::new(),
+            outstanding: HashMap::new(),
+            revision,
+            last_published: None,
+        })
     }
 
     async fn emit(

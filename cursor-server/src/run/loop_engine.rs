@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::actor::Downlink;
-use super::command::{ExecControl, ProtocolError, RunRequestInput};
+use super::command::{ExecControl, ProtocolError, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use crate::app::AppState;
 use crate::cursor::blob_sync::KvPayload;
@@ -118,7 +118,7 @@ impl TurnLoop {
         request_id: &str,
         input: RunRequestInput,
         out: &mut Downlink,
-    ) -> Result<TurnLoop, ServerError> {
+    ) -> Result<(TurnLoop, LoopStep), ServerError> {
         let config = &app.config;
         let model_id = input
             .model_id
@@ -142,31 +142,40 @@ impl TurnLoop {
             })?;
 
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
-        let user_text = input.user_text.clone();
-        let user_message_id = input.user_message_id.clone();
-        let user = CanonicalMessage::User(UserMessage {
-            origin: Origin::User,
-            text: input.user_text,
-            client_message_id: input.user_message_id,
-        });
-        messages::append(
-            &app.store,
-            &input.conversation_id,
-            request_id,
-            std::slice::from_ref(&user),
-        )
-        .await?;
-        let history = messages::load(&app.store, &input.conversation_id).await?;
-        let checkpoints = Checkpoints::start(
-            &app.store,
-            &input.conversation_id,
-            request_id,
-            compiler::COMMON_PREFIX,
-            &user_text,
-            &user_message_id,
-            out,
-        )
-        .await?;
+        let (history, checkpoints) = match &input.action {
+            RunAction::UserMessage { text, message_id } => {
+                let user = CanonicalMessage::User(UserMessage {
+                    origin: Origin::User,
+                    text: text.clone(),
+                    client_message_id: message_id.clone(),
+                });
+                messages::append(
+                    &app.store,
+                    &input.conversation_id,
+                    request_id,
+                    std::slice::from_ref(&user),
+                )
+                .await?;
+                let history = messages::load(&app.store, &input.conversation_id).await?;
+                let checkpoints = Checkpoints::start(
+                    &app.store,
+                    &input.conversation_id,
+                    request_id,
+                    compiler::COMMON_PREFIX,
+                    text,
+                    message_id,
+                    out,
+                )
+                .await?;
+                (history, checkpoints)
+            }
+            RunAction::Resume => {
+                let history = messages::load(&app.store, &input.conversation_id).await?;
+                let checkpoints =
+                    Checkpoints::resume(&app.store, &input.conversation_id, request_id).await?;
+                (history, checkpoints)
+            }
+        };
         let tool_env = ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
@@ -194,8 +203,56 @@ impl TurnLoop {
             provider_calls: 0,
             app,
         };
-        turn.start_provider_call();
-        Ok(turn)
+        let step = match input.action {
+            RunAction::UserMessage { .. } => {
+                turn.start_provider_call();
+                LoopStep::Continue
+            }
+            RunAction::Resume => turn.resume(out).await?,
+        };
+        Ok((turn, step))
+    }
+
+    /// Continues where the conversation stopped: runs the calls of the last tool batch that have no
+    /// stored result (completed ones never run twice), or asks the model again if the batch was
+    /// complete or the last turn never got an answer; otherwise there is nothing to do.
+    async fn resume(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        let last_assistant = self.history.iter().rev().find_map(|m| match m {
+            CanonicalMessage::Assistant(a) => Some(a.clone()),
+            _ => None,
+        });
+        let answered_last = matches!(self.history.last(), Some(CanonicalMessage::Assistant(a)) if a.planned_calls.is_empty());
+        match last_assistant {
+            Some(assistant) if !assistant.planned_calls.is_empty() => {
+                let unfinished: Vec<(u32, ToolCall)> = assistant
+                    .planned_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| (u32::try_from(i).unwrap_or(u32::MAX), call.clone()))
+                    .filter(|(index, _)| {
+                        !self.history.iter().any(|m| {
+                            matches!(m, CanonicalMessage::ToolResult(r)
+                                if r.model_call_id == assistant.model_call_id && r.index == *index)
+                        })
+                    })
+                    .collect();
+                tracing::info!(
+                    request_id = %self.request_id,
+                    unfinished = unfinished.len(),
+                    of = assistant.planned_calls.len(),
+                    "resuming a tool batch"
+                );
+                self.model_call_id = assistant.model_call_id.clone();
+                self.start_batch(unfinished, out).await
+            }
+            _ if answered_last || self.history.is_empty() => {
+                Ok(LoopStep::TurnComplete { usage: self.usage })
+            }
+            _ => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+        }
     }
 
     fn start_provider_call(&mut self) {
@@ -381,12 +438,23 @@ impl TurnLoop {
         if let Some(usage) = &draft.usage {
             self.usage.accumulate(usage);
         }
+        let calls: Vec<ToolCall> = draft
+            .calls
+            .into_iter()
+            .map(|call| ToolCall {
+                call_id: call.call_id,
+                provider_call_id: call.provider_call_id,
+                name: call.name,
+                arguments: call.arguments,
+            })
+            .collect();
         let assistant = CanonicalMessage::Assistant(AssistantMessage {
             text: draft.text,
             thinking: draft.thinking,
             model_id: self.model_id.clone(),
             replay: draft.replay,
             model_call_id: self.model_call_id.clone(),
+            planned_calls: calls.clone(),
         });
         self.append(std::slice::from_ref(&assistant)).await?;
         if let CanonicalMessage::Assistant(a) = &assistant {
@@ -395,24 +463,29 @@ impl TurnLoop {
                 .await?;
         }
         self.history.push(assistant);
-        if draft.calls.is_empty() {
+        if calls.is_empty() {
             return Ok(LoopStep::TurnComplete { usage: self.usage });
         }
-
-        // Every call of the response starts now; results may come back in any order.
-        self.phase = Phase::Tools;
-        self.batch = draft
-            .calls
+        let indexed = calls
             .into_iter()
             .enumerate()
+            .map(|(index, call)| (u32::try_from(index).unwrap_or(u32::MAX), call))
+            .collect();
+        self.start_batch(indexed, out).await
+    }
+
+    /// Starts every call of a batch at once; results may come back in any order.
+    async fn start_batch(
+        &mut self,
+        calls: Vec<(u32, ToolCall)>,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        self.phase = Phase::Tools;
+        self.batch = calls
+            .into_iter()
             .map(|(index, call)| Slot {
-                call: ToolCall {
-                    call_id: call.call_id,
-                    provider_call_id: call.provider_call_id,
-                    name: call.name,
-                    arguments: call.arguments,
-                },
-                index: u32::try_from(index).unwrap_or(u32::MAX),
+                call,
+                index,
                 run: None,
             })
             .collect();

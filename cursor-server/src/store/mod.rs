@@ -30,6 +30,8 @@ pub enum StoreError {
     Encode(#[from] serde_json::Error),
     #[error("{0}")]
     BlobHash(#[from] blobs::HashMismatch),
+    #[error("stored blob {id} does not decode: {message}")]
+    CorruptBlob { id: String, message: String },
 }
 
 /// Attaches a short description of the failed operation to a sqlx error.

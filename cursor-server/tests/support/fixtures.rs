@@ -224,3 +224,18 @@ pub fn throw(id: u32, error: &str) -> AgentClientMessage {
         )),
     }
 }
+
+/// A run_request with `resume_action`: continue the conversation without a new message.
+pub fn resume_request(conversation_id: &str) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::ResumeAction;
+    let mut message = run_request(conversation_id, "");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+        request.action = Some(ConversationAction {
+            action: Some(conversation_action::Action::ResumeAction(
+                ResumeAction::default(),
+            )),
+            ..ConversationAction::default()
+        });
+    }
+    message
+}
