@@ -578,3 +578,99 @@ async fn a_run_killed_after_two_of_three_tools_resumes_without_running_them_agai
         .clone();
     assert_eq!(state.turns.len(), 1);
 }
+
+#[tokio::test]
+async fn a_conversation_only_the_client_knows_is_imported_from_its_blobs() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Continuing."], (30, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    // The client's copy: roots in AI SDK JSON, stored under their SHA-256.
+    let roots = [
+        serde_json::json!({"role":"system","content":"Follow the client rules."}),
+        serde_json::json!({"role":"user","content":[{"type":"text","text":"What is in a.txt?"}]}),
+        serde_json::json!({"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool-call","toolCallId":"t1","toolName":"Read","args":{"path":"a.txt"}}]}),
+        serde_json::json!({"role":"tool","content":[{"type":"tool-result","toolCallId":"t1","toolName":"Read","result":"     1|ay"}]}),
+        serde_json::json!({"role":"assistant","content":[{"type":"text","text":"It says ay."}]}),
+    ];
+    let mut blobs = std::collections::HashMap::new();
+    let mut ids = Vec::new();
+    for root in &roots {
+        let data = root.to_string().into_bytes();
+        let id = BlobId::of(&data).0.to_vec();
+        blobs.insert(id.clone(), data);
+        ids.push(id);
+    }
+    // One listed root the client no longer has: treated as missing, not as empty content.
+    ids.push(BlobId::of(b"gone").0.to_vec());
+    let mut request = run_request_with_env("conv-import", "And b.txt?");
+    if let Some(pb::agent_client_message::Message::RunRequest(run)) = &mut request.message {
+        run.conversation_state = Some(ConversationStateStructure {
+            root_prompt_messages_json: ids.clone(),
+            ..ConversationStateStructure::default()
+        });
+    }
+    let mut session = Session::start_with_blobs(&cursor, "req-import", &request, blobs).await;
+    while session.next().await.is_some() {}
+
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let messages = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(messages[0]["role"], "system");
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Follow the client rules.")
+    );
+    assert_eq!(
+        messages[2],
+        serde_json::json!({"role":"user","content":"What is in a.txt?"})
+    );
+    assert_eq!(messages[3]["content"], "Let me look.");
+    assert_eq!(messages[3]["tool_calls"][0]["id"], "t1");
+    assert_eq!(
+        messages[3]["tool_calls"][0]["function"]["arguments"],
+        r#"{"path":"a.txt"}"#
+    );
+    assert_eq!(
+        messages[4],
+        serde_json::json!({"role":"tool","tool_call_id":"t1","content":"     1|ay"})
+    );
+    assert_eq!(messages[5]["content"], "It says ay.");
+    assert_eq!(
+        messages[6],
+        serde_json::json!({"role":"user","content":"And b.txt?"})
+    );
+    assert_eq!(messages.len(), 7);
+    // The client's roots are not sent back to it; the new state extends them.
+    let state = session.transcript.checkpoints()[0];
+    let present = &ids[..ids.len() - 1];
+    assert_eq!(
+        &state.root_prompt_messages_json[..present.len()],
+        present,
+        "the missing root is not named"
+    );
+    assert!(
+        !state
+            .root_prompt_messages_json
+            .contains(&ids[ids.len() - 1])
+    );
+    let gets = session
+        .transcript
+        .messages
+        .iter()
+        .filter(|m| {
+            matches!(&m.message, Some(agent_server_message::Message::KvServerMessage(kv))
+                if matches!(kv.message, Some(pb::kv_server_message::Message::GetBlobArgs(_))))
+        })
+        .count();
+    assert_eq!(gets, ids.len(), "one hash-checked read per listed root");
+}

@@ -82,6 +82,11 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         .map(|m| m.model_id.clone())
                         .filter(|id| !id.is_empty())
                 });
+            let client_state = request
+                .conversation_state
+                .clone()
+                .filter(|state| !state.root_prompt_messages_json.is_empty())
+                .map(Box::new);
             let parameters = request
                 .requested_model
                 .as_ref()
@@ -110,6 +115,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         model_id,
                         terminals_folder,
                         parameters,
+                        client_state: client_state.clone(),
                     }))
                 }
                 Some(conversation_action::Action::ResumeAction(_)) => {
@@ -119,6 +125,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         model_id,
                         terminals_folder: String::new(),
                         parameters,
+                        client_state,
                     }))
                 }
                 Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,

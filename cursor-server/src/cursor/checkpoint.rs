@@ -178,6 +178,15 @@ impl ConversationGraph {
     pub fn root_count(&self) -> usize {
         self.roots.len()
     }
+
+    pub fn roots(&self) -> &[BlobId] {
+        &self.roots
+    }
+
+    /// Drops roots the client listed but does not have: a checkpoint must not name them.
+    pub fn drop_roots(&mut self, missing: &[BlobId]) {
+        self.roots.retain(|id| !missing.contains(id));
+    }
 }
 
 /// The `conversation_checkpoint_update` carrying `state`.
@@ -224,9 +233,183 @@ pub mod roots {
     }
 }
 
+/// Reads model-message roots (AI SDK JSON, as Cursor or this server wrote them) back into canonical
+/// history, for conversations this server has never seen. Tool calls are grouped onto the assistant
+/// message they follow (this server writes one root per call; AI SDK writes them together); each
+/// call becomes a stored call/result pair when its result is found.
+pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMessage> {
+    use crate::model::message::{
+        AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
+    };
+    use crate::model::tool::{ToolCall, ToolResult};
+
+    fn text_of(content: &Value, kind: &str) -> String {
+        match content {
+            Value::String(text) if kind == "text" => text.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter(|p| p["type"] == kind)
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
+    let mut out: Vec<CanonicalMessage> = Vec::new();
+    // toolCallId → (model_call_id, index, call)
+    let mut calls: std::collections::HashMap<String, (String, u32, ToolCall)> =
+        std::collections::HashMap::new();
+    let mut current_assistant: Option<usize> = None;
+    let mut imported = 0usize;
+    for root in roots {
+        let content = &root["content"];
+        match root["role"].as_str() {
+            Some("system") => {
+                // The client's own instructions: kept, as a runtime message, never dropped.
+                let text = text_of(content, "text");
+                if !text.is_empty() {
+                    out.push(CanonicalMessage::User(UserMessage {
+                        origin: Origin::Runtime,
+                        text: format!("<client_instructions>\n{text}\n</client_instructions>"),
+                        client_message_id: String::new(),
+                    }));
+                }
+                current_assistant = None;
+            }
+            Some("user") => {
+                out.push(CanonicalMessage::User(UserMessage {
+                    origin: Origin::User,
+                    text: text_of(content, "text"),
+                    client_message_id: String::new(),
+                }));
+                current_assistant = None;
+            }
+            Some("assistant") => {
+                let text = text_of(content, "text");
+                let thinking = text_of(content, "reasoning");
+                let parts: Vec<&Value> = content
+                    .as_array()
+                    .map(|p| p.iter().filter(|p| p["type"] == "tool-call").collect())
+                    .unwrap_or_default();
+                let continues = current_assistant.is_some()
+                    && text.is_empty()
+                    && thinking.is_empty()
+                    && !parts.is_empty();
+                let slot = match (continues, current_assistant) {
+                    (true, Some(slot)) => slot,
+                    _ => {
+                        imported += 1;
+                        out.push(CanonicalMessage::Assistant(AssistantMessage {
+                            text,
+                            thinking,
+                            model_id: String::new(),
+                            replay: None,
+                            model_call_id: format!("import-{imported}"),
+                            planned_calls: Vec::new(),
+                        }));
+                        out.len() - 1
+                    }
+                };
+                current_assistant = Some(slot);
+                if let CanonicalMessage::Assistant(assistant) = &mut out[slot] {
+                    for part in parts {
+                        let id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
+                        let call = ToolCall {
+                            call_id: id.clone(),
+                            provider_call_id: id.clone(),
+                            name: part["toolName"].as_str().unwrap_or_default().to_owned(),
+                            arguments: part
+                                .get("args")
+                                .or_else(|| part.get("input"))
+                                .map_or_else(|| "{}".to_owned(), Value::to_string),
+                        };
+                        let index =
+                            u32::try_from(assistant.planned_calls.len()).unwrap_or(u32::MAX);
+                        assistant.planned_calls.push(call.clone());
+                        calls.insert(id, (assistant.model_call_id.clone(), index, call));
+                    }
+                }
+            }
+            Some("tool") => {
+                for part in content
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["type"] == "tool-result")
+                {
+                    let id = part["toolCallId"].as_str().unwrap_or_default();
+                    let Some((model_call_id, index, call)) = calls.get(id).cloned() else {
+                        tracing::warn!("imported tool result {id:?} has no call; left out");
+                        continue;
+                    };
+                    let result = match &part["result"] {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    };
+                    out.push(CanonicalMessage::ToolCall(ToolCallRecord {
+                        model_call_id: model_call_id.clone(),
+                        index,
+                        call,
+                    }));
+                    out.push(CanonicalMessage::ToolResult(ToolResultRecord {
+                        model_call_id,
+                        index,
+                        result: ToolResult {
+                            call_id: id.to_owned(),
+                            content: result,
+                            is_error: part["isError"].as_bool().unwrap_or(false),
+                        },
+                    }));
+                }
+            }
+            other => tracing::warn!("imported root with role {other:?} left out"),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imported_roots_become_canonical_history_with_paired_tool_calls() {
+        use crate::model::message::CanonicalMessage;
+        let roots = vec![
+            roots::system("client rules"),
+            roots::user("read it"),
+            roots::assistant("Reading.", "plan"),
+            roots::tool_call("t1", "Read", r#"{"path":"a"}"#),
+            roots::tool_result("t1", "Read", "     1|ay", false),
+            roots::assistant("Done.", ""),
+        ];
+        let history = import_roots(&roots);
+        assert!(
+            matches!(&history[0], CanonicalMessage::User(u) if u.text.contains("client rules"))
+        );
+        assert!(matches!(&history[1], CanonicalMessage::User(u) if u.text == "read it"));
+        let CanonicalMessage::Assistant(first) = &history[2] else {
+            panic!("{history:?}")
+        };
+        assert_eq!(
+            (first.text.as_str(), first.thinking.as_str()),
+            ("Reading.", "plan")
+        );
+        assert_eq!(
+            first.planned_calls.len(),
+            1,
+            "the call root joins the assistant it follows"
+        );
+        assert!(
+            matches!(&history[3], CanonicalMessage::ToolCall(c) if c.call.arguments == r#"{"path":"a"}"# && c.model_call_id == first.model_call_id)
+        );
+        assert!(
+            matches!(&history[4], CanonicalMessage::ToolResult(r) if r.result.content == "     1|ay")
+        );
+        assert!(matches!(&history[5], CanonicalMessage::Assistant(a) if a.text == "Done."));
+        assert_eq!(history.len(), 6);
+    }
 
     #[test]
     fn the_graph_grows_by_new_blobs_only_and_is_a_pure_projection() {

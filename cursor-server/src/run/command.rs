@@ -6,6 +6,7 @@ use tokio::sync::mpsc;
 
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::ExecPayload;
+use crate::cursor::proto::agent::ConversationStateStructure;
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +59,9 @@ pub struct RunRequestInput {
     pub terminals_folder: String,
     /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).
     pub parameters: Vec<(String, String)>,
+    /// The checkpoint the client holds for this conversation, used only to import a conversation
+    /// this server has never seen (its own history is the source of truth otherwise).
+    pub client_state: Option<Box<ConversationStateStructure>>,
 }
 
 /// Messages to a run's actor.

@@ -90,6 +90,8 @@ pub struct Checkpoints {
     outstanding: HashMap<BlobId, (Blob, Instant)>,
     revision: i64,
     last_published: Option<ConversationStateStructure>,
+    /// The head this run started from (`UserMessage.conversation_state_blob_id`).
+    previous_head: Option<BlobId>,
 }
 
 impl Checkpoints {
@@ -103,10 +105,24 @@ impl Checkpoints {
         user_message_id: &str,
         out: &mut Downlink,
     ) -> Result<Checkpoints, ServerError> {
+        let mut checkpoints = Checkpoints::open(store, conversation_id, None).await?;
+        checkpoints
+            .begin_turn(store, request_id, system, user_text, user_message_id, out)
+            .await?;
+        Ok(checkpoints)
+    }
+
+    /// The conversation's graph: from this server's head, else from the state the client sent
+    /// (`client_state`, for a conversation being imported; the client holds those blobs).
+    pub async fn open(
+        store: &Store,
+        conversation_id: &str,
+        client_state: Option<&ConversationStateStructure>,
+    ) -> Result<Checkpoints, ServerError> {
         let head = conversations::head(store, conversation_id).await?;
-        let mut new_blobs = Vec::new();
-        let (graph, revision, previous) = match head {
-            Some((id, revision)) => match blobs::get(store, id).await? {
+        let mut acked = blobs::acked(store, conversation_id).await?;
+        let (graph, revision, previous_head) = match (head, client_state) {
+            (Some((id, revision)), _) => match blobs::get(store, id).await? {
                 Some(data) => {
                     let state = decode_stored::<ConversationStateStructure>(
                         &data,
@@ -117,24 +133,19 @@ impl Checkpoints {
                 }
                 None => (ConversationGraph::default(), revision, None),
             },
-            None => (ConversationGraph::default(), 0, None),
+            (None, Some(state)) => {
+                acked.extend(
+                    state
+                        .root_prompt_messages_json
+                        .iter()
+                        .chain(&state.turns)
+                        .filter_map(|id| BlobId::from_slice(id)),
+                );
+                (ConversationGraph::from_state(state), 0, None)
+            }
+            (None, None) => (ConversationGraph::default(), 0, None),
         };
-        let mut graph = graph;
-        if graph.root_count() == 0 {
-            new_blobs.push(graph.push_root(&roots::system(system)));
-        }
-        new_blobs.push(graph.push_root(&roots::user(user_text)));
-        new_blobs.push(graph.begin_turn(
-            request_id,
-            &pb::UserMessage {
-                text: user_text.to_owned(),
-                message_id: user_message_id.to_owned(),
-                conversation_state_blob_id: previous.map(|id| id.0.to_vec()).unwrap_or_default(),
-                ..pb::UserMessage::default()
-            },
-        ));
-        let acked = blobs::acked(store, conversation_id).await?;
-        let mut checkpoints = Checkpoints {
+        Ok(Checkpoints {
             conversation_id: conversation_id.to_owned(),
             graph,
             kv: KvSync::with_acked(acked),
@@ -143,9 +154,54 @@ impl Checkpoints {
             outstanding: HashMap::new(),
             revision,
             last_published: None,
-        };
-        checkpoints.emit(store, new_blobs, out).await?;
-        Ok(checkpoints)
+            previous_head,
+        })
+    }
+
+    /// Opens this run's turn with the user's message.
+    pub async fn begin_turn(
+        &mut self,
+        store: &Store,
+        request_id: &str,
+        system: &str,
+        user_text: &str,
+        user_message_id: &str,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let mut new_blobs = Vec::new();
+        if self.graph.root_count() == 0 {
+            new_blobs.push(self.graph.push_root(&roots::system(system)));
+        }
+        new_blobs.push(self.graph.push_root(&roots::user(user_text)));
+        new_blobs.push(
+            self.graph.begin_turn(
+                request_id,
+                &pb::UserMessage {
+                    text: user_text.to_owned(),
+                    message_id: user_message_id.to_owned(),
+                    conversation_state_blob_id: self
+                        .previous_head
+                        .map(|id| id.0.to_vec())
+                        .unwrap_or_default(),
+                    ..pb::UserMessage::default()
+                },
+            ),
+        );
+        self.emit(store, new_blobs, out).await
+    }
+
+    /// Forgets roots the client could not produce (see `ConversationGraph::drop_roots`).
+    pub fn forget_missing_roots(&mut self, missing: &[BlobId]) {
+        self.graph.drop_roots(missing);
+    }
+
+    /// Asks the client for every root of the graph (importing a conversation); returns their ids.
+    pub async fn fetch_roots(&mut self, out: &mut Downlink) -> Vec<BlobId> {
+        let roots = self.graph.roots().to_vec();
+        for id in &roots {
+            out.send_message(&self.kv.fetch(*id)).await;
+        }
+        roots
     }
 
     /// Continues the conversation's last turn (a resumed run has no new user message).
@@ -193,6 +249,7 @@ impl Checkpoints {
             outstanding: HashMap::new(),
             revision,
             last_published: None,
+            previous_head: None,
         })
     }
 
@@ -353,7 +410,7 @@ impl Checkpoints {
         id: u32,
         payload: KvPayload,
         out: &mut Downlink,
-    ) -> Result<(), ServerError> {
+    ) -> Result<Option<KvOutcome>, ServerError> {
         match self.kv.on_result(id, *payload.0) {
             Ok(KvOutcome::Stored(blob)) => {
                 self.outstanding.remove(&blob);
@@ -361,20 +418,18 @@ impl Checkpoints {
                 if let Some(ready) = self.gate.ready(&self.kv) {
                     self.publish(store, ready, out).await?;
                 }
-                Ok(())
+                Ok(None)
             }
-            Ok(other) => {
-                tracing::debug!(conversation_id = %self.conversation_id, "KV read answered: {other:?}");
-                Ok(())
-            }
+            // Reads go back to whoever asked (the importer).
+            Ok(read) => Ok(Some(read)),
             Err(KvError::Late(id)) => {
                 tracing::info!(conversation_id = %self.conversation_id, kv_id = id, "late KV result ignored");
-                Ok(())
+                Ok(None)
             }
             Err(KvError::StoreFailed { blob, message }) => {
                 // The previous checkpoint stays current; the graph is still ours to publish later.
                 tracing::warn!(conversation_id = %self.conversation_id, %blob, "client could not store a blob: {message}");
-                Ok(())
+                Ok(None)
             }
             Err(error) => Err(ProtocolError::Kv(error.to_string()).into()),
         }

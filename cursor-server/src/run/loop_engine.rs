@@ -14,7 +14,8 @@ use super::actor::Downlink;
 use super::command::{ExecControl, ProtocolError, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use crate::app::AppState;
-use crate::cursor::blob_sync::KvPayload;
+use crate::cursor::blob_sync::{KvOutcome, KvPayload};
+use crate::cursor::checkpoint;
 use crate::cursor::exec::{self, ExecPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
@@ -32,7 +33,9 @@ use crate::prompting::{derived_state, projector};
 use crate::provider::{
     self, CallLimits, EventReceiver, FinishReason, ProviderError, ResponseEvent,
 };
+use crate::store::blobs::BlobId;
 use crate::store::{messages, runs};
+use std::collections::HashMap;
 
 /// What the loop wants after an event.
 #[derive(Debug)]
@@ -80,9 +83,20 @@ struct Slot {
     run: Option<ToolRun>,
 }
 
+/// A conversation being imported from the client's blobs before the turn starts.
+#[derive(Debug)]
+struct Import {
+    wanted: Vec<BlobId>,
+    got: HashMap<BlobId, Option<Vec<u8>>>,
+    user_text: String,
+    user_message_id: String,
+}
+
 /// Where the turn is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Fetching the roots of a conversation only the client knows.
+    Importing,
     /// A provider call is streaming.
     Streaming,
     /// Tool calls are running; the next provider call waits for all of them.
@@ -107,6 +121,7 @@ pub struct TurnLoop {
     pending: PendingExecs,
     tool_env: ToolEnv,
     checkpoints: Checkpoints,
+    import: Option<Import>,
     usage: Usage,
     provider_calls: u32,
 }
@@ -142,7 +157,30 @@ impl TurnLoop {
             })?;
 
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
+        let mut import = None;
         let (history, checkpoints) = match &input.action {
+            RunAction::UserMessage { text, message_id }
+                if input.client_state.is_some()
+                    && messages::load(&app.store, &input.conversation_id)
+                        .await?
+                        .is_empty() =>
+            {
+                // Unknown here, known to the client: its roots become our history first.
+                let mut checkpoints = Checkpoints::open(
+                    &app.store,
+                    &input.conversation_id,
+                    input.client_state.as_deref(),
+                )
+                .await?;
+                let wanted = checkpoints.fetch_roots(out).await;
+                import = Some(Import {
+                    wanted,
+                    got: HashMap::new(),
+                    user_text: text.clone(),
+                    user_message_id: message_id.clone(),
+                });
+                (Vec::new(), checkpoints)
+            }
             RunAction::UserMessage { text, message_id } => {
                 let user = CanonicalMessage::User(UserMessage {
                     origin: Origin::User,
@@ -199,11 +237,16 @@ impl TurnLoop {
             pending: PendingExecs::default(),
             tool_env,
             checkpoints,
+            import,
             usage: Usage::default(),
             provider_calls: 0,
             app,
         };
         let step = match input.action {
+            RunAction::UserMessage { .. } if turn.import.is_some() => {
+                turn.phase = Phase::Importing;
+                LoopStep::Continue
+            }
             RunAction::UserMessage { .. } => {
                 turn.start_provider_call();
                 LoopStep::Continue
@@ -645,10 +688,75 @@ impl TurnLoop {
         payload: KvPayload,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
-        self.checkpoints
+        let read = self
+            .checkpoints
             .on_kv(&self.app.store, id, payload, out)
             .await?;
+        let Some(import) = &mut self.import else {
+            return Ok(LoopStep::Continue);
+        };
+        match read {
+            Some(KvOutcome::Fetched { id, data }) => {
+                import.got.insert(id, Some(data));
+            }
+            Some(KvOutcome::Missing(id)) => {
+                tracing::warn!(request_id = %self.request_id, blob = %id, "the client does not have a root it listed; left out");
+                import.got.insert(id, None);
+            }
+            _ => {}
+        }
+        if import.wanted.iter().all(|id| import.got.contains_key(id)) {
+            self.finish_import(out).await?;
+        }
         Ok(LoopStep::Continue)
+    }
+
+    /// All roots are in: they become stored history, then the turn starts as usual.
+    async fn finish_import(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+        let Some(import) = self.import.take() else {
+            return Ok(());
+        };
+        let roots: Vec<serde_json::Value> = import
+            .wanted
+            .iter()
+            .filter_map(|id| import.got.get(id).cloned().flatten())
+            .filter_map(|data| match serde_json::from_slice(&data) {
+                Ok(json) => Some(json),
+                Err(e) => {
+                    tracing::warn!(request_id = %self.request_id, "an imported root is not JSON ({e}); left out");
+                    None
+                }
+            })
+            .collect();
+        let missing: Vec<BlobId> = import
+            .wanted
+            .iter()
+            .filter(|id| matches!(import.got.get(id), Some(None)))
+            .copied()
+            .collect();
+        self.checkpoints.forget_missing_roots(&missing);
+        let mut imported = checkpoint::import_roots(&roots);
+        tracing::info!(request_id = %self.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
+        imported.push(CanonicalMessage::User(UserMessage {
+            origin: Origin::User,
+            text: import.user_text.clone(),
+            client_message_id: import.user_message_id.clone(),
+        }));
+        self.append(&imported).await?;
+        self.history = messages::load(&self.app.store, &self.conversation_id).await?;
+        self.tool_env.todos = fold_todos(&self.history);
+        self.checkpoints
+            .begin_turn(
+                &self.app.store,
+                &self.request_id,
+                compiler::COMMON_PREFIX,
+                &import.user_text,
+                &import.user_message_id,
+                out,
+            )
+            .await?;
+        self.start_provider_call();
+        Ok(())
     }
 
     /// Builds the final checkpoint (published once the client has stored its blobs).

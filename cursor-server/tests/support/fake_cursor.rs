@@ -296,6 +296,35 @@ impl<'a> Session<'a> {
         session
     }
 
+    /// Like `start`, with `blobs` already in the client's blob store (a conversation the client
+    /// had before, e.g. with another backend).
+    pub async fn start_with_blobs(
+        cursor: &'a FakeCursor,
+        request_id: &str,
+        first: &AgentClientMessage,
+        blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    ) -> Session<'a> {
+        let response = cursor.open_run_sse(request_id).await;
+        assert_eq!(response.status(), 200);
+        let mut session = Session {
+            cursor,
+            request_id: request_id.to_owned(),
+            seqno: 0,
+            blobs,
+            withhold_acks: false,
+            withheld: Vec::new(),
+            stream: response.bytes_stream().boxed(),
+            decoder: FrameDecoder::new(64 * 1024 * 1024),
+            transcript: Transcript {
+                messages: Vec::new(),
+                end: None,
+                end_frame: None,
+            },
+        };
+        session.send(first).await;
+        session
+    }
+
     pub async fn send(&mut self, message: &AgentClientMessage) {
         let response = self
             .cursor
@@ -348,8 +377,27 @@ impl<'a> Session<'a> {
         let Some(agent_server_message::Message::KvServerMessage(kv)) = &message.message else {
             return;
         };
-        let Some(kv_server_message::Message::SetBlobArgs(set)) = &kv.message else {
-            return;
+        let set = match &kv.message {
+            Some(kv_server_message::Message::SetBlobArgs(set)) => set,
+            Some(kv_server_message::Message::GetBlobArgs(get)) => {
+                use cursor_server::cursor::proto::agent::GetBlobResult;
+                // An unknown id is answered with an empty result, as Cursor does.
+                let reply = AgentClientMessage {
+                    message: Some(agent_client_message::Message::KvClientMessage(
+                        KvClientMessage {
+                            id: kv.id,
+                            message: Some(kv_client_message::Message::GetBlobResult(
+                                GetBlobResult {
+                                    blob_data: self.blobs.get(&get.blob_id).cloned(),
+                                },
+                            )),
+                        },
+                    )),
+                };
+                self.send(&reply).await;
+                return;
+            }
+            None => return,
         };
         self.blobs
             .insert(set.blob_id.clone(), set.blob_data.clone());
