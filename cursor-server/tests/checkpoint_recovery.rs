@@ -674,3 +674,35 @@ async fn a_conversation_only_the_client_knows_is_imported_from_its_blobs() {
         .count();
     assert_eq!(gets, ids.len(), "one hash-checked read per listed root");
 }
+
+#[tokio::test]
+async fn a_get_result_whose_hash_does_not_match_is_rejected() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let claimed = BlobId::of(br#"{"role":"user","content":"real"}"#)
+        .0
+        .to_vec();
+    let mut blobs = std::collections::HashMap::new();
+    blobs.insert(
+        claimed.clone(),
+        br#"{"role":"user","content":"forged"}"#.to_vec(),
+    );
+    let mut request = run_request_with_env("conv-forged", "hi");
+    if let Some(pb::agent_client_message::Message::RunRequest(run)) = &mut request.message {
+        run.conversation_state = Some(ConversationStateStructure {
+            root_prompt_messages_json: vec![claimed],
+            ..ConversationStateStructure::default()
+        });
+    }
+    let mut session = Session::start_with_blobs(&cursor, "req-forged", &request, blobs).await;
+    while session.next().await.is_some() {}
+
+    assert_eq!(session.transcript.error_code(), Some("invalid_argument"));
+    let message = session.transcript.error_message().unwrap();
+    assert!(message.contains("does not match its data"), "{message}");
+    assert!(
+        provider.requests().is_empty(),
+        "nothing forged reaches the model"
+    );
+}
