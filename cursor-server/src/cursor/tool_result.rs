@@ -144,6 +144,16 @@ pub fn parse_todo_update(arguments: &str) -> Option<TodoUpdate> {
     }
 }
 
+/// The result of the wanted card kind, if `part` is one.
+macro_rules! part {
+    ($part:expr, $variant:ident) => {
+        match $part {
+            Some(ResultPart::$variant(result)) => Some(result),
+            _ => None,
+        }
+    };
+}
+
 /// The card with typed args and no result yet (`tool_call_started`).
 pub fn args_card(input: &ToolInput, call_id: &str) -> pb::ToolCall {
     with_result(input, call_id, None)
@@ -155,33 +165,33 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
     match (input, result) {
         (ToolInput::Read(read), result) => card(Tool::ReadToolCall(pb::ReadToolCall {
             args: Some(read_args(read)),
-            result: result.and_then(ResultPart::read),
+            result: part!(result, Read),
         })),
         (ToolInput::Write(write), result) => card(Tool::EditToolCall(pb::EditToolCall {
             args: Some(edit_args(&write.path)),
-            result: result.and_then(ResultPart::edit),
+            result: part!(result, Edit),
         })),
         (ToolInput::StrReplace(edit), result) => card(Tool::EditToolCall(pb::EditToolCall {
             args: Some(edit_args(&edit.path)),
-            result: result.and_then(ResultPart::edit),
+            result: part!(result, Edit),
         })),
         (ToolInput::Delete(delete), result) => card(Tool::DeleteToolCall(pb::DeleteToolCall {
             args: Some(pb::DeleteArgs {
                 path: delete.path.clone(),
                 tool_call_id: call_id.to_owned(),
             }),
-            result: result.and_then(ResultPart::delete),
+            result: part!(result, Delete),
         })),
         (ToolInput::Grep(grep), result) => card(Tool::GrepToolCall(pb::GrepToolCall {
             args: Some(exec::grep_args(grep, call_id)),
-            result: result.and_then(ResultPart::grep),
+            result: part!(result, Grep),
         })),
         (ToolInput::Glob(glob), result) => card(Tool::GlobToolCall(pb::GlobToolCall {
             args: Some(pb::GlobToolArgs {
                 target_directory: glob.target_directory.clone(),
                 glob_pattern: glob.glob_pattern.clone(),
             }),
-            result: result.and_then(ResultPart::glob),
+            result: part!(result, Glob),
         })),
         (ToolInput::Ls(ls), result) => card(Tool::LsToolCall(pb::LsToolCall {
             args: Some(pb::LsArgs {
@@ -190,19 +200,19 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                 tool_call_id: call_id.to_owned(),
                 ..pb::LsArgs::default()
             }),
-            result: result.and_then(ResultPart::ls),
+            result: part!(result, Ls),
         })),
         (ToolInput::ReadLints(lints), result) => {
             card(Tool::ReadLintsToolCall(pb::ReadLintsToolCall {
                 args: Some(pb::ReadLintsToolArgs {
                     paths: lints.paths.clone(),
                 }),
-                result: result.and_then(ResultPart::lints),
+                result: part!(result, Lints),
             }))
         }
         (ToolInput::Shell(shell), result) => card(Tool::ShellToolCall(pb::ShellToolCall {
             args: Some(exec::shell_args(shell, call_id)),
-            result: result.and_then(ResultPart::shell),
+            result: part!(result, Shell),
             description: shell.description.clone(),
         })),
         (ToolInput::TodoWrite(todos), result) => {
@@ -221,7 +231,7 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                     todos: items,
                     merge: todos.merge,
                 }),
-                result: result.and_then(ResultPart::todos),
+                result: part!(result, Todos),
             }))
         }
     }
@@ -239,72 +249,6 @@ enum ResultPart {
     Lints(pb::ReadLintsToolResult),
     Shell(pb::ShellResult),
     Todos(pb::UpdateTodosResult),
-}
-
-impl ResultPart {
-    fn read(self) -> Option<pb::ReadToolResult> {
-        if let ResultPart::Read(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn edit(self) -> Option<pb::EditResult> {
-        if let ResultPart::Edit(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn delete(self) -> Option<pb::DeleteResult> {
-        if let ResultPart::Delete(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn grep(self) -> Option<pb::GrepResult> {
-        if let ResultPart::Grep(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn glob(self) -> Option<pb::GlobToolResult> {
-        if let ResultPart::Glob(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn ls(self) -> Option<pb::LsResult> {
-        if let ResultPart::Ls(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn lints(self) -> Option<pb::ReadLintsToolResult> {
-        if let ResultPart::Lints(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn shell(self) -> Option<pb::ShellResult> {
-        if let ResultPart::Shell(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
-    fn todos(self) -> Option<pb::UpdateTodosResult> {
-        if let ResultPart::Todos(r) = self {
-            Some(r)
-        } else {
-            None
-        }
-    }
 }
 
 fn edit_error(path: &str, message: &str) -> pb::EditResult {

@@ -210,47 +210,22 @@ impl Checkpoints {
         conversation_id: &str,
         request_id: &str,
     ) -> Result<Checkpoints, ServerError> {
-        let head = conversations::head(store, conversation_id).await?;
-        let mut graph = ConversationGraph::default();
-        let mut revision = 0;
-        if let Some((id, rev)) = head {
-            revision = rev;
-            if let Some(data) = blobs::get(store, id).await? {
-                let state = decode_stored::<ConversationStateStructure>(
-                    &data,
-                    "agent.v1.ConversationStateStructure",
-                    id,
-                )?;
-                graph = ConversationGraph::from_state(&state);
-                if let Some(last) = graph.last_turn()
-                    && let Some(data) = blobs::get(store, last).await?
-                {
-                    let turn = decode_stored::<pb::ConversationTurnStructure>(
-                        &data,
-                        "agent.v1.ConversationTurnStructure",
-                        last,
-                    )?;
-                    if let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(
-                        turn,
-                    )) = turn.turn
-                    {
-                        graph.reopen_last_turn(request_id, &turn);
-                    }
-                }
+        let mut checkpoints = Checkpoints::open(store, conversation_id, None).await?;
+        if let Some(last) = checkpoints.graph.last_turn()
+            && let Some(data) = blobs::get(store, last).await?
+        {
+            let turn = decode_stored::<pb::ConversationTurnStructure>(
+                &data,
+                "agent.v1.ConversationTurnStructure",
+                last,
+            )?;
+            if let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(turn)) =
+                turn.turn
+            {
+                checkpoints.graph.reopen_last_turn(request_id, &turn);
             }
         }
-        let acked = blobs::acked(store, conversation_id).await?;
-        Ok(Checkpoints {
-            conversation_id: conversation_id.to_owned(),
-            graph,
-            kv: KvSync::with_acked(acked),
-            gate: CheckpointGate::default(),
-            referenced: Vec::new(),
-            outstanding: HashMap::new(),
-            revision,
-            last_published: None,
-            previous_head: None,
-        })
+        Ok(checkpoints)
     }
 
     async fn emit(
