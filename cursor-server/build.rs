@@ -35,7 +35,10 @@ const AISERVER_ROOTS: &[&str] = &[
 
 /// `aiserver.v1` methods the server serves (service, method). Other methods are forwarded upstream
 /// unchanged and need no generated types.
-const AISERVER_SERVED_METHODS: &[(&str, &str)] = &[("BidiService", "BidiAppend")];
+const AISERVER_SERVED_METHODS: &[(&str, &str)] = &[
+    ("BidiService", "BidiAppend"),
+    ("AiService", "AvailableModels"),
+];
 
 fn main() {
     if let Err(message) = run() {

@@ -346,3 +346,39 @@ async fn unknown_routes_get_a_connect_error_not_a_hang() {
     let json: serde_json::Value = response.json().await.expect("JSON");
     assert_eq!(json["code"], "unimplemented");
 }
+
+#[tokio::test]
+async fn the_model_picker_lists_the_configured_models() {
+    use cursor_server::cursor::proto::aiserver::{AvailableModelsRequest, AvailableModelsResponse};
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/aiserver.v1.AiService/AvailableModels",
+            server.addr
+        ))
+        .header("content-type", "application/proto")
+        .header("connect-protocol-version", "1")
+        .body(AvailableModelsRequest::default().encode_to_vec())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let body = response.bytes().await.expect("body");
+    let models = AvailableModelsResponse::decode(body.as_ref()).expect("AvailableModelsResponse");
+    assert_eq!(models.model_names, [fixtures::MODEL]);
+    let model = &models.models[0];
+    assert_eq!(model.name, fixtures::MODEL);
+    assert_eq!(model.client_display_name.as_deref(), Some("Test Model"));
+    assert_eq!(model.supports_agent, Some(true));
+    assert_eq!(model.supports_thinking, Some(true));
+    assert_eq!(model.is_user_added, Some(true));
+    assert_eq!(model.context_token_limit, Some(128_000));
+    assert_eq!(
+        models
+            .composer_model_config
+            .map(|c| c.default_model)
+            .as_deref(),
+        Some(fixtures::MODEL)
+    );
+}

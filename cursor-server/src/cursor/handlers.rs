@@ -15,7 +15,10 @@ use tokio::sync::mpsc;
 use super::bidi_append;
 use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder};
 use super::proto::agent::{AgentClientMessage, agent_service_routes};
-use super::proto::aiserver::{BidiAppendResponse, bidi_service_routes};
+use super::proto::aiserver::{
+    AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, ai_service_routes,
+    available_models_response, bidi_service_routes,
+};
 use super::run_sse::{self, DOWNLINK_BUFFER};
 use crate::app::AppState;
 use crate::run::command::{ProtocolError, RunCommand};
@@ -35,6 +38,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route(agent_service_routes::RUN, post(run_bidi))
         .route(bidi_service_routes::BIDI_APPEND, post(bidi_append_route))
+        .route(
+            ai_service_routes::AVAILABLE_MODELS,
+            post(available_models_route),
+        )
         .fallback(unknown_route)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -100,6 +107,68 @@ async fn bidi_append_route(
         prost::Message::encode_to_vec(&BidiAppendResponse {}),
     )
         .into_response()
+}
+
+/// `POST /aiserver.v1.AiService/AvailableModels`: the configured models, for Cursor's picker. Runs
+/// of every model come to this server, so the list is this server's own.
+async fn available_models_route(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let encoding = match Encoding::parse(header_str(&headers, header::CONTENT_ENCODING.as_str())) {
+        Ok(encoding) => encoding,
+        Err(e) => return invalid(format!("AvailableModels: {e}")),
+    };
+    if let Err(e) = connect::decode_unary_body(&body, encoding, state.config.max_frame_bytes)
+        .and_then(|payload| {
+            connect::decode_message::<AvailableModelsRequest>(
+                &payload,
+                "aiserver.v1.AvailableModelsRequest",
+            )
+        })
+    {
+        return invalid(format!("AvailableModels: {e}"));
+    }
+    let response = available_models(&state.config);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_UNARY)],
+        prost::Message::encode_to_vec(&response),
+    )
+        .into_response()
+}
+
+fn available_models(config: &crate::config::Config) -> AvailableModelsResponse {
+    let models: Vec<available_models_response::AvailableModel> = config
+        .providers
+        .iter()
+        .flat_map(|provider| provider.models.iter())
+        .map(|model| available_models_response::AvailableModel {
+            name: model.id.clone(),
+            default_on: true,
+            supports_agent: Some(true),
+            supports_thinking: Some(model.reasoning),
+            supports_max_mode: Some(false),
+            supports_non_max_mode: Some(true),
+            context_token_limit: Some(i32::try_from(model.context_window).unwrap_or(i32::MAX)),
+            client_display_name: Some(model.display_name.clone()),
+            server_model_name: Some(model.id.clone()),
+            supports_plan_mode: Some(true),
+            is_user_added: Some(true),
+            inputbox_short_model_name: Some(model.display_name.clone()),
+            ..Default::default()
+        })
+        .collect();
+    AvailableModelsResponse {
+        model_names: models.iter().map(|m| m.name.clone()).collect(),
+        models,
+        composer_model_config: Some(available_models_response::FeatureModelConfig {
+            default_model: config.default_model.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 fn registry_error(error: RegistryError) -> Response {
