@@ -80,6 +80,8 @@ pub enum ConfigError {
         budget: u32,
         max_output_tokens: u32,
     },
+    #[error("model {model:?}: quirks.extra_body must be a table of JSON-representable values")]
+    ExtraBody { model: String },
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
 }
@@ -494,10 +496,12 @@ impl FileProvider {
                     max_output_tokens,
                 });
             }
-            let extra_body = serde_json::to_value(&model.quirks.extra_body)
-                .ok()
-                .and_then(|v| v.as_object().cloned())
-                .unwrap_or_default();
+            let extra_body = match serde_json::to_value(&model.quirks.extra_body) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => {
+                    return Err(ConfigError::ExtraBody { model: model.id });
+                }
+            };
             models.push(ModelConfig {
                 upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
                 display_name: model.display_name.unwrap_or_else(|| model.id.clone()),

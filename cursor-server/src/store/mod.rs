@@ -30,6 +30,8 @@ pub enum StoreError {
     Encode(#[from] serde_json::Error),
     #[error("{0}")]
     BlobHash(#[from] blobs::HashMismatch),
+    #[error("run {request_id} has an unknown status {status:?}")]
+    CorruptRun { request_id: String, status: String },
     #[error("stored blob {id} does not decode: {message}")]
     CorruptBlob { id: String, message: String },
 }

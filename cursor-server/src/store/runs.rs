@@ -119,7 +119,16 @@ pub async fn get(store: &Store, request_id: &str) -> Result<Option<RunRecord>, S
     .fetch_optional(store.pool())
     .await
     .context("reading run")?;
-    Ok(row.map(|row| {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let status_text: String = row.get("status");
+    // The schema's CHECK constraint allows only known values; anything else is a corrupt row.
+    let status = RunStatus::parse(&status_text).ok_or_else(|| StoreError::CorruptRun {
+        request_id: request_id.to_owned(),
+        status: status_text.clone(),
+    })?;
+    Ok(Some({
         let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
         let code: Option<String> = row.get("error_code");
         let message: Option<String> = row.get("error_message");
@@ -128,7 +137,7 @@ pub async fn get(store: &Store, request_id: &str) -> Result<Option<RunRecord>, S
             conversation_id: row.get("conversation_id"),
             model_id: row.get("model_id"),
             outcome: RunOutcome {
-                status: RunStatus::parse(row.get("status")).unwrap_or(RunStatus::Failed),
+                status,
                 provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
                 usage: Usage {
                     input_tokens: tokens("input_tokens"),
