@@ -13,7 +13,7 @@ use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 
 use super::bidi_append;
-use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder};
+use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError};
 use super::proto::agent::{AgentClientMessage, agent_service_routes};
 use super::proto::aiserver::{
     AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, ai_service_routes,
@@ -75,11 +75,7 @@ async fn bidi_append_route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let encoding = match Encoding::parse(header_str(&headers, header::CONTENT_ENCODING.as_str())) {
-        Ok(encoding) => encoding,
-        Err(e) => return invalid(format!("BidiAppend: {e}")),
-    };
-    let append = match connect::decode_unary_body(&body, encoding, state.config.max_frame_bytes)
+    let append = match unary_payload(&headers, &body, state.config.max_frame_bytes)
         .map_err(bidi_append::BidiAppendError::from)
         .and_then(|payload| bidi_append::decode(&payload))
     {
@@ -101,12 +97,7 @@ async fn bidi_append_route(
     if handle.send(command).await.is_err() {
         return registry_error(RegistryError::Finished(append.request_id));
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_UNARY)],
-        prost::Message::encode_to_vec(&BidiAppendResponse {}),
-    )
-        .into_response()
+    unary_ok(&BidiAppendResponse {})
 }
 
 /// `POST /aiserver.v1.AiService/AvailableModels`: the configured models, for Cursor's picker. Runs
@@ -116,12 +107,8 @@ async fn available_models_route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let encoding = match Encoding::parse(header_str(&headers, header::CONTENT_ENCODING.as_str())) {
-        Ok(encoding) => encoding,
-        Err(e) => return invalid(format!("AvailableModels: {e}")),
-    };
-    if let Err(e) = connect::decode_unary_body(&body, encoding, state.config.max_frame_bytes)
-        .and_then(|payload| {
+    if let Err(e) =
+        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
             connect::decode_message::<AvailableModelsRequest>(
                 &payload,
                 "aiserver.v1.AvailableModelsRequest",
@@ -130,11 +117,21 @@ async fn available_models_route(
     {
         return invalid(format!("AvailableModels: {e}"));
     }
-    let response = available_models(&state.config);
+    unary_ok(&available_models(&state.config))
+}
+
+/// The protobuf payload of a unary request, whatever its `content-encoding` and framing.
+fn unary_payload(headers: &HeaderMap, body: &[u8], max_bytes: usize) -> Result<Bytes, WireError> {
+    let encoding = Encoding::parse(header_str(headers, header::CONTENT_ENCODING.as_str()))?;
+    connect::decode_unary_body(body, encoding, max_bytes)
+}
+
+/// A successful unary response: 200, `application/proto`, the encoded message.
+fn unary_ok<M: prost::Message>(message: &M) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, connect::CONTENT_TYPE_UNARY)],
-        prost::Message::encode_to_vec(&response),
+        message.encode_to_vec(),
     )
         .into_response()
 }

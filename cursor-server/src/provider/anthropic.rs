@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
+use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 
@@ -131,10 +131,6 @@ impl AnthropicStreamParser {
     }
 }
 
-fn text_of<'a>(value: &'a Value, field: &str) -> &'a str {
-    value.get(field).and_then(Value::as_str).unwrap_or_default()
-}
-
 impl StreamParser for AnthropicStreamParser {
     fn feed(
         &mut self,
@@ -158,32 +154,32 @@ impl StreamParser for AnthropicStreamParser {
                 let block = &event["content_block"];
                 let parsed = match block["type"].as_str() {
                     Some("text") => {
-                        let text = text_of(block, "text");
+                        let text = str_field(block, "text");
                         if !text.is_empty() {
                             out.push(ResponseEvent::TextDelta(text.to_owned()));
                         }
                         Block::Text
                     }
                     Some("thinking") => {
-                        let thinking = text_of(block, "thinking").to_owned();
+                        let thinking = str_field(block, "thinking").to_owned();
                         if !thinking.is_empty() {
                             out.push(ResponseEvent::ReasoningDelta(thinking.clone()));
                         }
                         Block::Thinking {
                             thinking,
-                            signature: text_of(block, "signature").to_owned(),
+                            signature: str_field(block, "signature").to_owned(),
                         }
                     }
                     Some("redacted_thinking") => Block::Redacted {
-                        data: text_of(block, "data").to_owned(),
+                        data: str_field(block, "data").to_owned(),
                     },
                     Some("tool_use") => {
                         let ordinal = self.next_ordinal;
                         self.next_ordinal += 1;
                         out.push(ResponseEvent::ToolCallStart {
                             index: ordinal,
-                            id: text_of(block, "id").to_owned(),
-                            name: text_of(block, "name").to_owned(),
+                            id: str_field(block, "id").to_owned(),
+                            name: str_field(block, "name").to_owned(),
                         });
                         Block::ToolUse { ordinal }
                     }
@@ -207,23 +203,23 @@ impl StreamParser for AnthropicStreamParser {
                 };
                 match (delta["type"].as_str(), block) {
                     (Some("text_delta"), _) => {
-                        let text = text_of(delta, "text");
+                        let text = str_field(delta, "text");
                         if !text.is_empty() {
                             out.push(ResponseEvent::TextDelta(text.to_owned()));
                         }
                     }
                     (Some("thinking_delta"), Block::Thinking { thinking, .. }) => {
-                        let text = text_of(delta, "thinking");
+                        let text = str_field(delta, "thinking");
                         thinking.push_str(text);
                         if !text.is_empty() {
                             out.push(ResponseEvent::ReasoningDelta(text.to_owned()));
                         }
                     }
                     (Some("signature_delta"), Block::Thinking { signature, .. }) => {
-                        signature.push_str(text_of(delta, "signature"));
+                        signature.push_str(str_field(delta, "signature"));
                     }
                     (Some("input_json_delta"), Block::ToolUse { ordinal }) => {
-                        let fragment = text_of(delta, "partial_json");
+                        let fragment = str_field(delta, "partial_json");
                         if !fragment.is_empty() {
                             out.push(ResponseEvent::ToolArgsDelta {
                                 index: *ordinal,

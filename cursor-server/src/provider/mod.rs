@@ -299,6 +299,14 @@ pub(crate) fn typed_event(
     Ok(Some((kind, event)))
 }
 
+/// A string field of a JSON event, empty when absent.
+pub(crate) fn str_field<'a>(value: &'a serde_json::Value, field: &str) -> &'a str {
+    value
+        .get(field)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+}
+
 /// 429 (rate limit), 5xx and Anthropic's 529 (overloaded) may succeed on a retry.
 fn is_retryable_status(status: u16) -> bool {
     status == 429 || status == 529 || (500..=599).contains(&status)

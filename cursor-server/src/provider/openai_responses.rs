@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
+use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 
@@ -83,10 +83,6 @@ fn usage_of(usage: &Value) -> Usage {
     }
 }
 
-fn text_of<'a>(event: &'a Value, field: &str) -> &'a str {
-    event.get(field).and_then(Value::as_str).unwrap_or_default()
-}
-
 impl StreamParser for ResponsesStreamParser {
     fn feed(
         &mut self,
@@ -111,10 +107,10 @@ impl StreamParser for ResponsesStreamParser {
                     }
                     out.push(ResponseEvent::ToolCallStart {
                         index: ordinal,
-                        id: text_of(item, "call_id").to_owned(),
-                        name: text_of(item, "name").to_owned(),
+                        id: str_field(item, "call_id").to_owned(),
+                        name: str_field(item, "name").to_owned(),
                     });
-                    let arguments = text_of(item, "arguments");
+                    let arguments = str_field(item, "arguments");
                     if !arguments.is_empty() {
                         out.push(ResponseEvent::ToolArgsDelta {
                             index: ordinal,
@@ -128,7 +124,7 @@ impl StreamParser for ResponsesStreamParser {
                     provider: self.provider.clone(),
                     message: "function call arguments for an unknown item".to_owned(),
                 })?;
-                let delta = text_of(&event, "delta");
+                let delta = str_field(&event, "delta");
                 if !delta.is_empty() {
                     out.push(ResponseEvent::ToolArgsDelta {
                         index: ordinal,
@@ -137,13 +133,13 @@ impl StreamParser for ResponsesStreamParser {
                 }
             }
             "response.output_text.delta" | "response.refusal.delta" => {
-                let delta = text_of(&event, "delta");
+                let delta = str_field(&event, "delta");
                 if !delta.is_empty() {
                     out.push(ResponseEvent::TextDelta(delta.to_owned()));
                 }
             }
             "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
-                let delta = text_of(&event, "delta");
+                let delta = str_field(&event, "delta");
                 if !delta.is_empty() {
                     out.push(ResponseEvent::ReasoningDelta(delta.to_owned()));
                 }

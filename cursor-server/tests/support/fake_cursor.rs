@@ -275,25 +275,7 @@ impl<'a> Session<'a> {
         request_id: &str,
         first: &AgentClientMessage,
     ) -> Session<'a> {
-        let response = cursor.open_run_sse(request_id).await;
-        assert_eq!(response.status(), 200);
-        let mut session = Session {
-            cursor,
-            request_id: request_id.to_owned(),
-            seqno: 0,
-            blobs: std::collections::HashMap::new(),
-            withhold_acks: false,
-            withheld: Vec::new(),
-            stream: response.bytes_stream().boxed(),
-            decoder: FrameDecoder::new(64 * 1024 * 1024),
-            transcript: Transcript {
-                messages: Vec::new(),
-                end: None,
-                end_frame: None,
-            },
-        };
-        session.send(first).await;
-        session
+        Self::start_with_blobs(cursor, request_id, first, std::collections::HashMap::new()).await
     }
 
     /// Like `start`, with `blobs` already in the client's blob store (a conversation the client
