@@ -11,7 +11,6 @@ mod fixtures;
 use cursor_server::cursor::proto::agent::{
     self as pb, ConversationStateStructure, ConversationStep, ConversationTurnStructure,
     agent_server_message, conversation_step, conversation_turn_structure,
-    exec_client_message as result,
 };
 use cursor_server::store::Store;
 use cursor_server::store::blobs::BlobId;
@@ -20,18 +19,8 @@ use fake_cursor::{FakeCursor, Session};
 use fake_provider::{
     FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,
 };
-use fixtures::{TestServer, exec_result, run_request_with_env};
+use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
 use prost::Message as _;
-
-fn read_success(content: &str) -> result::Message {
-    result::Message::ReadResult(pb::ReadResult {
-        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
-            total_lines: 1,
-            output: Some(pb::read_success::Output::Content(content.to_owned())),
-            ..pb::ReadSuccess::default()
-        })),
-    })
-}
 
 fn blob<'a>(session: &'a Session<'_>, id: &[u8]) -> &'a [u8] {
     session.blobs.get(id).unwrap_or_else(|| {
@@ -151,7 +140,7 @@ async fn no_checkpoint_is_published_until_every_blob_it_references_is_acknowledg
     session.withhold_acks = true;
     let exec = session.next_exec().await;
     session
-        .send(&exec_result(exec.id, read_success("ay")))
+        .send(&exec_result(exec.id, read_success("", "ay")))
         .await;
     // Read on to turn_ended: the tool checkpoint and the final one are built, but none may go out.
     while let Some(message) = session.next().await {
@@ -217,7 +206,9 @@ async fn a_checkpoint_follows_each_completed_tool_naming_the_calls_still_running
     .await;
     let a = session.next_exec().await;
     let b = session.next_exec().await;
-    session.send(&exec_result(a.id, read_success("ay"))).await;
+    session
+        .send(&exec_result(a.id, read_success("", "ay")))
+        .await;
     // Wait for the checkpoint of the first completion before answering the second.
     let first = loop {
         let message = session.next().await.expect("stream open");
@@ -228,7 +219,9 @@ async fn a_checkpoint_follows_each_completed_tool_naming_the_calls_still_running
         }
     };
     assert_eq!(first.pending_tool_calls.len(), 1, "call b is still running");
-    session.send(&exec_result(b.id, read_success("bee"))).await;
+    session
+        .send(&exec_result(b.id, read_success("", "bee")))
+        .await;
     while session.next().await.is_some() {}
 
     assert!(session.transcript.is_success());
@@ -480,10 +473,10 @@ async fn a_run_killed_after_two_of_three_tools_resumes_without_running_them_agai
         session.next_exec().await,
     ];
     session
-        .send(&exec_result(execs[0].id, read_success("one")))
+        .send(&exec_result(execs[0].id, read_success("", "one")))
         .await;
     session
-        .send(&exec_result(execs[1].id, read_success("two")))
+        .send(&exec_result(execs[1].id, read_success("", "two")))
         .await;
     // Both results are committed: wait for the checkpoint that names only call 3 as running.
     loop {
@@ -529,7 +522,7 @@ async fn a_run_killed_after_two_of_three_tools_resumes_without_running_them_agai
         "the model is not asked again before the batch completes"
     );
     resumed
-        .send(&exec_result(exec.id, read_success("three")))
+        .send(&exec_result(exec.id, read_success("", "three")))
         .await;
     while resumed.next().await.is_some() {}
 

@@ -9,21 +9,10 @@ mod fake_provider;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
-use cursor_server::cursor::proto::agent::{self as pb, exec_client_message as result};
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{FakeProvider, golden};
-use fixtures::{TestServer, exec_result, run_request_with_env};
+use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
 use serde_json::Value;
-
-fn read_success(content: &str) -> result::Message {
-    result::Message::ReadResult(pb::ReadResult {
-        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
-            total_lines: 1,
-            output: Some(pb::read_success::Output::Content(content.to_owned())),
-            ..pb::ReadSuccess::default()
-        })),
-    })
-}
 
 /// Removes Anthropic cache breakpoints: they move to the newest message on every request by design
 /// and are not part of the cached content.
@@ -73,9 +62,10 @@ async fn every_request_extends_the_previous_one_on_every_endpoint() {
         let first = turn.next_exec().await;
         let second = turn.next_exec().await;
         // Out of order on purpose: projection order is call order, not completion order.
-        turn.send(&exec_result(second.id, read_success("bee")))
+        turn.send(&exec_result(second.id, read_success("", "bee")))
             .await;
-        turn.send(&exec_result(first.id, read_success("ay"))).await;
+        turn.send(&exec_result(first.id, read_success("", "ay")))
+            .await;
         assert!(turn.finish().await.is_success(), "{endpoint}");
         let next = Session::start(
             &cursor,

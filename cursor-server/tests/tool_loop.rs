@@ -14,7 +14,7 @@ use cursor_server::cursor::proto::agent::{
 };
 use fake_cursor::{FakeCursor, Session, Transcript};
 use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
-use fixtures::{TestServer, exec_result, run_request_with_env};
+use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
 use serde_json::Value;
 
 struct Harness {
@@ -54,18 +54,6 @@ impl Harness {
             .expect("messages")
             .clone()
     }
-}
-
-fn read_success(path: &str, content: &str) -> result::Message {
-    result::Message::ReadResult(pb::ReadResult {
-        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
-            path: path.to_owned(),
-            total_lines: i32::try_from(content.lines().count()).unwrap(),
-            file_size: i64::try_from(content.len()).unwrap(),
-            output: Some(pb::read_success::Output::Content(content.to_owned())),
-            ..pb::ReadSuccess::default()
-        })),
-    })
 }
 
 fn shell_event(event: pb::shell_stream::Event) -> result::Message {

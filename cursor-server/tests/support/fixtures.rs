@@ -239,3 +239,20 @@ pub fn resume_request(conversation_id: &str) -> AgentClientMessage {
     }
     message
 }
+
+/// A successful `read_result` carrying `content` (its line count and size filled in).
+pub fn read_success(
+    path: &str,
+    content: &str,
+) -> cursor_server::cursor::proto::agent::exec_client_message::Message {
+    use cursor_server::cursor::proto::agent::{self as pb, exec_client_message};
+    exec_client_message::Message::ReadResult(pb::ReadResult {
+        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+            path: path.to_owned(),
+            total_lines: i32::try_from(content.lines().count()).unwrap_or(i32::MAX),
+            file_size: i64::try_from(content.len()).unwrap_or(i64::MAX),
+            output: Some(pb::read_success::Output::Content(content.to_owned())),
+            ..pb::ReadSuccess::default()
+        })),
+    })
+}
