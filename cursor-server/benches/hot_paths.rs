@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cursor_server::config::{ModelConfig, Quirks};
-use cursor_server::cursor::checkpoint::{ConversationGraph, roots};
+use cursor_server::cursor::checkpoint::{ConversationGraph, StateDetails, roots};
 use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
@@ -28,12 +28,12 @@ fn graph_with_history(messages: usize) -> ConversationGraph {
             "message {i} with some realistic length of text"
         )));
         if i % 10 == 0 {
-            graph.begin_turn(&format!("req-{i}"), &pb::UserMessage::default());
+            graph.begin_turn(&format!("req-{i}"), &pb::UserMessage::default(), 0);
             let t = graph.turn_blob().expect("turn");
-            graph.finish_turn(&t);
+            graph.finish_turn(&t, 1);
         }
     }
-    graph.begin_turn("req-now", &pb::UserMessage::default());
+    graph.begin_turn("req-now", &pb::UserMessage::default(), 0);
     graph
 }
 
@@ -100,7 +100,7 @@ fn main() {
                 },
             ));
             let turn = graph.turn_blob().expect("turn");
-            let (_, state) = graph.state(Some(&turn), Vec::new());
+            let (_, state, _) = graph.state(Some(&turn), &StateDetails::default());
             new_bytes = step.data.len() + turn.data.len() + state.data.len();
             black_box(state);
         });

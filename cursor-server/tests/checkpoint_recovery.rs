@@ -32,7 +32,7 @@ fn blob<'a>(session: &'a Session<'_>, id: &[u8]) -> &'a [u8] {
 }
 
 #[tokio::test]
-async fn a_text_turn_ends_with_turn_ended_then_the_final_checkpoint_twice_then_end_of_stream() {
+async fn a_text_turns_final_checkpoint_names_its_whole_blob_graph_and_conversation_state() {
     let provider = FakeProvider::start().await;
     provider.push(Reply::sse(thinking_then_text_events(
         &["hmm"],
@@ -50,21 +50,27 @@ async fn a_text_turn_ends_with_turn_ended_then_the_final_checkpoint_twice_then_e
     .await;
     while session.next().await.is_some() {}
 
-    let kinds = session.transcript.all_kinds();
-    let tail: Vec<&str> = kinds.iter().rev().take(3).rev().copied().collect();
-    assert_eq!(
-        tail,
-        ["turn_ended", "checkpoint", "checkpoint"],
-        "{kinds:?}"
-    );
     assert!(session.transcript.is_success());
     let checkpoints = session.transcript.checkpoints();
-    assert_eq!(checkpoints.len(), 2);
+    assert_eq!(checkpoints.len(), 3, "transitional, final, final again");
+    let (transitional, state) = (checkpoints[0], checkpoints[1]);
+    assert_eq!(checkpoints[1], checkpoints[2]);
+    // The transitional checkpoint has the whole history; the final one adds the turn's timing.
     assert_eq!(
-        checkpoints[0], checkpoints[1],
-        "the final state is published twice, unchanged"
+        transitional.root_prompt_messages_json,
+        state.root_prompt_messages_json
     );
-    let state = checkpoints[1];
+    assert_eq!(transitional.turns, state.turns);
+    assert!(transitional.turn_timings.is_empty());
+    assert_eq!(state.turn_timings.len(), 1);
+    assert!(state.turn_timings[0].timestamp_ms > 0);
+    // Conversation state: the mode the turn ran in, and the last call's context use (10 + 2)
+    // against the model's window.
+    assert_eq!(state.mode, Some(pb::AgentMode::Agent as i32));
+    let tokens = state.token_details.as_ref().expect("token details");
+    assert_eq!(tokens.used_tokens, 12);
+    assert!(tokens.max_tokens > 0);
+    assert!(state.pending_tool_calls.is_empty() && state.todos.is_empty());
 
     // Every blob the client was asked to keep is content-addressed.
     for (id, data) in &session.blobs {
@@ -164,8 +170,8 @@ async fn no_checkpoint_is_published_until_every_blob_it_references_is_acknowledg
     let checkpoints = session.transcript.checkpoints();
     assert_eq!(
         checkpoints.len(),
-        2,
-        "only the newest state is published, then repeated"
+        3,
+        "only the newest states are published (transitional, final), then the final is repeated"
     );
     let state = checkpoints[0];
     assert!(state.pending_tool_calls.is_empty());
@@ -270,7 +276,7 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
     .await;
     let first = first.finish().await;
     assert!(first.is_success());
-    let head_after_first = first.checkpoints()[0].clone();
+    let head_after_first = (*first.checkpoints().last().expect("checkpoint")).clone();
 
     // A new app instance on the same database.
     let db = first_server.stop().await;
@@ -301,7 +307,8 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
         ]
     );
     // The blob graph continues too: the new state extends the old roots and turns.
-    let state: &ConversationStateStructure = second.transcript.checkpoints()[0];
+    let state: &ConversationStateStructure =
+        second.transcript.checkpoints().last().expect("checkpoint");
     assert_eq!(
         &state.root_prompt_messages_json[..head_after_first.root_prompt_messages_json.len()],
         head_after_first.root_prompt_messages_json.as_slice()
@@ -404,7 +411,7 @@ async fn a_blob_whose_ack_is_overdue_is_sent_again_under_a_new_kv_id() {
         "{:?}",
         session.transcript.end
     );
-    assert_eq!(session.transcript.checkpoints().len(), 2);
+    assert_eq!(session.transcript.checkpoints().len(), 3);
 }
 
 #[tokio::test]
@@ -698,4 +705,54 @@ async fn a_get_result_whose_hash_does_not_match_is_rejected() {
         provider.requests().is_empty(),
         "nothing forged reaches the model"
     );
+}
+
+#[tokio::test]
+async fn blobs_an_earlier_run_left_unacknowledged_are_sent_again_and_its_turn_is_kept() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["First."], (10, 2, 0))));
+    provider.push(Reply::sse(text_events(&["Second."], (20, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    // The first run's client never acknowledges anything: the run ends, nothing is published.
+    let mut first = Session::start(
+        &cursor,
+        "req-owed-1",
+        &run_request_with_env("conv-owed", "one"),
+    )
+    .await;
+    first.withhold_acks = true;
+    while first.next().await.is_some() {}
+    assert!(first.transcript.is_success());
+    assert!(first.transcript.checkpoints().is_empty());
+    let owed: Vec<Vec<u8>> = first.withheld.iter().map(|(id, _)| id.clone()).collect();
+    assert!(!owed.is_empty());
+
+    let mut second = Session::start(
+        &cursor,
+        "req-owed-2",
+        &run_request_with_env("conv-owed", "two"),
+    )
+    .await;
+    while second.next().await.is_some() {}
+    assert!(second.transcript.is_success());
+    let state = *second.transcript.checkpoints().last().expect("published");
+    // The first turn is part of the published state, and everything it names is stored now.
+    assert_eq!(state.turns.len(), 2);
+    let roots: Vec<serde_json::Value> = state
+        .root_prompt_messages_json
+        .iter()
+        .map(|id| serde_json::from_slice(blob(&second, id)).expect("JSON root"))
+        .collect();
+    let texts: Vec<String> = roots.iter().map(|r| r["content"].to_string()).collect();
+    assert_eq!(roots.len(), 5, "{texts:?}");
+    assert!(
+        texts[2].contains("First.") && texts[4].contains("Second."),
+        "{texts:?}"
+    );
+    let first_turn = &state.turns[0];
+    assert!(owed.contains(first_turn), "the first turn's blob was owed");
+    assert!(second.blobs.contains_key(first_turn), "and is sent again");
+    assert_eq!(state.turn_timings.len(), 2, "one timing per turn");
 }

@@ -458,6 +458,13 @@ async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
         .await
         .expect("a first frame");
     assert!(first.is_some());
+    // Go away only once the provider is answering (the first frames are KV writes, which may
+    // come before the provider call has even connected).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while provider.requests().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no provider call");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     drop(stream);
     drop(own_client);
 
@@ -478,4 +485,49 @@ async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
         .expect("query")
         .expect("run");
     assert_eq!(record.outcome.status, RunStatus::Canceled);
+}
+
+#[tokio::test]
+async fn the_success_tail_is_turn_ended_transitional_final_final_again_then_end_of_stream() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Done."], (30, 3, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    // A client that stores every blob it is given (and says so).
+    let mut session =
+        fake_cursor::Session::start(&cursor, "req-tail", &run_request("conv-tail", "finish")).await;
+    while session.next().await.is_some() {}
+
+    let kinds = session.transcript.all_kinds();
+    let turn_ended_at = kinds
+        .iter()
+        .position(|k| *k == "turn_ended")
+        .expect("turn_ended");
+    assert_eq!(
+        &kinds[turn_ended_at..],
+        ["turn_ended", "checkpoint", "checkpoint", "checkpoint"],
+        "{kinds:?}"
+    );
+    assert!(
+        kinds[..turn_ended_at].iter().all(|k| *k != "checkpoint"),
+        "no checkpoint before turn_ended in a text turn: {kinds:?}"
+    );
+    let checkpoints = session.transcript.checkpoints();
+    let (transitional, last, again) = (checkpoints[0], checkpoints[1], checkpoints[2]);
+    assert_ne!(
+        transitional, last,
+        "the transitional state is not the final one"
+    );
+    assert_eq!(last, again, "the final state is published twice, unchanged");
+    assert_eq!(transitional.turns, last.turns);
+    assert_eq!(
+        (transitional.turn_timings.len(), last.turn_timings.len()),
+        (0, 1)
+    );
+    assert_eq!(
+        session.transcript.end_frame.as_deref(),
+        Some(&[0x02, 0, 0, 0, 2, b'{', b'}'][..]),
+        "then end-of-stream {{}}"
+    );
 }

@@ -2,12 +2,14 @@
 //! of an `AgentClientMessage` into the loop's `ClientInput`. Both transports use `translate`.
 
 use super::blob_sync::KvPayload;
+use super::checkpoint;
 use super::connect::{WireError, decode_message};
 use super::exec;
 use super::proto::agent::{
     AgentClientMessage, agent_client_message, conversation_action, exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
+use crate::model::conversation::Mode;
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +102,10 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             match request.action.and_then(|a| a.action) {
                 Some(conversation_action::Action::UserMessageAction(action)) => {
                     let user = action.user_message.unwrap_or_default();
+                    let mode = match checkpoint::mode_of(user.mode) {
+                        Ok(mode) => mode,
+                        Err(message) => return Ok(ClientInput::Unsupported(message)),
+                    };
                     let run_action = RunAction::UserMessage {
                         text: user.text,
                         message_id: user.message_id,
@@ -114,6 +120,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         action: run_action,
                         model_id,
                         terminals_folder,
+                        mode,
                         parameters,
                         client_state: client_state.clone(),
                     }))
@@ -124,6 +131,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         action: RunAction::Resume,
                         model_id,
                         terminals_folder: String::new(),
+                        mode: Mode::default(),
                         parameters,
                         client_state,
                     }))

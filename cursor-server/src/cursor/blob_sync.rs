@@ -194,8 +194,13 @@ impl<C> Default for CheckpointGate<C> {
 impl<C> CheckpointGate<C> {
     /// Queues `checkpoint`, which needs `blobs`; returns it at once if they are all acknowledged.
     pub fn offer(&mut self, checkpoint: C, blobs: Vec<BlobId>, kv: &KvSync) -> Option<C> {
-        self.waiting = Some((checkpoint, blobs));
+        self.queue(checkpoint, blobs);
         self.ready(kv)
+    }
+
+    /// Queues `checkpoint` (replacing an older waiting one) without checking whether it is ready.
+    pub fn queue(&mut self, checkpoint: C, blobs: Vec<BlobId>) {
+        self.waiting = Some((checkpoint, blobs));
     }
 
     /// The waiting checkpoint, if its blobs are now all acknowledged.

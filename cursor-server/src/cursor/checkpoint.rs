@@ -13,6 +13,9 @@ use super::proto::agent::{
     self as pb, AgentConversationTurnStructure, ConversationStateStructure, ConversationStep,
     ConversationTurnStructure, conversation_step, conversation_turn_structure,
 };
+use crate::model::conversation::{ContextUse, Mode};
+use crate::model::tool::ToolCall;
+use crate::prompting::derived_state::{Todo, TodoStatus};
 use crate::store::blobs::BlobId;
 
 /// A blob to store (on our side and the client's), with the edges it holds.
@@ -49,6 +52,8 @@ struct TurnDraft {
     request_id: String,
     user_message: Option<BlobId>,
     steps: Vec<BlobId>,
+    /// Wall-clock start of the turn (ms since the epoch), for its `turn_timings` entry.
+    started_at_ms: u64,
 }
 
 /// The graph of one conversation as far as this server has built it.
@@ -56,13 +61,19 @@ struct TurnDraft {
 pub struct ConversationGraph {
     roots: Vec<BlobId>,
     turns: Vec<BlobId>,
+    /// One entry per finished turn, in `turns` order.
+    turn_timings: Vec<pb::StepTiming>,
     current: Option<TurnDraft>,
 }
 
 impl ConversationGraph {
     /// Continues from a published state (its roots and finished turns).
     pub fn from_state(state: &ConversationStateStructure) -> ConversationGraph {
+        // A turn that never finished (canceled) has no timing: "unknown" keeps the lists aligned.
+        let mut turn_timings = state.turn_timings.clone();
+        turn_timings.resize(state.turns.len(), pb::StepTiming::default());
         ConversationGraph {
+            turn_timings,
             roots: state
                 .root_prompt_messages_json
                 .iter()
@@ -85,12 +96,18 @@ impl ConversationGraph {
     }
 
     /// Starts the run's turn with the user's message.
-    pub fn begin_turn(&mut self, request_id: &str, user_message: &pb::UserMessage) -> Blob {
+    pub fn begin_turn(
+        &mut self,
+        request_id: &str,
+        user_message: &pb::UserMessage,
+        started_at_ms: u64,
+    ) -> Blob {
         let blob = Blob::new(user_message.encode_to_vec(), Vec::new());
         self.current = Some(TurnDraft {
             request_id: request_id.to_owned(),
             user_message: Some(blob.id),
             steps: Vec::new(),
+            started_at_ms,
         });
         blob
     }
@@ -130,31 +147,62 @@ impl ConversationGraph {
         Some(Blob::new(structure.encode_to_vec(), edges))
     }
 
-    /// The checkpoint naming every root and turn (including the current one, as `turn`).
+    /// The checkpoint naming every root and turn (including the current one, as `turn`), with
+    /// `details`; returns it, its blob, and the todo blobs it names (which must be stored too).
     pub fn state(
         &self,
         turn: Option<&Blob>,
-        pending_tool_calls: Vec<String>,
-    ) -> (ConversationStateStructure, Blob) {
+        details: &StateDetails,
+    ) -> (ConversationStateStructure, Blob, Vec<Blob>) {
         let mut turns = self.turns.clone();
         turns.extend(turn.map(|t| t.id));
+        let mut turn_timings = self.turn_timings.clone();
+        if let (Some(ended_at_ms), Some(current)) = (details.turn_ended_at_ms, &self.current) {
+            turn_timings.push(pb::StepTiming {
+                duration_ms: ended_at_ms.saturating_sub(current.started_at_ms),
+                timestamp_ms: current.started_at_ms,
+            });
+        }
+        let todo_blobs: Vec<Blob> = details
+            .todos
+            .iter()
+            .map(|todo| Blob::new(todo_item(todo).encode_to_vec(), Vec::new()))
+            .collect();
+        let todo_ids: Vec<BlobId> = todo_blobs.iter().map(|b| b.id).collect();
         let state = ConversationStateStructure {
             root_prompt_messages_json: ids(&self.roots),
             turns: ids(&turns),
-            pending_tool_calls,
+            todos: ids(&todo_ids),
+            pending_tool_calls: details
+                .pending_tool_calls
+                .iter()
+                .map(|call| {
+                    roots::tool_call_part(&call.call_id, &call.name, &call.arguments).to_string()
+                })
+                .collect(),
+            token_details: details.context.map(|context| pb::ConversationTokenDetails {
+                used_tokens: u32::try_from(context.used_tokens).unwrap_or(u32::MAX),
+                max_tokens: u32::try_from(context.max_tokens).unwrap_or(u32::MAX),
+                breakdown: None,
+            }),
+            mode: details.mode.map(agent_mode),
+            turn_timings,
             ..ConversationStateStructure::default()
         };
         let mut edges = edges_of("root_prompt_messages_json", &self.roots);
         edges.extend(edges_of("turns", &turns));
+        edges.extend(edges_of("todos", &todo_ids));
         let blob = Blob::new(state.encode_to_vec(), edges);
-        (state, blob)
+        (state, blob, todo_blobs)
     }
 
     /// Takes the last finished turn out of the list to continue it under `request_id` (a resumed
     /// run adds its steps to the turn it interrupted).
     pub fn reopen_last_turn(&mut self, request_id: &str, turn: &AgentConversationTurnStructure) {
         self.turns.pop();
+        let timing = self.turn_timings.pop().unwrap_or_default();
         self.current = Some(TurnDraft {
+            started_at_ms: timing.timestamp_ms,
             request_id: request_id.to_owned(),
             user_message: BlobId::from_slice(&turn.user_message),
             steps: turn
@@ -170,9 +218,14 @@ impl ConversationGraph {
     }
 
     /// Closes the current turn with its final structure blob.
-    pub fn finish_turn(&mut self, turn: &Blob) {
+    pub fn finish_turn(&mut self, turn: &Blob, ended_at_ms: u64) {
+        if let Some(current) = self.current.take() {
+            self.turn_timings.push(pb::StepTiming {
+                duration_ms: ended_at_ms.saturating_sub(current.started_at_ms),
+                timestamp_ms: current.started_at_ms,
+            });
+        }
         self.turns.push(turn.id);
-        self.current = None;
     }
 
     pub fn root_count(&self) -> usize {
@@ -186,6 +239,61 @@ impl ConversationGraph {
     /// Drops roots the client listed but does not have: a checkpoint must not name them.
     pub fn drop_roots(&mut self, missing: &[BlobId]) {
         self.roots.retain(|id| !missing.contains(id));
+    }
+}
+
+/// What a checkpoint states besides the graph, in domain terms (folded from history by the loop).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StateDetails {
+    /// Calls of the current batch still running: listed as AI SDK tool-call parts (JSON text).
+    pub pending_tool_calls: Vec<ToolCall>,
+    /// The todo list folded from history; each item is a `TodoItem` blob.
+    pub todos: Vec<Todo>,
+    pub mode: Option<Mode>,
+    pub context: Option<ContextUse>,
+    /// Set on the turn's final checkpoint: the turn's timing entry is added.
+    pub turn_ended_at_ms: Option<u64>,
+}
+
+fn todo_item(todo: &Todo) -> pb::TodoItem {
+    pb::TodoItem {
+        id: todo.id.clone(),
+        content: todo.content.clone(),
+        status: match todo.status {
+            TodoStatus::Pending => pb::TodoStatus::Pending,
+            TodoStatus::InProgress => pb::TodoStatus::InProgress,
+            TodoStatus::Completed => pb::TodoStatus::Completed,
+            TodoStatus::Cancelled => pb::TodoStatus::Cancelled,
+        } as i32,
+        ..pb::TodoItem::default()
+    }
+}
+
+/// Cursor's `AgentMode` for a mode.
+pub fn agent_mode(mode: Mode) -> i32 {
+    (match mode {
+        Mode::Agent => pb::AgentMode::Agent,
+        Mode::Ask => pb::AgentMode::Ask,
+        Mode::Plan => pb::AgentMode::Plan,
+        Mode::Debug => pb::AgentMode::Debug,
+        Mode::Multitask => pb::AgentMode::Multitask,
+    }) as i32
+}
+
+/// The mode for Cursor's `AgentMode` value (unspecified = Agent); modes this server does not run
+/// are an error naming them.
+pub fn mode_of(value: i32) -> Result<Mode, String> {
+    match pb::AgentMode::try_from(value) {
+        Ok(pb::AgentMode::Unspecified | pb::AgentMode::Agent) => Ok(Mode::Agent),
+        Ok(pb::AgentMode::Ask) => Ok(Mode::Ask),
+        Ok(pb::AgentMode::Plan) => Ok(Mode::Plan),
+        Ok(pb::AgentMode::Debug) => Ok(Mode::Debug),
+        Ok(pb::AgentMode::Multitask) => Ok(Mode::Multitask),
+        Ok(other) => Err(format!(
+            "agent mode {} is not supported by this server",
+            other.as_str_name()
+        )),
+        Err(_) => Err(format!("unknown agent mode {value}")),
     }
 }
 
@@ -219,9 +327,15 @@ pub mod roots {
         json!({ "role": "assistant", "content": content })
     }
 
-    pub fn tool_call(call_id: &str, name: &str, arguments: &str) -> Value {
+    /// The AI SDK tool-call part (arguments that are not JSON become `{}`: the model's raw text
+    /// stays in our history, the client's view only needs a valid object).
+    pub fn tool_call_part(call_id: &str, name: &str, arguments: &str) -> Value {
         let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
-        json!({ "role": "assistant", "content": [{ "type": "tool-call", "toolCallId": call_id, "toolName": name, "args": args }] })
+        json!({ "type": "tool-call", "toolCallId": call_id, "toolName": name, "args": args })
+    }
+
+    pub fn tool_call(call_id: &str, name: &str, arguments: &str) -> Value {
+        json!({ "role": "assistant", "content": [tool_call_part(call_id, name, arguments)] })
     }
 
     pub fn tool_result(call_id: &str, name: &str, result: &str, is_error: bool) -> Value {
@@ -425,6 +539,7 @@ mod tests {
                     text: "hi".into(),
                     ..Default::default()
                 },
+                1_000,
             ));
             blobs.push(
                 graph.push_step(conversation_step::Message::AssistantMessage(
@@ -434,7 +549,7 @@ mod tests {
                 )),
             );
             let turn = graph.turn_blob().expect("turn");
-            let (state, state_blob) = graph.state(Some(&turn), Vec::new());
+            let (state, state_blob, _) = graph.state(Some(&turn), &StateDetails::default());
             (graph, blobs, turn, state, state_blob)
         };
         let (mut graph, blobs, turn, state, state_blob) = build();
@@ -448,10 +563,61 @@ mod tests {
         assert_eq!(state_blob.edges.len(), 3);
         assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
 
-        graph.finish_turn(&turn);
-        let (next_state, _) = graph.state(None, vec!["call-1".into()]);
+        graph.finish_turn(&turn, 1_500);
+        let details = StateDetails {
+            pending_tool_calls: vec![ToolCall {
+                call_id: "call-1".into(),
+                provider_call_id: "p1".into(),
+                name: "Shell".into(),
+                arguments: r#"{"command":"ls"}"#.into(),
+            }],
+            todos: vec![Todo {
+                id: "t".into(),
+                content: "ship".into(),
+                status: TodoStatus::InProgress,
+            }],
+            mode: Some(Mode::Plan),
+            context: Some(ContextUse {
+                used_tokens: 1200,
+                max_tokens: 200_000,
+            }),
+            turn_ended_at_ms: None,
+        };
+        let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
         assert_eq!(next_state.turns.len(), 1);
-        assert_eq!(next_state.pending_tool_calls, ["call-1"]);
+        assert_eq!(
+            next_state.turn_timings,
+            [pb::StepTiming {
+                duration_ms: 500,
+                timestamp_ms: 1_000
+            }]
+        );
+        assert_eq!(
+            next_state.pending_tool_calls,
+            [
+                r#"{"args":{"command":"ls"},"toolCallId":"call-1","toolName":"Shell","type":"tool-call"}"#
+            ]
+        );
+        assert_eq!(todo_blobs.len(), 1);
+        assert_eq!(next_state.todos, vec![todo_blobs[0].id.0.to_vec()]);
+        let item = pb::TodoItem::decode(todo_blobs[0].data.as_ref()).unwrap();
+        assert_eq!(
+            (item.content.as_str(), item.status),
+            ("ship", pb::TodoStatus::InProgress as i32)
+        );
+        assert_eq!(next_state.mode, Some(pb::AgentMode::Plan as i32));
+        assert_eq!(
+            next_state
+                .token_details
+                .map(|t| (t.used_tokens, t.max_tokens)),
+            Some((1200, 200_000))
+        );
+        assert!(
+            next_blob
+                .edges
+                .iter()
+                .any(|(kind, _, id)| *kind == "todos" && *id == todo_blobs[0].id)
+        );
         let decoded = ConversationStateStructure::decode(state_blob.data.as_ref()).unwrap();
         assert_eq!(ConversationGraph::from_state(&decoded).root_count(), 2);
     }

@@ -1,5 +1,6 @@
 //! Pure domain types: no Cursor protobuf, no provider JSON.
 
+pub mod conversation;
 pub mod message;
 pub mod tool;
 pub mod usage;

@@ -154,28 +154,16 @@ impl RunActor {
         if let State::Running(turn) = &mut self.state {
             match &end {
                 RunEnd::Success { usage } => {
-                    // SET the final blobs, then turn_ended, then the final checkpoint once the
-                    // client has stored them (protocol.md §8).
-                    if let Err(e) = turn.final_checkpoint(&mut self.downlink).await {
-                        tracing::error!(request_id = %self.request_id, "building the final checkpoint: {e}");
-                    }
-                    lifecycle::announce_turn_ended(&mut self.downlink, usage).await;
-                    settle_checkpoints(
-                        turn,
-                        &mut self.commands,
-                        &mut self.downlink,
-                        &self.app,
-                        &self.request_id,
-                        true,
-                    )
-                    .await;
+                    // SET the final blobs, turn_ended, the transitional checkpoint once the client
+                    // has stored them, the final checkpoint, and it again (protocol.md §8).
+                    self.close_successful_turn(usage).await;
                 }
                 RunEnd::Failed(error) => {
                     turn.abandon(&format!("the run failed: {error}"), &mut self.downlink)
                         .await;
                     // A provider failure keeps what was committed: publish that state first.
                     if matches!(error, ServerError::Provider(_)) {
-                        match turn.final_checkpoint(&mut self.downlink).await {
+                        match turn.committed_checkpoint(&mut self.downlink).await {
                             Ok(()) => {
                                 settle_checkpoints(
                                     turn,
@@ -183,9 +171,8 @@ impl RunActor {
                                     &mut self.downlink,
                                     &self.app,
                                     &self.request_id,
-                                    false,
                                 )
-                                .await
+                                .await;
                             }
                             Err(e) => {
                                 tracing::error!(request_id = %self.request_id, "checkpoint of committed state: {e}")
@@ -260,6 +247,27 @@ impl RunActor {
     }
 
     /// Runs until one of the three endings.
+    /// The success tail after the loop: the final blobs are SET, then `turn_ended`, then — once
+    /// the client has stored them — the transitional checkpoint (the turn's complete history), the
+    /// final checkpoint (adding the turn's timing), and the final checkpoint once more.
+    async fn close_successful_turn(&mut self, usage: &Usage) {
+        let State::Running(turn) = &mut self.state else {
+            return;
+        };
+        let request_id = &self.request_id;
+        if let Err(e) = turn.final_checkpoints(&mut self.downlink).await {
+            tracing::error!(request_id, "building the final checkpoints: {e}");
+        }
+        lifecycle::announce_turn_ended(&mut self.downlink, usage).await;
+        if let Err(e) = turn.release_checkpoints(&mut self.downlink).await {
+            tracing::error!(request_id, "publishing the final checkpoints: {e}");
+        }
+        let (commands, downlink, app) = (&mut self.commands, &mut self.downlink, &self.app);
+        if settle_checkpoints(turn, commands, downlink, app, request_id).await {
+            turn.republish_checkpoint(downlink).await;
+        }
+    }
+
     async fn drive(&mut self) -> RunEnd {
         let run_request_deadline = Instant::now() + self.app.config.run_request_timeout;
         let heartbeat_every = self.app.config.heartbeat_interval;
@@ -452,17 +460,16 @@ impl RunActor {
     }
 }
 
-/// After `turn_ended`: keeps answering KV results until the final checkpoint is published (or the
-/// wait times out: the turn stays done, only the client's copy of the state is older), then sends
-/// the final checkpoint a second time.
+/// After the loop: keeps answering KV results until the built checkpoint is published (or the wait
+/// times out: the turn stays done, only the client's copy of the state is older). Returns whether
+/// it was published.
 async fn settle_checkpoints(
     turn: &mut TurnLoop,
     commands: &mut mpsc::Receiver<RunCommand>,
     downlink: &mut Downlink,
     app: &AppState,
     request_id: &str,
-    repeat_final: bool,
-) {
+) -> bool {
     let deadline = Instant::now() + app.config.checkpoint_ack_timeout;
     let mut resend = tokio::time::interval(app.config.kv_retry_after);
     resend.reset();
@@ -479,19 +486,17 @@ async fn settle_checkpoints(
                 }
                 Some(RunCommand::AttachDownlink(sink)) => downlink.attach(sink).await,
                 Some(other) => tracing::debug!(request_id, "ignored after turn_ended: {other:?}"),
-                None => return,
+                None => return false,
             },
             _ = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(request_id, "the client did not store the final checkpoint's blobs in time");
-                return;
+                return false;
             }
-            _ = app.shutdown.cancelled() => return,
-            _ = downlink.closed() => return,
+            _ = app.shutdown.cancelled() => return false,
+            _ = downlink.closed() => return false,
         }
     }
-    if repeat_final {
-        turn.republish_checkpoint(downlink).await;
-    }
+    true
 }
 
 /// Maps a loop step to the run's end, if it is one.

@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::ExecPayload;
 use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::model::conversation::Mode;
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +58,8 @@ pub struct RunRequestInput {
     pub model_id: Option<String>,
     /// `request_context.env.terminals_folder`: where backgrounded shell output goes.
     pub terminals_folder: String,
+    /// The mode the user picked (`user_message.mode`); a resumed run keeps the conversation's.
+    pub mode: Mode,
     /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).
     pub parameters: Vec<(String, String)>,
     /// The checkpoint the client holds for this conversation, used only to import a conversation

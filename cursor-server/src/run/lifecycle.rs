@@ -5,15 +5,17 @@
 use super::actor::Downlink;
 use super::command::ProtocolError;
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
+use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
 use crate::error::ServerError;
+use crate::model::conversation::Mode;
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
 use crate::store::blobs::{self, BlobId, Edge};
-use crate::store::{Store, StoreError, conversations};
+use crate::store::{Store, StoreError, conversations, outbox};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -62,6 +64,21 @@ pub fn connect_error(error: &ServerError) -> ConnectError {
     }
 }
 
+async fn acquire(store: &Store) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, ServerError> {
+    Ok(store
+        .pool()
+        .acquire()
+        .await
+        .map_err(|source| StoreError::Query {
+            context: "storing blobs",
+            source,
+        })?)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(crate::store::now_ms()).unwrap_or(0)
+}
+
 /// A blob of our own store that must decode; if it does not, the store is corrupt.
 fn decode_stored<M: prost::Message + Default>(
     data: &[u8],
@@ -81,6 +98,7 @@ fn decode_stored<M: prost::Message + Default>(
 /// references is acknowledged (protocol.md §7). Owned by the run's turn loop.
 pub struct Checkpoints {
     conversation_id: String,
+    request_id: String,
     graph: ConversationGraph,
     kv: KvSync,
     gate: CheckpointGate<(ConversationStateStructure, BlobId)>,
@@ -90,8 +108,17 @@ pub struct Checkpoints {
     outstanding: HashMap<BlobId, (Blob, Instant)>,
     revision: i64,
     last_published: Option<ConversationStateStructure>,
-    /// The head this run started from (`UserMessage.conversation_state_blob_id`).
+    /// The state this run started from (`UserMessage.conversation_state_blob_id`).
     previous_head: Option<BlobId>,
+    /// The mode recorded in that state (a resumed run continues in it).
+    previous_mode: Option<Mode>,
+    /// Blobs an earlier run sent and never got acknowledged (outbox): sent again with the first
+    /// new blobs of this run.
+    owed: Vec<BlobId>,
+    /// The turn's last checkpoints wait for `turn_ended` before they are published.
+    held: bool,
+    /// The transitional checkpoint, published right before the final one.
+    transitional: Option<(ConversationStateStructure, BlobId)>,
 }
 
 impl Checkpoints {
@@ -105,33 +132,40 @@ impl Checkpoints {
         user_message_id: &str,
         out: &mut Downlink,
     ) -> Result<Checkpoints, ServerError> {
-        let mut checkpoints = Checkpoints::open(store, conversation_id, None).await?;
+        let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
         checkpoints
             .begin_turn(store, request_id, system, user_text, user_message_id, out)
             .await?;
         Ok(checkpoints)
     }
 
-    /// The conversation's graph: from this server's head, else from the state the client sent
+    /// The conversation's graph: from the newest checkpoint this server built (published, or
+    /// left unpublished in the outbox by an earlier run), else from the state the client sent
     /// (`client_state`, for a conversation being imported; the client holds those blobs).
     pub async fn open(
         store: &Store,
         conversation_id: &str,
+        request_id: &str,
         client_state: Option<&ConversationStateStructure>,
     ) -> Result<Checkpoints, ServerError> {
         let head = conversations::head(store, conversation_id).await?;
+        let owed = outbox::pending(store, conversation_id).await?;
         let mut acked = blobs::acked(store, conversation_id).await?;
-        let (graph, revision, previous_head) = match (head, client_state) {
-            (Some((id, revision)), _) => match blobs::get(store, id).await? {
+        let newest = owed.checkpoint.or(head.map(|(id, _)| id));
+        let revision = head.map_or(0, |(_, revision)| revision);
+        let mut previous_mode = None;
+        let (graph, previous_head) = match (newest, client_state) {
+            (Some(id), _) => match blobs::get(store, id).await? {
                 Some(data) => {
                     let state = decode_stored::<ConversationStateStructure>(
                         &data,
                         "agent.v1.ConversationStateStructure",
                         id,
                     )?;
-                    (ConversationGraph::from_state(&state), revision, Some(id))
+                    previous_mode = state.mode.and_then(|m| checkpoint::mode_of(m).ok());
+                    (ConversationGraph::from_state(&state), Some(id))
                 }
-                None => (ConversationGraph::default(), revision, None),
+                None => (ConversationGraph::default(), None),
             },
             (None, Some(state)) => {
                 acked.extend(
@@ -141,12 +175,24 @@ impl Checkpoints {
                         .chain(&state.turns)
                         .filter_map(|id| BlobId::from_slice(id)),
                 );
-                (ConversationGraph::from_state(state), 0, None)
+                (ConversationGraph::from_state(state), None)
             }
-            (None, None) => (ConversationGraph::default(), 0, None),
+            (None, None) => (ConversationGraph::default(), None),
         };
+        if !owed.blobs.is_empty() {
+            tracing::info!(
+                conversation_id,
+                owed = owed.blobs.len(),
+                "an earlier run left blobs unacknowledged; sending them again"
+            );
+        }
         Ok(Checkpoints {
             conversation_id: conversation_id.to_owned(),
+            request_id: request_id.to_owned(),
+            previous_mode,
+            owed: owed.blobs,
+            held: false,
+            transitional: None,
             graph,
             kv: KvSync::with_acked(acked),
             gate: CheckpointGate::default(),
@@ -156,6 +202,11 @@ impl Checkpoints {
             last_published: None,
             previous_head,
         })
+    }
+
+    /// The mode of the state this run continues (`None` for a new conversation).
+    pub fn previous_mode(&self) -> Option<Mode> {
+        self.previous_mode
     }
 
     /// Opens this run's turn with the user's message.
@@ -183,8 +234,10 @@ impl Checkpoints {
                         .previous_head
                         .map(|id| id.0.to_vec())
                         .unwrap_or_default(),
+                    mode: self.previous_mode.map_or(0, checkpoint::agent_mode),
                     ..pb::UserMessage::default()
                 },
+                now_ms(),
             ),
         );
         self.emit(store, new_blobs, out).await
@@ -210,7 +263,7 @@ impl Checkpoints {
         conversation_id: &str,
         request_id: &str,
     ) -> Result<Checkpoints, ServerError> {
-        let mut checkpoints = Checkpoints::open(store, conversation_id, None).await?;
+        let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
         if let Some(last) = checkpoints.graph.last_turn()
             && let Some(data) = blobs::get(store, last).await?
         {
@@ -228,20 +281,33 @@ impl Checkpoints {
         Ok(checkpoints)
     }
 
+    /// Stores `new_blobs` (and whatever an earlier run still owes), sends those the client does
+    /// not hold yet, and records them in the outbox until they are acknowledged.
     async fn emit(
         &mut self,
         store: &Store,
-        new_blobs: Vec<Blob>,
+        mut new_blobs: Vec<Blob>,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
-        let mut conn = store
-            .pool()
-            .acquire()
-            .await
-            .map_err(|source| StoreError::Query {
-                context: "storing blobs",
-                source,
-            })?;
+        if !self.owed.is_empty() {
+            let mut owed = Vec::new();
+            for id in std::mem::take(&mut self.owed) {
+                match blobs::get(store, id).await? {
+                    Some(data) => owed.push(Blob {
+                        id,
+                        data: data.into(),
+                        edges: Vec::new(),
+                    }),
+                    None => {
+                        tracing::warn!(conversation_id = %self.conversation_id, blob = %id, "an owed blob is no longer stored")
+                    }
+                }
+            }
+            owed.append(&mut new_blobs);
+            new_blobs = owed;
+        }
+        let mut conn = acquire(store).await?;
+        let mut sent = Vec::new();
         for blob in new_blobs {
             let edges: Vec<Edge<'_>> = blob
                 .edges
@@ -255,11 +321,13 @@ impl Checkpoints {
             blobs::put(&mut conn, blob.id, &blob.data, &edges).await?;
             if let Some(message) = self.kv.store(&blob) {
                 out.send_message(&message).await;
+                sent.push(blob.id);
                 self.outstanding
                     .insert(blob.id, (blob.clone(), Instant::now()));
             }
             self.referenced.push(blob.id);
         }
+        outbox::blobs_sent(&mut conn, &self.conversation_id, &self.request_id, &sent).await?;
         Ok(())
     }
 
@@ -308,7 +376,7 @@ impl Checkpoints {
     }
 
     /// A completed tool call: its card as a step, its call and result as roots, then a checkpoint
-    /// naming the calls still running.
+    /// (whose details name the calls still running).
     #[allow(clippy::too_many_arguments)]
     pub async fn tool_completed(
         &mut self,
@@ -316,7 +384,7 @@ impl Checkpoints {
         call: &ToolCall,
         result: &ToolResult,
         card: Option<pb::ToolCall>,
-        still_running: Vec<String>,
+        details: &StateDetails,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let mut new_blobs = Vec::new();
@@ -338,22 +406,31 @@ impl Checkpoints {
             result.is_error,
         )));
         self.emit(store, new_blobs, out).await?;
-        self.checkpoint(store, still_running, out).await
+        self.checkpoint(store, details, out).await
     }
 
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.
     pub async fn checkpoint(
         &mut self,
         store: &Store,
-        pending_tool_calls: Vec<String>,
+        details: &StateDetails,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let Some(turn) = self.graph.turn_blob() else {
             return Ok(());
         };
-        let (state, state_blob) = self.graph.state(Some(&turn), pending_tool_calls);
+        let (state, state_blob, mut new_blobs) = self.graph.state(Some(&turn), details);
         let state_id = state_blob.id;
-        self.emit(store, vec![turn, state_blob], out).await?;
+        new_blobs.push(turn);
+        new_blobs.push(state_blob);
+        self.emit(store, new_blobs, out).await?;
+        outbox::checkpoint_built(
+            &mut *acquire(store).await?,
+            &self.conversation_id,
+            &self.request_id,
+            state_id,
+        )
+        .await?;
         let needed = self.referenced.clone();
         if let Some(ready) = self.gate.offer((state, state_id), needed, &self.kv) {
             self.publish(store, ready, out).await?;
@@ -361,7 +438,63 @@ impl Checkpoints {
         Ok(())
     }
 
+    /// The turn is over: builds the transitional checkpoint (its complete history, `transitional`)
+    /// and the final one (`last`, which adds what only the turn's end knows), stores and sends
+    /// their blobs, and holds both until `release` (after `turn_ended`, protocol.md §8). They are
+    /// published together, in that order, once every blob is acknowledged.
+    pub async fn finish_turn(
+        &mut self,
+        store: &Store,
+        transitional: &StateDetails,
+        last: &StateDetails,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(turn) = self.graph.turn_blob() else {
+            return Ok(());
+        };
+        let (transitional_state, transitional_blob, mut new_blobs) =
+            self.graph.state(Some(&turn), transitional);
+        let (final_state, final_blob, _) = self.graph.state(Some(&turn), last);
+        let (transitional_id, final_id) = (transitional_blob.id, final_blob.id);
+        new_blobs.extend([turn, transitional_blob, final_blob]);
+        self.emit(store, new_blobs, out).await?;
+        outbox::checkpoint_built(
+            &mut *acquire(store).await?,
+            &self.conversation_id,
+            &self.request_id,
+            final_id,
+        )
+        .await?;
+        self.held = true;
+        self.transitional = Some((transitional_state, transitional_id));
+        self.gate
+            .queue((final_state, final_id), self.referenced.clone());
+        Ok(())
+    }
+
+    /// `turn_ended` is out: a held checkpoint may be published as soon as it is safe to.
+    pub async fn release(&mut self, store: &Store, out: &mut Downlink) -> Result<(), ServerError> {
+        self.held = false;
+        if let Some(ready) = self.gate.ready(&self.kv) {
+            self.publish(store, ready, out).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes `ready` (after the transitional checkpoint, if one is waiting).
     async fn publish(
+        &mut self,
+        store: &Store,
+        ready: (ConversationStateStructure, BlobId),
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        if let Some(transitional) = self.transitional.take() {
+            self.publish_one(store, transitional, out).await?;
+        }
+        self.publish_one(store, ready, out).await
+    }
+
+    async fn publish_one(
         &mut self,
         store: &Store,
         (state, state_id): (ConversationStateStructure, BlobId),
@@ -390,7 +523,9 @@ impl Checkpoints {
             Ok(KvOutcome::Stored(blob)) => {
                 self.outstanding.remove(&blob);
                 blobs::record_acks(store, &self.conversation_id, &[blob]).await?;
-                if let Some(ready) = self.gate.ready(&self.kv) {
+                if !self.held
+                    && let Some(ready) = self.gate.ready(&self.kv)
+                {
                     self.publish(store, ready, out).await?;
                 }
                 Ok(None)

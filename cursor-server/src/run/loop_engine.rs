@@ -15,13 +15,14 @@ use super::command::{ExecControl, ProtocolError, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use crate::app::AppState;
 use crate::cursor::blob_sync::{KvOutcome, KvPayload};
-use crate::cursor::checkpoint;
+use crate::cursor::checkpoint::{self, StateDetails};
 use crate::cursor::exec::{self, ExecPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
 use crate::cursor::tools::{FieldStreamer, ToolEnv, ToolKind, ToolRun, ToolStep};
 use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
+use crate::model::conversation::{ContextUse, Mode};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
@@ -123,6 +124,9 @@ pub struct TurnLoop {
     checkpoints: Checkpoints,
     import: Option<Import>,
     usage: Usage,
+    /// The latest completed provider call's usage (the checkpoint's context use).
+    last_call_usage: Option<Usage>,
+    mode: Mode,
     provider_calls: u32,
 }
 
@@ -169,6 +173,7 @@ impl TurnLoop {
                 let mut checkpoints = Checkpoints::open(
                     &app.store,
                     &input.conversation_id,
+                    request_id,
                     input.client_state.as_deref(),
                 )
                 .await?;
@@ -214,6 +219,10 @@ impl TurnLoop {
                 (history, checkpoints)
             }
         };
+        let mode = match input.action {
+            RunAction::Resume => checkpoints.previous_mode().unwrap_or(input.mode),
+            RunAction::UserMessage { .. } => input.mode,
+        };
         let tool_env = ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
@@ -239,6 +248,8 @@ impl TurnLoop {
             checkpoints,
             import,
             usage: Usage::default(),
+            last_call_usage: None,
+            mode,
             provider_calls: 0,
             app,
         };
@@ -479,6 +490,7 @@ impl TurnLoop {
     async fn complete_call(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
         let draft = std::mem::take(&mut self.draft);
         if let Some(usage) = &draft.usage {
+            self.last_call_usage = Some(*usage);
             self.usage.accumulate(usage);
         }
         let calls: Vec<ToolCall> = draft
@@ -633,31 +645,32 @@ impl TurnLoop {
             }),
         ];
         self.append(&pair).await?;
+        self.history.extend(pair.iter().cloned());
+        if was_todo_write {
+            self.tool_env.todos = fold_todos(&self.history);
+        }
         if let [
             CanonicalMessage::ToolCall(call),
             CanonicalMessage::ToolResult(result),
         ] = &pair
         {
-            let still_running: Vec<String> = self
+            let still_running: Vec<ToolCall> = self
                 .batch
                 .iter()
                 .filter(|slot| slot.run.is_some())
-                .map(|slot| slot.call.call_id.clone())
+                .map(|slot| slot.call.clone())
                 .collect();
+            let details = self.state_details(still_running, None);
             self.checkpoints
                 .tool_completed(
                     &self.app.store,
                     &call.call,
                     &result.result,
                     final_card,
-                    still_running,
+                    &details,
                     out,
                 )
                 .await?;
-        }
-        self.history.extend(pair);
-        if was_todo_write {
-            self.tool_env.todos = fold_todos(&self.history);
         }
         Ok(())
     }
@@ -759,10 +772,46 @@ impl TurnLoop {
         Ok(())
     }
 
-    /// Builds the final checkpoint (published once the client has stored its blobs).
-    pub async fn final_checkpoint(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+    /// What the checkpoint states besides the graph, folded from the loop's own state.
+    fn state_details(
+        &self,
+        pending_tool_calls: Vec<ToolCall>,
+        turn_ended_at_ms: Option<u64>,
+    ) -> StateDetails {
+        let model = &self.app.config.providers[self.provider_index].models[self.model_index];
+        StateDetails {
+            pending_tool_calls,
+            todos: self.tool_env.todos.clone(),
+            mode: Some(self.mode),
+            context: self.last_call_usage.map(|usage| ContextUse {
+                used_tokens: usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0),
+                max_tokens: u64::from(model.context_window),
+            }),
+            turn_ended_at_ms,
+        }
+    }
+
+    /// The turn is over: builds the transitional checkpoint (its complete history) and the final
+    /// one (adding the turn's timing); both are published after `turn_ended`
+    /// (`release_checkpoints`), once the client has stored their blobs.
+    pub async fn final_checkpoints(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+        let ended_at = u64::try_from(crate::store::now_ms()).unwrap_or(0);
+        let transitional = self.state_details(Vec::new(), None);
+        let last = self.state_details(Vec::new(), Some(ended_at));
         self.checkpoints
-            .checkpoint(&self.app.store, Vec::new(), out)
+            .finish_turn(&self.app.store, &transitional, &last, out)
+            .await
+    }
+
+    pub async fn release_checkpoints(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+        self.checkpoints.release(&self.app.store, out).await
+    }
+
+    /// A checkpoint of what is committed (a failed run publishes it before its error).
+    pub async fn committed_checkpoint(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
+        let details = self.state_details(Vec::new(), None);
+        self.checkpoints
+            .checkpoint(&self.app.store, &details, out)
             .await
     }
 

@@ -111,7 +111,7 @@ pub async fn children(
         .collect())
 }
 
-/// Deletes every blob not reachable from a conversation head or one of `extra_roots`, sparing blobs
+/// Deletes every blob not reachable from a conversation head, the outbox or one of `extra_roots`, sparing blobs
 /// younger than `grace` (a run may be building a graph that no head references yet). Returns the
 /// number of blobs deleted.
 pub async fn collect_garbage(
@@ -140,6 +140,7 @@ pub async fn collect_garbage(
         "WITH RECURSIVE live(id) AS (
              SELECT head_blob FROM conversations WHERE head_blob IS NOT NULL
              UNION SELECT id FROM gc_roots
+             UNION SELECT blob_id FROM outbox
              UNION SELECT id FROM blobs WHERE created_at_ms >= ?
              UNION SELECT e.child FROM blob_edges e JOIN live l ON e.parent = l.id
          )
@@ -180,6 +181,7 @@ pub async fn record_acks(
         .await
         .context("recording blob ack")?;
     }
+    super::outbox::blobs_acknowledged(&mut tx, conversation_id, ids).await?;
     tx.commit().await.context("committing blob acks")?;
     Ok(())
 }

@@ -36,13 +36,15 @@ pub async fn head(
 }
 
 /// Moves the head to `blob` as revision `revision`, unless a newer revision is already there
-/// (late events of an older run never move a newer head). Returns whether the head moved.
+/// (late events of an older run never move a newer head). Returns whether the head moved; when it
+/// did, the outbox no longer owes anything the new head supersedes (same transaction).
 pub async fn set_head(
     store: &Store,
     conversation_id: &str,
     blob: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
     let moved = sqlx::query(
         "UPDATE conversations SET head_blob = ?, revision = ? WHERE id = ? AND revision < ?",
     )
@@ -50,9 +52,13 @@ pub async fn set_head(
     .bind(revision)
     .bind(conversation_id)
     .bind(revision)
-    .execute(store.pool())
+    .execute(&mut *tx)
     .await
     .context("moving conversation head")?
     .rows_affected();
+    if moved == 1 {
+        super::outbox::checkpoint_published(&mut tx, conversation_id, blob).await?;
+    }
+    tx.commit().await.context("committing conversation head")?;
     Ok(moved == 1)
 }

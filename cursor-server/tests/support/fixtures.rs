@@ -48,6 +48,13 @@ impl TestServer {
     }
 
     async fn start_with(config: Config, db_dir: tempfile::TempDir) -> TestServer {
+        // `TEST_LOG=debug cargo test ...` shows the server's logs for a failing scenario.
+        if let Ok(filter) = std::env::var("TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let app = App::bind(config).await.expect("server starts");
         let addr = app.local_addr().expect("addr");
         let shutdown = app.shutdown_token();
