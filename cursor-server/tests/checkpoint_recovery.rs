@@ -225,6 +225,16 @@ async fn a_checkpoint_follows_each_completed_tool_naming_the_calls_still_running
         }
     };
     assert_eq!(first.pending_tool_calls.len(), 1, "call b is still running");
+    let pending: serde_json::Value =
+        serde_json::from_str(&first.pending_tool_calls[0]).expect("an AI SDK tool-call part");
+    assert_eq!(
+        (&pending["type"], &pending["toolName"], &pending["args"]),
+        (
+            &serde_json::json!("tool-call"),
+            &serde_json::json!("Read"),
+            &serde_json::json!({"path": "b"})
+        )
+    );
     session
         .send(&exec_result(b.id, read_success("", "bee")))
         .await;
@@ -755,4 +765,131 @@ async fn blobs_an_earlier_run_left_unacknowledged_are_sent_again_and_its_turn_is
     assert!(owed.contains(first_turn), "the first turn's blob was owed");
     assert!(second.blobs.contains_key(first_turn), "and is sent again");
     assert_eq!(state.turn_timings.len(), 2, "one timing per turn");
+}
+
+#[tokio::test]
+async fn a_single_withheld_ack_holds_back_every_checkpoint_that_references_that_blob() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_a", "Read", r#"{"path":"a"}"#),
+            ("call_b", "Read", r#"{"path":"b"}"#),
+        ],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["both read"], (12, 1, 0))));
+    let db = tempfile::tempdir().expect("tempdir");
+    let server =
+        TestServer::start_in(&provider.base_url(), db, "checkpoint_ack_timeout_ms = 5000").await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut session = Session::start(
+        &cursor,
+        "req-one-ack",
+        &run_request_with_env("conv-one-ack", "read both"),
+    )
+    .await;
+    // Only the model-message root carrying a's result goes unacknowledged.
+    session.withhold_matching = Some(|data: &[u8]| {
+        let text = String::from_utf8_lossy(data);
+        text.contains("tool-result") && text.contains("ay")
+    });
+    let a = session.next_exec().await;
+    let b = session.next_exec().await;
+    session
+        .send(&exec_result(a.id, read_success("", "ay")))
+        .await;
+    session
+        .send(&exec_result(b.id, read_success("", "bee")))
+        .await;
+    while let Some(message) = session.next().await {
+        if fake_cursor::kind(&message) == "turn_ended" {
+            break;
+        }
+    }
+    assert_eq!(session.withheld.len(), 1, "exactly one ACK withheld");
+    let withheld = session.withheld[0].0.clone();
+    assert!(
+        session
+            .transcript
+            .checkpoints()
+            .iter()
+            .all(|state| !state.root_prompt_messages_json.contains(&withheld)),
+        "a checkpoint referenced the unacknowledged blob"
+    );
+    session.release_acks().await;
+    while session.next().await.is_some() {}
+    assert!(session.transcript.is_success());
+    let last = session
+        .transcript
+        .checkpoints()
+        .last()
+        .copied()
+        .expect("published");
+    assert!(last.root_prompt_messages_json.contains(&withheld));
+}
+
+fn run_request_with_text_blob(conversation_id: &str, text_blob: &[u8]) -> pb::AgentClientMessage {
+    let mut request = run_request_with_env(conversation_id, "");
+    if let Some(pb::agent_client_message::Message::RunRequest(run)) = &mut request.message
+        && let Some(pb::conversation_action::Action::UserMessageAction(action)) =
+            run.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action
+            .user_message
+            .as_mut()
+            .expect("user message")
+            .text_blob_id = Some(BlobId::of(text_blob).0.to_vec());
+    }
+    request
+}
+
+#[tokio::test]
+async fn a_user_message_sent_as_a_blob_is_fetched_and_hash_checked_before_the_model_sees_it() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Read it."], (30, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let long_text = "a very long pasted message ".repeat(200);
+    let mut blobs = std::collections::HashMap::new();
+    blobs.insert(
+        BlobId::of(long_text.as_bytes()).0.to_vec(),
+        long_text.clone().into_bytes(),
+    );
+
+    let request = run_request_with_text_blob("conv-text-blob", long_text.as_bytes());
+    let mut session = Session::start_with_blobs(&cursor, "req-text-blob", &request, blobs).await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let messages = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        messages.last().unwrap(),
+        &serde_json::json!({"role": "user", "content": long_text})
+    );
+    // The user-message root the client keeps has the text too.
+    let state = session.transcript.checkpoints()[0];
+    let user_root: serde_json::Value =
+        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[1])).unwrap();
+    assert_eq!(user_root["content"][0]["text"], long_text.as_str());
+
+    // A client that does not have the blob: a clear protocol error, and no model call.
+    let mut missing = Session::start(
+        &cursor,
+        "req-text-blob-missing",
+        &run_request_with_text_blob("conv-text-blob-2", b"never stored"),
+    )
+    .await;
+    while missing.next().await.is_some() {}
+    assert_eq!(missing.transcript.error_code(), Some("invalid_argument"));
+    let message = missing.transcript.error_message().unwrap();
+    assert!(message.contains("text blob"), "{message}");
+    assert_eq!(provider.requests().len(), 1);
 }

@@ -11,6 +11,7 @@ use super::proto::agent::{
 use super::proto::aiserver::BidiAppendRequest;
 use crate::model::conversation::Mode;
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
+use crate::store::blobs::BlobId;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -102,13 +103,24 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             match request.action.and_then(|a| a.action) {
                 Some(conversation_action::Action::UserMessageAction(action)) => {
                     let user = action.user_message.unwrap_or_default();
+                    let user_text_is_empty = user.text.is_empty();
                     let mode = match checkpoint::mode_of(user.mode) {
                         Ok(mode) => mode,
                         Err(message) => return Ok(ClientInput::Unsupported(message)),
                     };
+                    let text_blob = match user.text_blob_id.as_deref() {
+                        None | Some([]) => None,
+                        Some(id) => Some(BlobId::from_slice(id).ok_or_else(|| {
+                            ProtocolError::Uplink(format!(
+                                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
+                                id.len()
+                            ))
+                        })?),
+                    };
                     let run_action = RunAction::UserMessage {
                         text: user.text,
                         message_id: user.message_id,
+                        text_blob: text_blob.filter(|_| user_text_is_empty),
                     };
                     let terminals_folder = action
                         .request_context

@@ -8,6 +8,7 @@ use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::ExecPayload;
 use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::model::conversation::Mode;
+use crate::store::blobs::BlobId;
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +46,12 @@ pub enum ExecControl {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunAction {
     /// A new user message starts a turn.
-    UserMessage { text: String, message_id: String },
+    UserMessage {
+        text: String,
+        message_id: String,
+        /// Cursor sent the text as a blob (`text_blob_id`): fetched with KV GET first.
+        text_blob: Option<BlobId>,
+    },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,
 }

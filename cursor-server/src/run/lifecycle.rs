@@ -257,6 +257,11 @@ impl Checkpoints {
         roots
     }
 
+    /// Asks the client for one blob (the answer comes back through `on_kv`).
+    pub async fn fetch(&mut self, id: BlobId, out: &mut Downlink) {
+        out.send_message(&self.kv.fetch(id)).await;
+    }
+
     /// Continues the conversation's last turn (a resumed run has no new user message).
     pub async fn resume(
         store: &Store,

@@ -84,13 +84,24 @@ struct Slot {
     run: Option<ToolRun>,
 }
 
-/// A conversation being imported from the client's blobs before the turn starts.
+/// Blobs only the client holds, fetched before the turn starts: the roots of a conversation this
+/// server has never seen, and the user's text when Cursor sent it as a blob (`text_blob_id`).
 #[derive(Debug)]
 struct Import {
-    wanted: Vec<BlobId>,
+    roots: Vec<BlobId>,
+    text_blob: Option<BlobId>,
     got: HashMap<BlobId, Option<Vec<u8>>>,
     user_text: String,
     user_message_id: String,
+}
+
+impl Import {
+    fn complete(&self) -> bool {
+        self.roots
+            .iter()
+            .chain(&self.text_blob)
+            .all(|id| self.got.contains_key(id))
+    }
 }
 
 /// Where the turn is.
@@ -162,31 +173,42 @@ impl TurnLoop {
 
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
         let mut import = None;
+        let importing = input.client_state.is_some()
+            && !messages::any(&app.store, &input.conversation_id).await?;
         let (history, checkpoints) = match &input.action {
-            RunAction::UserMessage { text, message_id }
-                if input.client_state.is_some()
-                    && messages::load(&app.store, &input.conversation_id)
-                        .await?
-                        .is_empty() =>
-            {
+            RunAction::UserMessage {
+                text,
+                message_id,
+                text_blob,
+            } if text_blob.is_some() || importing => {
                 // Unknown here, known to the client: its roots become our history first.
                 let mut checkpoints = Checkpoints::open(
                     &app.store,
                     &input.conversation_id,
                     request_id,
-                    input.client_state.as_deref(),
+                    input.client_state.as_deref().filter(|_| importing),
                 )
                 .await?;
-                let wanted = checkpoints.fetch_roots(out).await;
+                let roots = if importing {
+                    checkpoints.fetch_roots(out).await
+                } else {
+                    Vec::new()
+                };
+                if let Some(id) = text_blob {
+                    checkpoints.fetch(*id, out).await;
+                }
                 import = Some(Import {
-                    wanted,
+                    roots,
+                    text_blob: *text_blob,
                     got: HashMap::new(),
                     user_text: text.clone(),
                     user_message_id: message_id.clone(),
                 });
                 (Vec::new(), checkpoints)
             }
-            RunAction::UserMessage { text, message_id } => {
+            RunAction::UserMessage {
+                text, message_id, ..
+            } => {
                 let user = CanonicalMessage::User(UserMessage {
                     origin: Origin::User,
                     text: text.clone(),
@@ -718,7 +740,7 @@ impl TurnLoop {
             }
             _ => {}
         }
-        if import.wanted.iter().all(|id| import.got.contains_key(id)) {
+        if import.complete() {
             self.finish_import(out).await?;
         }
         Ok(LoopStep::Continue)
@@ -729,8 +751,22 @@ impl TurnLoop {
         let Some(import) = self.import.take() else {
             return Ok(());
         };
+        let user_text = match import.text_blob {
+            None => import.user_text.clone(),
+            Some(id) => match import.got.get(&id).cloned().flatten() {
+                Some(data) => String::from_utf8(data).map_err(|_| {
+                    ProtocolError::Kv(format!("the user message's text blob {id} is not UTF-8"))
+                })?,
+                None => {
+                    return Err(ProtocolError::Kv(format!(
+                        "the client does not have the user message's text blob {id}"
+                    ))
+                    .into());
+                }
+            },
+        };
         let roots: Vec<serde_json::Value> = import
-            .wanted
+            .roots
             .iter()
             .filter_map(|id| import.got.get(id).cloned().flatten())
             .filter_map(|data| match serde_json::from_slice(&data) {
@@ -742,17 +778,19 @@ impl TurnLoop {
             })
             .collect();
         let missing: Vec<BlobId> = import
-            .wanted
+            .roots
             .iter()
             .filter(|id| matches!(import.got.get(id), Some(None)))
             .copied()
             .collect();
         self.checkpoints.forget_missing_roots(&missing);
         let mut imported = checkpoint::import_roots(&roots);
-        tracing::info!(request_id = %self.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
+        if !import.roots.is_empty() {
+            tracing::info!(request_id = %self.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
+        }
         imported.push(CanonicalMessage::User(UserMessage {
             origin: Origin::User,
-            text: import.user_text.clone(),
+            text: user_text.clone(),
             client_message_id: import.user_message_id.clone(),
         }));
         self.append(&imported).await?;
@@ -763,7 +801,7 @@ impl TurnLoop {
                 &self.app.store,
                 &self.request_id,
                 compiler::COMMON_PREFIX,
-                &import.user_text,
+                &user_text,
                 &import.user_message_id,
                 out,
             )

@@ -62,6 +62,16 @@ pub async fn append_in(
     Ok(())
 }
 
+/// Whether the conversation has any stored history (without loading it).
+pub async fn any(store: &Store, conversation_id: &str) -> Result<bool, StoreError> {
+    let row = sqlx::query("SELECT 1 FROM messages WHERE conversation_id = ? LIMIT 1")
+        .bind(conversation_id)
+        .fetch_optional(store.pool())
+        .await
+        .context("checking for history")?;
+    Ok(row.is_some())
+}
+
 /// The whole history of a conversation, oldest first (empty for an unknown conversation).
 pub async fn load(
     store: &Store,

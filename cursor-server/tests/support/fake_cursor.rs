@@ -262,6 +262,8 @@ pub struct Session<'a> {
     pub blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
     /// While set, `set_blob_args` are not acknowledged but kept here (id, KV id).
     pub withhold_acks: bool,
+    /// Withholds only the `set_blob_args` whose data matches (while `withhold_acks` is off).
+    pub withhold_matching: Option<fn(&[u8]) -> bool>,
     pub withheld: Vec<(Vec<u8>, u32)>,
     stream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
     decoder: FrameDecoder,
@@ -294,6 +296,7 @@ impl<'a> Session<'a> {
             seqno: 0,
             blobs,
             withhold_acks: false,
+            withhold_matching: None,
             withheld: Vec::new(),
             stream: response.bytes_stream().boxed(),
             decoder: FrameDecoder::new(64 * 1024 * 1024),
@@ -383,7 +386,7 @@ impl<'a> Session<'a> {
         };
         self.blobs
             .insert(set.blob_id.clone(), set.blob_data.clone());
-        if self.withhold_acks {
+        if self.withhold_acks || self.withhold_matching.is_some_and(|m| m(&set.blob_data)) {
             self.withheld.push((set.blob_id.clone(), kv.id));
             return;
         }
@@ -407,6 +410,7 @@ impl<'a> Session<'a> {
             kv_client_message,
         };
         self.withhold_acks = false;
+        self.withhold_matching = None;
         for (_, id) in std::mem::take(&mut self.withheld) {
             let ack = AgentClientMessage {
                 message: Some(agent_client_message::Message::KvClientMessage(
