@@ -62,6 +62,11 @@ fn run() -> Result<(), String> {
         "cargo:rerun-if-changed={}",
         own_proto_dir.join(OWN_SERVICES_FILE).display()
     );
+    // The prompt assets are embedded with `include_dir!`, which cannot ask Cargo to track them.
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest_dir.join("../prompt").display()
+    );
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let descriptor_path = out_dir.join("cursor_full.fds");

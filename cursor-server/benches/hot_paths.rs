@@ -107,6 +107,7 @@ fn main() {
         let messages = history(size);
         let projection = time(iterations.min(200), || {
             black_box(projector::openai_chat(&compile(
+                "system prompt",
                 &messages,
                 &model,
                 &[],

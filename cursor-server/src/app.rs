@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::cursor::handlers;
 use crate::error::ServerError;
+use crate::prompting::assets::PromptAssets;
 use crate::run::registry::RunRegistry;
 use crate::store::Store;
 
@@ -20,8 +21,8 @@ pub struct AppState {
     /// The single HTTP client for every provider call (connection pooling, TLS sessions).
     pub http: reqwest::Client,
     pub runs: RunRegistry,
-    /// The Agent mode's tool definitions, parsed once at start-up.
-    pub agent_tools: Vec<serde_json::Value>,
+    /// Every mode's system prompt, tools and reminders, validated once at start-up.
+    pub prompts: PromptAssets,
     /// Fires on shutdown: runs end `canceled`, the server stops accepting.
     pub shutdown: CancellationToken,
 }
@@ -34,7 +35,11 @@ pub struct App {
 impl App {
     /// Opens the database (running migrations) and binds the configured address.
     pub async fn bind(config: Config) -> Result<App, ServerError> {
-        let agent_tools = crate::prompting::compiler::agent_tools().map_err(ServerError::Assets)?;
+        let prompts = match &config.prompt_dir {
+            Some(dir) => PromptAssets::from_dir(dir),
+            None => PromptAssets::embedded(),
+        }
+        .map_err(|e| ServerError::Assets(e.to_string()))?;
         let store = Store::open(&config.database_url).await?;
         let http = reqwest::Client::builder()
             .connect_timeout(config.provider_connect_timeout)
@@ -52,7 +57,7 @@ impl App {
             store,
             http,
             runs: RunRegistry::default(),
-            agent_tools,
+            prompts,
             shutdown: CancellationToken::new(),
         });
         Ok(App { state, listener })

@@ -188,6 +188,8 @@ pub struct Config {
     pub provider_max_attempts: u32,
     /// First retry delay (doubled per attempt) unless the provider sends `retry-after`.
     pub provider_retry_base_delay: Duration,
+    /// A directory of prompt assets (a copy of `prompt/`) used instead of the embedded ones.
+    pub prompt_dir: Option<PathBuf>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -218,7 +220,15 @@ impl Config {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        file.validate(env)
+        let mut config = file.validate(env)?;
+        // Like every path a user writes in the file, a relative prompt directory is relative to it.
+        if let Some(dir) = config.prompt_dir.take() {
+            config.prompt_dir = Some(match path.parent() {
+                Some(base) if dir.is_relative() => base.join(dir),
+                _ => dir,
+            });
+        }
+        Ok(config)
     }
 
     pub fn model_ids(&self) -> impl Iterator<Item = &str> {
@@ -254,6 +264,7 @@ struct FileConfig {
     kv_retry_after_ms: Option<u64>,
     provider_max_attempts: Option<u32>,
     provider_retry_base_delay_ms: Option<u64>,
+    prompt_dir: Option<PathBuf>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -426,6 +437,7 @@ impl FileConfig {
                 self.provider_retry_base_delay_ms
                     .unwrap_or(DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS),
             ),
+            prompt_dir: self.prompt_dir,
             providers,
         })
     }

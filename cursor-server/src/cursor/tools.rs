@@ -98,6 +98,46 @@ impl ToolKind {
         pb::ToolCall { tool: Some(tool) }
     }
 
+    /// The arguments `parse_input` accepts for this tool, as (name, required). A mode's tool
+    /// description must list exactly these (checked when the prompt assets load).
+    pub fn arguments(self) -> &'static [(&'static str, bool)] {
+        match self {
+            ToolKind::Read => &[("path", true), ("offset", false), ("limit", false)],
+            ToolKind::Write => &[("path", true), ("contents", true)],
+            ToolKind::StrReplace => &[
+                ("path", true),
+                ("old_string", true),
+                ("new_string", true),
+                ("replace_all", false),
+            ],
+            ToolKind::Delete => &[("path", true)],
+            ToolKind::Grep => &[
+                ("pattern", true),
+                ("path", false),
+                ("glob", false),
+                ("type", false),
+                ("output_mode", false),
+                ("-A", false),
+                ("-B", false),
+                ("-C", false),
+                ("-i", false),
+                ("multiline", false),
+                ("head_limit", false),
+                ("offset", false),
+            ],
+            ToolKind::Glob => &[("glob_pattern", true), ("target_directory", false)],
+            ToolKind::Ls => &[("path", true), ("ignore", false)],
+            ToolKind::ReadLints => &[("paths", true)],
+            ToolKind::Shell => &[
+                ("command", true),
+                ("working_directory", false),
+                ("block_until_ms", false),
+                ("description", false),
+            ],
+            ToolKind::TodoWrite => &[("todos", true), ("merge", true)],
+        }
+    }
+
     /// The argument whose value streams into the card as file content while the model writes it.
     pub fn streamed_content_field(self) -> Option<&'static str> {
         match self {
@@ -607,21 +647,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_offered_tool_exists_in_the_registry() {
-        let tools: serde_json::Value =
-            serde_json::from_str(crate::prompting::compiler::AGENT_TOOLS).expect("tools.json");
-        let names: Vec<&str> = tools
-            .as_array()
-            .expect("array")
+    fn every_registered_tool_is_offered_in_agent_mode() {
+        let assets = crate::prompting::assets::PromptAssets::embedded().expect("assets");
+        let names: Vec<&str> = assets
+            .mode(crate::model::conversation::Mode::Agent)
+            .tools
             .iter()
             .map(|t| t["function"]["name"].as_str().expect("name"))
             .collect();
-        for name in &names {
-            assert!(
-                ToolKind::from_name(name).is_some(),
-                "{name} is offered but not registered"
-            );
-        }
         for kind in ToolKind::ALL {
             assert!(
                 names.contains(&kind.name()),

@@ -7,12 +7,6 @@
 use crate::config::ModelConfig;
 use crate::model::message::CanonicalMessage;
 
-/// The shared system prompt, from the repository's `prompt/` assets.
-pub const COMMON_PREFIX: &str = include_str!("../../../prompt/common_prefix.md");
-
-/// The Agent mode's tools, in OpenAI Chat function format (names must exist in `cursor/tools.rs`).
-pub const AGENT_TOOLS: &str = include_str!("../../../prompt/agent/tools.json");
-
 /// Reasoning effort levels Cursor can request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effort {
@@ -86,23 +80,19 @@ pub struct ModelRequest<'a> {
 }
 
 pub fn compile<'a>(
+    system: &'a str,
     history: &'a [CanonicalMessage],
     model: &'a ModelConfig,
     tools: &'a [serde_json::Value],
     parameters: RequestParameters,
 ) -> ModelRequest<'a> {
     ModelRequest {
-        system: COMMON_PREFIX,
+        system,
         history,
         model,
         tools,
         parameters,
     }
-}
-
-/// Parses the embedded Agent tool list once (at start-up); a malformed asset is a start-up error.
-pub fn agent_tools() -> Result<Vec<serde_json::Value>, String> {
-    serde_json::from_str(AGENT_TOOLS).map_err(|e| format!("prompt/agent/tools.json: {e}"))
 }
 
 #[cfg(test)]

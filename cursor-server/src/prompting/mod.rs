@@ -1,6 +1,7 @@
-//! Compiling a model request: history + mode → system prompt and messages (`compiler`), then into a
-//! provider's wire format (`projector`).
+//! Compiling a model request: the validated prompt assets (`assets`), history + mode → system
+//! prompt, tools and messages (`compiler`), then a provider's wire format (`projector`).
 
+pub mod assets;
 pub mod compiler;
 pub mod derived_state;
 pub mod projector;

@@ -513,6 +513,7 @@ mod tests {
         let model = model(true);
         let history = history(None);
         let body = openai_chat(&compile(
+            "system prompt",
             &history,
             &model,
             &[],
@@ -544,6 +545,7 @@ mod tests {
             items: items.clone(),
         }));
         let body = openai_responses(&compile(
+            "system prompt",
             &history,
             &model,
             &[],
@@ -569,6 +571,7 @@ mod tests {
             blocks: thinking.clone(),
         }));
         let body = anthropic(&compile(
+            "system prompt",
             &history,
             &model,
             &[],
@@ -590,6 +593,7 @@ mod tests {
         let mut other = model.clone();
         other.id = "other".into();
         let body = anthropic(&compile(
+            "system prompt",
             &history,
             &other,
             &[],
@@ -602,12 +606,22 @@ mod tests {
     #[test]
     fn anthropic_uses_at_most_four_cache_breakpoints() {
         let model = model(false);
-        let tools = crate::prompting::compiler::agent_tools().unwrap();
+        let tools = crate::prompting::assets::PromptAssets::embedded()
+            .unwrap()
+            .mode(crate::model::conversation::Mode::Agent)
+            .tools
+            .clone();
         let mut history = history(None);
         history.push(user("next"));
         let body = project(
             ProviderKind::Anthropic,
-            &compile(&history, &model, &tools, RequestParameters::default()),
+            &compile(
+                "system prompt",
+                &history,
+                &model,
+                &tools,
+                RequestParameters::default(),
+            ),
         );
         let count = body.to_string().matches("cache_control").count();
         assert!(count <= 4 && count == 3, "{count} breakpoints");
@@ -628,12 +642,14 @@ mod tests {
         }));
         for body in [
             anthropic(&compile(
+                "system prompt",
                 &chat_history,
                 &model,
                 &[],
                 RequestParameters::default(),
             )),
             openai_responses(&compile(
+                "system prompt",
                 &chat_history,
                 &model,
                 &[],
@@ -646,6 +662,7 @@ mod tests {
             blocks: vec![json!({"type":"thinking","thinking":"claude thoughts","signature":"s"})],
         }));
         let chat = openai_chat(&compile(
+            "system prompt",
             &anthropic_history,
             &model,
             &[],
@@ -663,6 +680,7 @@ mod tests {
         let model = model(false);
         let mut history = vec![user("hi")];
         let first = openai_chat(&compile(
+            "system prompt",
             &history,
             &model,
             &[],
@@ -681,6 +699,7 @@ mod tests {
         }));
         history.push(user("again"));
         let second = openai_chat(&compile(
+            "system prompt",
             &history,
             &model,
             &[],

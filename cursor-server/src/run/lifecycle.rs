@@ -121,20 +121,28 @@ pub struct Checkpoints {
     transitional: Option<(ConversationStateStructure, BlobId)>,
 }
 
+/// What opens a turn in the graph: the mode's system prompt (the first root of a new
+/// conversation) and the user's message in the mode they picked.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnOpening<'a> {
+    pub system: &'a str,
+    pub mode: Mode,
+    pub user_text: &'a str,
+    pub user_message_id: &'a str,
+}
+
 impl Checkpoints {
     /// Continues the conversation's graph from its stored head and opens this run's turn.
     pub async fn start(
         store: &Store,
         conversation_id: &str,
         request_id: &str,
-        system: &str,
-        user_text: &str,
-        user_message_id: &str,
+        opening: TurnOpening<'_>,
         out: &mut Downlink,
     ) -> Result<Checkpoints, ServerError> {
         let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
         checkpoints
-            .begin_turn(store, request_id, system, user_text, user_message_id, out)
+            .begin_turn(store, request_id, opening, out)
             .await?;
         Ok(checkpoints)
     }
@@ -214,11 +222,15 @@ impl Checkpoints {
         &mut self,
         store: &Store,
         request_id: &str,
-        system: &str,
-        user_text: &str,
-        user_message_id: &str,
+        opening: TurnOpening<'_>,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
+        let TurnOpening {
+            system,
+            mode,
+            user_text,
+            user_message_id,
+        } = opening;
         let mut new_blobs = Vec::new();
         if self.graph.root_count() == 0 {
             new_blobs.push(self.graph.push_root(&roots::system(system)));
@@ -234,7 +246,7 @@ impl Checkpoints {
                         .previous_head
                         .map(|id| id.0.to_vec())
                         .unwrap_or_default(),
-                    mode: self.previous_mode.map_or(0, checkpoint::agent_mode),
+                    mode: checkpoint::agent_mode(mode),
                     ..pb::UserMessage::default()
                 },
                 now_ms(),

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::actor::Downlink;
 use super::command::{ExecControl, ProtocolError, RunAction, RunRequestInput};
-use super::lifecycle::Checkpoints;
+use super::lifecycle::{Checkpoints, TurnOpening};
 use crate::app::AppState;
 use crate::cursor::blob_sync::{KvOutcome, KvPayload};
 use crate::cursor::checkpoint::{self, StateDetails};
@@ -226,9 +226,12 @@ impl TurnLoop {
                     &app.store,
                     &input.conversation_id,
                     request_id,
-                    compiler::COMMON_PREFIX,
-                    text,
-                    message_id,
+                    TurnOpening {
+                        system: &app.prompts.mode(input.mode).system,
+                        mode: input.mode,
+                        user_text: text,
+                        user_message_id: message_id,
+                    },
                     out,
                 )
                 .await?;
@@ -335,8 +338,14 @@ impl TurnLoop {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
         let model = &provider.models[self.model_index];
-        let request =
-            compiler::compile(&self.history, model, &self.app.agent_tools, self.parameters);
+        let prompts = self.app.prompts.mode(self.mode);
+        let request = compiler::compile(
+            &prompts.system,
+            &self.history,
+            model,
+            &prompts.tools,
+            self.parameters,
+        );
         let body = projector::project(provider.kind, &request);
         self.call_cancel.cancel();
         self.call_cancel = CancellationToken::new();
@@ -800,9 +809,12 @@ impl TurnLoop {
             .begin_turn(
                 &self.app.store,
                 &self.request_id,
-                compiler::COMMON_PREFIX,
-                &user_text,
-                &import.user_message_id,
+                TurnOpening {
+                    system: &self.app.prompts.mode(self.mode).system,
+                    mode: self.mode,
+                    user_text: &user_text,
+                    user_message_id: &import.user_message_id,
+                },
                 out,
             )
             .await?;
