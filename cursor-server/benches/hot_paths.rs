@@ -45,6 +45,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
                     origin: Origin::User,
                     text: format!("question {i} with some realistic length of text"),
                     client_message_id: String::new(),
+                    mode: None,
                 })
             } else {
                 CanonicalMessage::Assistant(AssistantMessage {

@@ -387,6 +387,7 @@ pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMess
                         origin: Origin::Runtime,
                         text: format!("<client_instructions>\n{text}\n</client_instructions>"),
                         client_message_id: String::new(),
+                        mode: None,
                     }));
                 }
                 current_assistant = None;
@@ -396,6 +397,7 @@ pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMess
                     origin: Origin::User,
                     text: text_of(content, "text"),
                     client_message_id: String::new(),
+                    mode: None,
                 }));
                 current_assistant = None;
             }

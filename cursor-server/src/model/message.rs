@@ -62,6 +62,10 @@ pub struct UserMessage {
     /// Cursor's id for the message (`UserMessage.message_id`), empty for runtime messages.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub client_message_id: String,
+    /// The mode the conversation is in from this message on: the mode the user picked for it, or
+    /// the new mode of a mode-change notice (`None` for other runtime messages and old rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<super::conversation::Mode>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,5 +2,6 @@
 
 pub mod conversation;
 pub mod message;
+pub mod runtime_tag;
 pub mod tool;
 pub mod usage;

@@ -2,10 +2,49 @@
 //! model's configuration and the run's requested parameters.
 //!
 //! The system prompt and tools are byte-stable across calls so that request N stays an exact prefix
-//! of request N+1.
+//! of request N+1; a mode change replaces only them, and is told to the model by runtime messages
+//! (decided here, stored once by `store/messages.rs`).
 
+use super::assets::{PromptAssets, mode_title};
 use crate::config::ModelConfig;
+use crate::model::conversation::Mode;
 use crate::model::message::CanonicalMessage;
+use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag};
+
+/// The runtime messages a user message in `mode` brings, anchored to the run that carries it: a
+/// notice when the conversation was in another mode, then the mode's reminder if it has one.
+pub fn user_message_tags(
+    assets: &PromptAssets,
+    previous: Option<Mode>,
+    mode: Mode,
+    anchor: &str,
+) -> Vec<RuntimeTag> {
+    let mut tags = Vec::new();
+    if let Some(from) = previous.filter(|from| *from != mode) {
+        tags.push(RuntimeTag::new(
+            RuntimeEvent::ModeChosen { from, to: mode },
+            anchor,
+            assets.mode_change(from, mode),
+        ));
+    }
+    if let Some(reminder) = &assets.mode(mode).reminder {
+        tags.push(RuntimeTag::new(
+            RuntimeEvent::ModeReminder { mode },
+            anchor,
+            reminder.render(&[("mode", mode_title(mode))]),
+        ));
+    }
+    tags
+}
+
+/// The notice for a SwitchMode call the user approved (anchored to that call).
+pub fn mode_switch_tag(assets: &PromptAssets, from: Mode, to: Mode, call_id: &str) -> RuntimeTag {
+    RuntimeTag::new(
+        RuntimeEvent::ModeSwitched { from, to },
+        call_id,
+        assets.mode_change(from, to),
+    )
+}
 
 /// Reasoning effort levels Cursor can request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

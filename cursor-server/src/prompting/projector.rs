@@ -462,6 +462,7 @@ mod tests {
             origin: Origin::User,
             text: text.into(),
             client_message_id: String::new(),
+            mode: None,
         })
     }
 

@@ -367,6 +367,20 @@ impl Checkpoints {
         self.emit(store, vec![step], out).await
     }
 
+    /// Runtime messages (mode notices, reminders) appended to history: roots the model sees.
+    pub async fn runtime_messages(
+        &mut self,
+        store: &Store,
+        texts: &[&str],
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let new_blobs = texts
+            .iter()
+            .map(|text| self.graph.push_root(&roots::user(text)))
+            .collect();
+        self.emit(store, new_blobs, out).await
+    }
+
     /// A completed provider call's text and reasoning.
     pub async fn assistant(
         &mut self,

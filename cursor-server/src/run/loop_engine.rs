@@ -27,6 +27,7 @@ use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
 };
+use crate::model::runtime_tag::current_mode;
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
@@ -209,20 +210,29 @@ impl TurnLoop {
             RunAction::UserMessage {
                 text, message_id, ..
             } => {
+                let mut history = messages::load(&app.store, &input.conversation_id).await?;
                 let user = CanonicalMessage::User(UserMessage {
                     origin: Origin::User,
                     text: text.clone(),
                     client_message_id: message_id.clone(),
+                    mode: Some(input.mode),
                 });
-                messages::append(
+                let tags = compiler::user_message_tags(
+                    &app.prompts,
+                    current_mode(&history),
+                    input.mode,
+                    request_id,
+                );
+                let appended = messages::append_with_tags(
                     &app.store,
                     &input.conversation_id,
                     request_id,
                     std::slice::from_ref(&user),
+                    &tags,
                 )
                 .await?;
-                let history = messages::load(&app.store, &input.conversation_id).await?;
-                let checkpoints = Checkpoints::start(
+                history.extend(appended.iter().cloned());
+                let mut checkpoints = Checkpoints::start(
                     &app.store,
                     &input.conversation_id,
                     request_id,
@@ -235,6 +245,9 @@ impl TurnLoop {
                     out,
                 )
                 .await?;
+                checkpoints
+                    .runtime_messages(&app.store, &runtime_texts(&appended[1..]), out)
+                    .await?;
                 (history, checkpoints)
             }
             RunAction::Resume => {
@@ -245,7 +258,9 @@ impl TurnLoop {
             }
         };
         let mode = match input.action {
-            RunAction::Resume => checkpoints.previous_mode().unwrap_or(input.mode),
+            RunAction::Resume => current_mode(&history)
+                .or(checkpoints.previous_mode())
+                .unwrap_or(input.mode),
             RunAction::UserMessage { .. } => input.mode,
         };
         let tool_env = ToolEnv {
@@ -797,12 +812,28 @@ impl TurnLoop {
         if !import.roots.is_empty() {
             tracing::info!(request_id = %self.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
         }
+        let previous_mode = current_mode(&self.history).or(current_mode(&imported));
         imported.push(CanonicalMessage::User(UserMessage {
             origin: Origin::User,
             text: user_text.clone(),
             client_message_id: import.user_message_id.clone(),
+            mode: Some(self.mode),
         }));
-        self.append(&imported).await?;
+        let tags = compiler::user_message_tags(
+            &self.app.prompts,
+            previous_mode,
+            self.mode,
+            &self.request_id,
+        );
+        let appended = messages::append_with_tags(
+            &self.app.store,
+            &self.conversation_id,
+            &self.request_id,
+            &imported,
+            &tags,
+        )
+        .await?;
+        let runtime = &appended[imported.len()..];
         self.history = messages::load(&self.app.store, &self.conversation_id).await?;
         self.tool_env.todos = fold_todos(&self.history);
         self.checkpoints
@@ -817,6 +848,9 @@ impl TurnLoop {
                 },
                 out,
             )
+            .await?;
+        self.checkpoints
+            .runtime_messages(&self.app.store, &runtime_texts(runtime), out)
             .await?;
         self.start_provider_call();
         Ok(())
@@ -966,6 +1000,17 @@ impl TurnLoop {
             }
         }
     }
+}
+
+/// The texts of runtime messages, for their checkpoint roots.
+fn runtime_texts(messages: &[CanonicalMessage]) -> Vec<&str> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            CanonicalMessage::User(user) => Some(user.text.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn fold_todos(history: &[CanonicalMessage]) -> Vec<derived_state::Todo> {

@@ -4,6 +4,7 @@ use sqlx::{Row, SqliteConnection};
 
 use super::{QueryContext, Store, StoreError, conversations, now_ms};
 use crate::model::message::{CanonicalMessage, Origin};
+use crate::model::runtime_tag::RuntimeTag;
 
 /// Appends `messages` to the end of the conversation's history in one transaction.
 pub async fn append(
@@ -18,12 +19,63 @@ pub async fn append(
     Ok(())
 }
 
+/// Appends `messages`, then the runtime messages of `tags` whose events this conversation has not
+/// consumed yet, in one transaction. Returns every message appended, in order.
+pub async fn append_with_tags(
+    store: &Store,
+    conversation_id: &str,
+    request_id: &str,
+    messages: &[CanonicalMessage],
+    tags: &[RuntimeTag],
+) -> Result<Vec<CanonicalMessage>, StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    append_in(&mut tx, conversation_id, request_id, messages).await?;
+    let mut appended = messages.to_vec();
+    for tag in tags {
+        let consumed = sqlx::query(
+            "SELECT 1 FROM messages WHERE conversation_id = ? AND runtime_event_id = ?",
+        )
+        .bind(conversation_id)
+        .bind(&tag.event_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .context("checking a runtime event")?
+        .is_some();
+        if consumed {
+            tracing::debug!(conversation_id, event = %tag.event_id, "runtime event already in history");
+            continue;
+        }
+        let message = tag.message();
+        insert(
+            &mut tx,
+            conversation_id,
+            request_id,
+            std::slice::from_ref(&message),
+            Some(&tag.event_id),
+        )
+        .await?;
+        appended.push(message);
+    }
+    tx.commit().await.context("committing messages")?;
+    Ok(appended)
+}
+
 /// Appends inside a caller's transaction, so messages can commit atomically with other state.
 pub async fn append_in(
     conn: &mut SqliteConnection,
     conversation_id: &str,
     request_id: &str,
     messages: &[CanonicalMessage],
+) -> Result<(), StoreError> {
+    insert(conn, conversation_id, request_id, messages, None).await
+}
+
+async fn insert(
+    conn: &mut SqliteConnection,
+    conversation_id: &str,
+    request_id: &str,
+    messages: &[CanonicalMessage],
+    runtime_event_id: Option<&str>,
 ) -> Result<(), StoreError> {
     conversations::ensure(&mut *conn, conversation_id).await?;
     let next: i64 = sqlx::query_scalar(
@@ -45,8 +97,9 @@ pub async fn append_in(
         };
         let seq = next + i64::try_from(offset).unwrap_or(i64::MAX);
         sqlx::query(
-            "INSERT INTO messages (conversation_id, seq, role, origin, body, request_id, created_at_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages
+                 (conversation_id, seq, role, origin, body, request_id, created_at_ms, runtime_event_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(conversation_id)
         .bind(seq)
@@ -55,6 +108,7 @@ pub async fn append_in(
         .bind(serde_json::to_string(message)?)
         .bind(request_id)
         .bind(created)
+        .bind(runtime_event_id)
         .execute(&mut *conn)
         .await
         .context("appending message")?;
@@ -93,4 +147,75 @@ pub async fn load(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::conversation::Mode;
+    use crate::model::message::UserMessage;
+    use crate::model::runtime_tag::RuntimeEvent;
+
+    #[tokio::test]
+    async fn a_consumed_runtime_event_is_never_appended_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
+            .await
+            .unwrap();
+        let user = |text: &str| {
+            CanonicalMessage::User(UserMessage {
+                origin: Origin::User,
+                text: text.into(),
+                client_message_id: String::new(),
+                mode: Some(Mode::Plan),
+            })
+        };
+        let reminder = RuntimeTag::new(
+            RuntimeEvent::ModeReminder { mode: Mode::Plan },
+            "req-1",
+            "plan only".into(),
+        );
+        let first = append_with_tags(
+            &store,
+            "c",
+            "req-1",
+            &[user("a")],
+            std::slice::from_ref(&reminder),
+        )
+        .await
+        .unwrap();
+        assert_eq!(first.len(), 2);
+        let again = append_with_tags(
+            &store,
+            "c",
+            "req-1",
+            &[user("b")],
+            std::slice::from_ref(&reminder),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            again,
+            vec![user("b")],
+            "the event was consumed by the first append"
+        );
+        // The index itself refuses a second row for the event, whatever the caller does.
+        let mut tx = store.pool().begin().await.unwrap();
+        let duplicate = insert(
+            &mut tx,
+            "c",
+            "req-2",
+            &[reminder.message()],
+            Some(&reminder.event_id),
+        )
+        .await;
+        assert!(duplicate.is_err());
+        drop(tx);
+        // Another conversation has its own events.
+        let other = append_with_tags(&store, "d", "req-1", &[], &[reminder])
+            .await
+            .unwrap();
+        assert_eq!(other.len(), 1);
+        assert_eq!(load(&store, "c").await.unwrap().len(), 3);
+    }
 }

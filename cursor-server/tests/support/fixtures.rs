@@ -263,3 +263,33 @@ pub fn read_success(
         })),
     })
 }
+
+/// A run_request (with the IDE's request context) whose user message was sent in `mode`.
+pub fn run_request_in_mode(
+    conversation_id: &str,
+    text: &str,
+    mode: cursor_server::cursor::proto::agent::AgentMode,
+) -> AgentClientMessage {
+    let mut message = run_request_with_env(conversation_id, text);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+        && let Some(user) = action.user_message.as_mut()
+    {
+        user.mode = mode as i32;
+    }
+    message
+}
+
+/// The names of the tools a Chat request offered.
+pub fn offered_tools(request: &serde_json::Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,116 @@
+//! Runtime events: things the server tells the model that nobody typed (mode notices, mode
+//! reminders). Each becomes one runtime-origin user message, appended exactly once: its event id is
+//! unique per conversation (`UNIQUE(conversation_id, runtime_event_id)` in the store) and it is
+//! written in the same transaction as the message that caused it, so provider retries, tool
+//! rounds, later turns and restarts replay the stored message and never append it again.
+
+use serde::{Deserialize, Serialize};
+
+use super::conversation::Mode;
+use super::message::{CanonicalMessage, Origin, UserMessage};
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum RuntimeEvent {
+    /// The user sent a message in another mode than the conversation's previous one.
+    ModeChosen { from: Mode, to: Mode },
+    /// The user approved the model's SwitchMode call; the run continues in `to`.
+    ModeSwitched { from: Mode, to: Mode },
+    /// The mode's standing reminder, once for each user message sent in it.
+    ModeReminder { mode: Mode },
+}
+
+impl RuntimeEvent {
+    fn kind(self) -> &'static str {
+        match self {
+            RuntimeEvent::ModeChosen { .. } => "mode_chosen",
+            RuntimeEvent::ModeSwitched { .. } => "mode_switched",
+            RuntimeEvent::ModeReminder { .. } => "mode_reminder",
+        }
+    }
+
+    /// The mode the conversation is in from this event on, if the event changes it.
+    pub fn new_mode(self) -> Option<Mode> {
+        match self {
+            RuntimeEvent::ModeChosen { to, .. } | RuntimeEvent::ModeSwitched { to, .. } => Some(to),
+            RuntimeEvent::ModeReminder { .. } => None,
+        }
+    }
+}
+
+/// One runtime event with the text the model sees for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeTag {
+    /// Unique within the conversation: the event's kind and what it is anchored to (the run that
+    /// carried the user's message, or the tool call that switched modes).
+    pub event_id: String,
+    pub event: RuntimeEvent,
+    pub text: String,
+}
+
+impl RuntimeTag {
+    pub fn new(event: RuntimeEvent, anchor: &str, text: String) -> RuntimeTag {
+        RuntimeTag {
+            event_id: format!("{}:{anchor}", event.kind()),
+            event,
+            text,
+        }
+    }
+
+    /// The runtime-origin message stored for it.
+    pub fn message(&self) -> CanonicalMessage {
+        CanonicalMessage::User(UserMessage {
+            origin: Origin::Runtime,
+            text: self.text.clone(),
+            client_message_id: String::new(),
+            mode: self.event.new_mode(),
+        })
+    }
+}
+
+/// The mode the conversation is in after `history`: the latest user message's mode or mode change
+/// (`None` when no stored message states one, e.g. an imported conversation).
+pub fn current_mode(history: &[CanonicalMessage]) -> Option<Mode> {
+    history.iter().rev().find_map(|message| match message {
+        CanonicalMessage::User(user) => user.mode,
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_name_the_kind_and_anchor_and_mode_changes_are_folded() {
+        let chosen = RuntimeTag::new(
+            RuntimeEvent::ModeChosen {
+                from: Mode::Agent,
+                to: Mode::Plan,
+            },
+            "req-1",
+            "now plan".into(),
+        );
+        let reminder = RuntimeTag::new(
+            RuntimeEvent::ModeReminder { mode: Mode::Plan },
+            "req-1",
+            "plan only".into(),
+        );
+        assert_eq!(chosen.event_id, "mode_chosen:req-1");
+        assert_ne!(chosen.event_id, reminder.event_id);
+        let history = vec![
+            CanonicalMessage::User(UserMessage {
+                origin: Origin::User,
+                text: "hi".into(),
+                client_message_id: String::new(),
+                mode: Some(Mode::Agent),
+            }),
+            chosen.message(),
+            reminder.message(),
+        ];
+        assert_eq!(current_mode(&history), Some(Mode::Plan));
+        assert_eq!(current_mode(&history[..1]), Some(Mode::Agent));
+        assert_eq!(current_mode(&[]), None);
+    }
+}
