@@ -46,6 +46,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
                     text: format!("question {i} with some realistic length of text"),
                     client_message_id: String::new(),
                     mode: None,
+                    runtime: None,
                 })
             } else {
                 CanonicalMessage::Assistant(AssistantMessage {

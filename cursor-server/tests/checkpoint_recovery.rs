@@ -82,18 +82,25 @@ async fn a_text_turns_final_checkpoint_names_its_whole_blob_graph_and_conversati
         .iter()
         .map(|id| serde_json::from_slice(blob(&session, id)).expect("JSON root"))
         .collect();
-    assert_eq!(roots.len(), 3);
+    // Roots: system, the injected workspace context, user, assistant.
+    assert_eq!(roots.len(), 4);
     assert_eq!(roots[0]["role"], "system");
+    assert!(
+        roots[1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Workspace: /home/user/demo")
+    );
     assert_eq!(
-        roots[1],
+        roots[2],
         serde_json::json!({"role":"user","content":[{"type":"text","text":"hello"}]})
     );
     assert_eq!(
-        roots[2]["content"][0],
+        roots[3]["content"][0],
         serde_json::json!({"type":"reasoning","text":"hmm"})
     );
     assert_eq!(
-        roots[2]["content"][1],
+        roots[3]["content"][1],
         serde_json::json!({"type":"text","text":"Hi!"})
     );
     // One turn: the user message, a thinking step, the assistant step.
@@ -181,10 +188,10 @@ async fn no_checkpoint_is_published_until_every_blob_it_references_is_acknowledg
             "a published checkpoint references only stored blobs"
         );
     }
-    // system, user, assistant(call), tool-call, tool-result, assistant(text)
+    // system, context, user, tool-call, tool-result, assistant(text)
     assert_eq!(
         state.root_prompt_messages_json.len(),
-        5,
+        6,
         "the first assistant had no text: no root"
     );
 }
@@ -451,11 +458,11 @@ async fn a_provider_failure_publishes_the_committed_state_then_the_error() {
     let state = session.transcript.checkpoints()[0];
     assert_eq!(
         state.root_prompt_messages_json.len(),
-        2,
-        "system and the user's message"
+        3,
+        "system, the injected context and the user's message"
     );
     let root: serde_json::Value =
-        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[1])).unwrap();
+        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[2])).unwrap();
     assert_eq!(root["content"][0]["text"], "hello");
     assert!(
         !root.to_string().contains("try later"),
@@ -655,11 +662,18 @@ async fn a_conversation_only_the_client_knows_is_imported_from_its_blobs() {
         serde_json::json!({"role":"tool","tool_call_id":"t1","content":"     1|ay"})
     );
     assert_eq!(messages[5]["content"], "It says ay.");
+    // The workspace context is new to this server: injected before the new message.
+    assert!(
+        messages[6]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<user_info>")
+    );
     assert_eq!(
-        messages[6],
+        messages[7],
         serde_json::json!({"role":"user","content":"And b.txt?"})
     );
-    assert_eq!(messages.len(), 7);
+    assert_eq!(messages.len(), 8);
     // The client's roots are not sent back to it; the new state extends them.
     let state = session.transcript.checkpoints()[0];
     let present = &ids[..ids.len() - 1];
@@ -756,9 +770,9 @@ async fn blobs_an_earlier_run_left_unacknowledged_are_sent_again_and_its_turn_is
         .map(|id| serde_json::from_slice(blob(&second, id)).expect("JSON root"))
         .collect();
     let texts: Vec<String> = roots.iter().map(|r| r["content"].to_string()).collect();
-    assert_eq!(roots.len(), 5, "{texts:?}");
+    assert_eq!(roots.len(), 6, "{texts:?}");
     assert!(
-        texts[2].contains("First.") && texts[4].contains("Second."),
+        texts[3].contains("First.") && texts[5].contains("Second."),
         "{texts:?}"
     );
     let first_turn = &state.turns[0];
@@ -877,7 +891,7 @@ async fn a_user_message_sent_as_a_blob_is_fetched_and_hash_checked_before_the_mo
     // The user-message root the client keeps has the text too.
     let state = session.transcript.checkpoints()[0];
     let user_root: serde_json::Value =
-        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[1])).unwrap();
+        serde_json::from_slice(blob(&session, &state.root_prompt_messages_json[2])).unwrap();
     assert_eq!(user_root["content"][0]["text"], long_text.as_str());
 
     // A client that does not have the blob: a clear protocol error, and no model call.

@@ -9,9 +9,14 @@ mod fake_provider;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
+use cursor_server::cursor::proto::agent::{
+    self as pb, AgentClientMessage, AgentMode, agent_client_message, conversation_action,
+};
 use fake_cursor::{FakeCursor, Session};
-use fake_provider::{FakeProvider, golden};
-use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
+use fake_provider::{FakeProvider, Reply, golden, text_events};
+use fixtures::{
+    TestServer, exec_result, offered_tools, read_success, run_request_in_mode, run_request_with_env,
+};
 use serde_json::Value;
 
 /// Removes Anthropic cache breakpoints: they move to the newest message on every request by design
@@ -118,4 +123,100 @@ async fn every_request_extends_the_previous_one_on_every_endpoint() {
         let b = added.find("bee").expect("second result");
         assert!(a < b, "{endpoint}: results in call order");
     }
+}
+
+/// The run_request of `mode` whose request context carries `rules` (always-applied rules).
+fn request_with_rules(text: &str, mode: AgentMode, rules: &[&str]) -> AgentClientMessage {
+    let mut message = run_request_in_mode("conv-modes", text, mode);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+        && let Some(context) = action.request_context.as_mut()
+    {
+        context.rules = rules
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| pb::CursorRule {
+                full_path: format!("/home/user/demo/.cursor/rules/r{i}.mdc"),
+                content: (*rule).to_owned(),
+                r#type: Some(pb::CursorRuleType {
+                    r#type: Some(pb::cursor_rule_type::Type::Global(
+                        pb::CursorRuleTypeGlobal {},
+                    )),
+                }),
+                ..pb::CursorRule::default()
+            })
+            .collect();
+    }
+    message
+}
+
+#[tokio::test]
+async fn mode_switches_and_new_context_only_replace_the_system_prompt_and_append_messages() {
+    let provider = FakeProvider::start().await;
+    for answer in ["one", "two", "three", "four"] {
+        provider.push(Reply::sse(text_events(&[answer], (10, 1, 0))));
+    }
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let turns = [
+        ("req-m1", "start", AgentMode::Agent, &["Use tabs."][..]),
+        ("req-m2", "plan it", AgentMode::Plan, &["Use tabs."][..]),
+        ("req-m3", "ask it", AgentMode::Ask, &["Use tabs."][..]),
+        (
+            "req-m4",
+            "do it",
+            AgentMode::Agent,
+            &["Use tabs.", "Write tests first."][..],
+        ),
+    ];
+    for (request_id, text, mode, rules) in turns {
+        let turn =
+            Session::start(&cursor, request_id, &request_with_rules(text, mode, rules)).await;
+        assert!(turn.finish().await.is_success(), "{request_id}");
+    }
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 4);
+    let system = |r: &Value| r["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(system(&requests[0]).contains("# Mode: Agent"));
+    assert!(system(&requests[1]).contains("# Mode: Plan"));
+    assert!(system(&requests[2]).contains("# Mode: Ask"));
+    assert_eq!(
+        system(&requests[3]),
+        system(&requests[0]),
+        "back to the same Agent prompt"
+    );
+    assert_ne!(offered_tools(&requests[1]), offered_tools(&requests[0]));
+    assert_eq!(offered_tools(&requests[3]), offered_tools(&requests[0]));
+    // Below the system prompt every request extends the previous one byte for byte.
+    let rest: Vec<Vec<String>> = requests
+        .iter()
+        .map(|r| {
+            r["messages"].as_array().unwrap()[1..]
+                .iter()
+                .map(Value::to_string)
+                .collect()
+        })
+        .collect();
+    for n in 0..3 {
+        assert_eq!(
+            &rest[n + 1][..rest[n].len()],
+            rest[n].as_slice(),
+            "request {n} is a prefix"
+        );
+    }
+    // The context was injected before the first message, and again only when a rule was added.
+    let all = requests[3]["messages"].to_string();
+    assert_eq!(all.matches("<user_info>").count(), 2);
+    assert_eq!(all.matches("Use tabs.").count(), 2);
+    assert_eq!(all.matches("Write tests first.").count(), 1);
+    let injected = all.find("Write tests first.").unwrap();
+    assert!(
+        injected < all.find("do it").unwrap(),
+        "context precedes the message"
+    );
+    assert!(
+        all.find("four").is_none(),
+        "the last answer is not in its own request"
+    );
 }

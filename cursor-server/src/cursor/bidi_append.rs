@@ -6,10 +6,11 @@ use super::checkpoint;
 use super::connect::{WireError, decode_message};
 use super::exec;
 use super::proto::agent::{
-    AgentClientMessage, agent_client_message, conversation_action, exec_client_control_message,
+    self as pb, AgentClientMessage, agent_client_message, conversation_action,
+    exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use crate::model::conversation::Mode;
+use crate::model::conversation::{Mode, Rule, RuleScope, WorkspaceContext};
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
 
@@ -124,14 +125,17 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                     };
                     let terminals_folder = action
                         .request_context
-                        .and_then(|c| c.env)
-                        .map(|env| env.terminals_folder)
+                        .as_ref()
+                        .and_then(|c| c.env.as_ref())
+                        .map(|env| env.terminals_folder.clone())
                         .unwrap_or_default();
+                    let context = action.request_context.as_ref().map(workspace_context);
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
                         action: run_action,
                         model_id,
                         terminals_folder,
+                        context,
                         mode,
                         parameters,
                         client_state: client_state.clone(),
@@ -143,6 +147,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         action: RunAction::Resume,
                         model_id,
                         terminals_folder: String::new(),
+                        context: None,
                         mode: Mode::default(),
                         parameters,
                         client_state,
@@ -227,5 +232,54 @@ fn action_name(action: &conversation_action::Action) -> &'static str {
         Action::BackgroundTaskCompletionAction(_) => "background_task_completion_action",
         Action::BackgroundShellAction(_) => "background_shell_action",
         Action::BackgroundSubagentAction(_) => "background_subagent_action",
+    }
+}
+
+/// The parts of Cursor's `request_context` the model is told about.
+fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
+    use pb::cursor_rule_type::Type as RuleType;
+    let env = context.env.clone().unwrap_or_default();
+    let rules = context
+        .rules
+        .iter()
+        .chain(&context.non_file_rules)
+        .filter(|rule| rule.parse_error.is_none() && !rule.content.trim().is_empty())
+        .map(|rule| Rule {
+            path: rule.full_path.clone(),
+            applies: match rule.r#type.as_ref().and_then(|t| t.r#type.as_ref()) {
+                Some(RuleType::FileGlobbed(globs)) => RuleScope::Files(globs.globs.clone()),
+                Some(RuleType::AgentFetched(fetched)) => {
+                    RuleScope::OnRequest(fetched.description.clone())
+                }
+                Some(RuleType::Global(_)) | Some(RuleType::ManuallyAttached(_)) | None => {
+                    RuleScope::Always
+                }
+            },
+            content: rule.content.clone(),
+        })
+        .collect();
+    WorkspaceContext {
+        os_version: env.os_version,
+        shell: env.shell,
+        time_zone: env.time_zone,
+        workspace_paths: env.workspace_paths,
+        rules,
+        skills: context
+            .agent_skills
+            .iter()
+            .filter(|skill| skill.parse_error.is_none() && !skill.disable_model_invocation)
+            .map(|skill| (skill.full_path.clone(), skill.description.clone()))
+            .collect(),
+        mcp_instructions: context
+            .mcp_instructions
+            .iter()
+            .filter(|m| !m.instructions.trim().is_empty())
+            .map(|m| (m.server_name.clone(), m.instructions.clone()))
+            .collect(),
+        subagents: context
+            .custom_subagents
+            .iter()
+            .map(|agent| (agent.name.clone(), agent.description.clone()))
+            .collect(),
     }
 }

@@ -388,6 +388,7 @@ pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMess
                         text: format!("<client_instructions>\n{text}\n</client_instructions>"),
                         client_message_id: String::new(),
                         mode: None,
+                        runtime: None,
                     }));
                 }
                 current_assistant = None;
@@ -398,6 +399,7 @@ pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMess
                     text: text_of(content, "text"),
                     client_message_id: String::new(),
                     mode: None,
+                    runtime: None,
                 }));
                 current_assistant = None;
             }

@@ -48,3 +48,39 @@ pub struct ContextUse {
     pub used_tokens: u64,
     pub max_tokens: u64,
 }
+
+/// What the client says about the user's workspace with a message (`request_context`): rendered
+/// into the injected-context message the model sees before the user's message.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorkspaceContext {
+    pub os_version: String,
+    pub shell: String,
+    pub time_zone: String,
+    pub workspace_paths: Vec<String>,
+    pub rules: Vec<Rule>,
+    /// Skills the model may use: (path, description).
+    pub skills: Vec<(String, String)>,
+    /// MCP servers' own instructions: (server, instructions).
+    pub mcp_instructions: Vec<(String, String)>,
+    /// Subagents the user defined: (name, description).
+    pub subagents: Vec<(String, String)>,
+}
+
+/// A Cursor rule as the model should see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub path: String,
+    pub applies: RuleScope,
+    pub content: String,
+}
+
+/// When a rule applies (Cursor's rule types).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleScope {
+    /// Always, or attached by the user to this message: the content is shown.
+    Always,
+    /// To files matching these globs: shown with its globs.
+    Files(Vec<String>),
+    /// When the model decides it is relevant: listed with its description, read on demand.
+    OnRequest(String),
+}

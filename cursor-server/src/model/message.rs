@@ -66,6 +66,9 @@ pub struct UserMessage {
     /// the new mode of a mode-change notice (`None` for other runtime messages and old rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<super::conversation::Mode>,
+    /// For a runtime message: the event it tells (absent for the user's own messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<super::runtime_tag::RuntimeEvent>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,9 +10,12 @@ use super::conversation::Mode;
 use super::message::{CanonicalMessage, Origin, UserMessage};
 
 /// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum RuntimeEvent {
+    /// The workspace context (environment, rules, skills, MCP, subagents) differs from the one the
+    /// model saw last; `digest` identifies the rendered text.
+    WorkspaceContext { digest: String },
     /// The user sent a message in another mode than the conversation's previous one.
     ModeChosen { from: Mode, to: Mode },
     /// The user approved the model's SwitchMode call; the run continues in `to`.
@@ -22,8 +25,9 @@ pub enum RuntimeEvent {
 }
 
 impl RuntimeEvent {
-    fn kind(self) -> &'static str {
+    fn kind(&self) -> &'static str {
         match self {
+            RuntimeEvent::WorkspaceContext { .. } => "workspace_context",
             RuntimeEvent::ModeChosen { .. } => "mode_chosen",
             RuntimeEvent::ModeSwitched { .. } => "mode_switched",
             RuntimeEvent::ModeReminder { .. } => "mode_reminder",
@@ -31,10 +35,12 @@ impl RuntimeEvent {
     }
 
     /// The mode the conversation is in from this event on, if the event changes it.
-    pub fn new_mode(self) -> Option<Mode> {
+    pub fn new_mode(&self) -> Option<Mode> {
         match self {
-            RuntimeEvent::ModeChosen { to, .. } | RuntimeEvent::ModeSwitched { to, .. } => Some(to),
-            RuntimeEvent::ModeReminder { .. } => None,
+            RuntimeEvent::ModeChosen { to, .. } | RuntimeEvent::ModeSwitched { to, .. } => {
+                Some(*to)
+            }
+            RuntimeEvent::ModeReminder { .. } | RuntimeEvent::WorkspaceContext { .. } => None,
         }
     }
 }
@@ -65,8 +71,20 @@ impl RuntimeTag {
             text: self.text.clone(),
             client_message_id: String::new(),
             mode: self.event.new_mode(),
+            runtime: Some(self.event.clone()),
         })
     }
+}
+
+/// The digest of the workspace context the model saw last (`None` if it never saw one).
+pub fn current_context_digest(history: &[CanonicalMessage]) -> Option<&str> {
+    history.iter().rev().find_map(|message| match message {
+        CanonicalMessage::User(UserMessage {
+            runtime: Some(RuntimeEvent::WorkspaceContext { digest }),
+            ..
+        }) => Some(digest.as_str()),
+        _ => None,
+    })
 }
 
 /// The mode the conversation is in after `history`: the latest user message's mode or mode change
@@ -105,6 +123,7 @@ mod tests {
                 text: "hi".into(),
                 client_message_id: String::new(),
                 mode: Some(Mode::Agent),
+                runtime: None,
             }),
             chosen.message(),
             reminder.message(),

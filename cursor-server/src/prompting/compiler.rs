@@ -7,9 +7,106 @@
 
 use super::assets::{PromptAssets, mode_title};
 use crate::config::ModelConfig;
-use crate::model::conversation::Mode;
+use crate::model::conversation::{Mode, RuleScope, WorkspaceContext};
 use crate::model::message::CanonicalMessage;
-use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag};
+use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag, current_context_digest};
+
+/// The injected-context message for `context`, if the model has not seen this exact context yet
+/// (the first message of a conversation, or the environment, rules, skills, MCP servers or
+/// subagents changed). It goes before the user's message, like Cursor's own root order.
+pub fn context_tag(
+    history: &[CanonicalMessage],
+    context: &WorkspaceContext,
+    anchor: &str,
+) -> Option<RuntimeTag> {
+    let text = render_context(context);
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+    if current_context_digest(history) == Some(digest.as_str()) {
+        return None;
+    }
+    Some(RuntimeTag::new(
+        RuntimeEvent::WorkspaceContext { digest },
+        anchor,
+        text,
+    ))
+}
+
+/// The workspace context as the model reads it. Deterministic: the same context renders to the
+/// same bytes (prefix caches, and the digest that decides whether it is new).
+pub fn render_context(context: &WorkspaceContext) -> String {
+    use std::fmt::Write;
+    let mut out = String::from("<user_info>\n");
+    let mut line = |label: &str, value: &str| {
+        if !value.is_empty() {
+            let _ = writeln!(out, "{label}: {value}");
+        }
+    };
+    line("OS", &context.os_version);
+    line("Shell", &context.shell);
+    line("Time zone", &context.time_zone);
+    line("Workspace", &context.workspace_paths.join(", "));
+    out.push_str("</user_info>");
+    if !context.rules.is_empty() {
+        out.push_str(
+            "\n\n<rules>\nThe user's rules for this project. Follow the ones that apply.\n",
+        );
+        for rule in &context.rules {
+            match &rule.applies {
+                RuleScope::Always => {
+                    let _ = write!(
+                        out,
+                        "\n<rule path=\"{}\">\n{}\n</rule>\n",
+                        rule.path,
+                        rule.content.trim()
+                    );
+                }
+                RuleScope::Files(globs) => {
+                    let _ = write!(
+                        out,
+                        "\n<rule path=\"{}\" applies_to=\"{}\">\n{}\n</rule>\n",
+                        rule.path,
+                        globs.join(", "),
+                        rule.content.trim()
+                    );
+                }
+                RuleScope::OnRequest(description) => {
+                    let _ = writeln!(
+                        out,
+                        "\n- {} (read this file when relevant): {}",
+                        rule.path, description
+                    );
+                }
+            }
+        }
+        out.push_str("</rules>");
+    }
+    let mut list = |tag: &str, intro: &str, items: &[(String, String)]| {
+        if items.is_empty() {
+            return;
+        }
+        let _ = write!(out, "\n\n<{tag}>\n{intro}\n");
+        for (name, text) in items {
+            let _ = writeln!(out, "- {name}: {}", text.trim());
+        }
+        let _ = write!(out, "</{tag}>");
+    };
+    list(
+        "skills",
+        "Skills you can use: read a skill's file before following it.",
+        &context.skills,
+    );
+    list(
+        "mcp_instructions",
+        "Instructions from the user's MCP servers.",
+        &context.mcp_instructions,
+    );
+    list(
+        "subagents",
+        "Subagents the user defined.",
+        &context.subagents,
+    );
+    out
+}
 
 /// The runtime messages a user message in `mode` brings, anchored to the run that carries it: a
 /// notice when the conversation was in another mode, then the mode's reminder if it has one.
@@ -137,6 +234,66 @@ pub fn compile<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::conversation::Rule;
+
+    #[test]
+    fn the_context_renders_each_rule_by_scope_and_is_injected_only_when_it_changes() {
+        let mut context = WorkspaceContext {
+            os_version: "linux 6.8".into(),
+            shell: "zsh".into(),
+            workspace_paths: vec!["/w".into()],
+            rules: vec![
+                Rule {
+                    path: "a.mdc".into(),
+                    applies: RuleScope::Always,
+                    content: "Always tabs.".into(),
+                },
+                Rule {
+                    path: "b.mdc".into(),
+                    applies: RuleScope::Files(vec!["*.rs".into()]),
+                    content: "Rust rule.".into(),
+                },
+                Rule {
+                    path: "c.mdc".into(),
+                    applies: RuleScope::OnRequest("database conventions".into()),
+                    content: "Long text the model reads on demand.".into(),
+                },
+            ],
+            skills: vec![("skills/pdf/SKILL.md".into(), "Work with PDFs".into())],
+            mcp_instructions: vec![("linear".into(), "Use team ENG.".into())],
+            subagents: vec![("reviewer".into(), "Reviews diffs".into())],
+            ..WorkspaceContext::default()
+        };
+        let text = render_context(&context);
+        assert_eq!(text, render_context(&context.clone()), "deterministic");
+        for expected in [
+            "OS: linux 6.8",
+            "Shell: zsh",
+            "Workspace: /w",
+            "Always tabs.",
+            "applies_to=\"*.rs\"",
+            "c.mdc (read this file when relevant): database conventions",
+            "skills/pdf/SKILL.md: Work with PDFs",
+            "linear: Use team ENG.",
+            "reviewer: Reviews diffs",
+        ] {
+            assert!(text.contains(expected), "{expected} in {text}");
+        }
+        assert!(
+            !text.contains("Long text"),
+            "on-request rules are listed, not inlined"
+        );
+
+        let first = context_tag(&[], &context, "req-1").expect("new conversation");
+        let history = vec![first.message()];
+        assert!(
+            context_tag(&history, &context, "req-2").is_none(),
+            "unchanged"
+        );
+        context.shell = "bash".into();
+        let changed = context_tag(&history, &context, "req-3").expect("changed");
+        assert_ne!(changed.event_id, first.event_id);
+    }
 
     #[test]
     fn parameters_map_effort_and_fast_and_ignore_the_rest() {

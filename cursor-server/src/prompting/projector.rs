@@ -463,6 +463,7 @@ mod tests {
             text: text.into(),
             client_message_id: String::new(),
             mode: None,
+            runtime: None,
         })
     }
 

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::ExecPayload;
 use crate::cursor::proto::agent::ConversationStateStructure;
-use crate::model::conversation::Mode;
+use crate::model::conversation::{Mode, WorkspaceContext};
 use crate::store::blobs::BlobId;
 
 /// One client message, in protocol terms the loop understands.
@@ -64,6 +64,8 @@ pub struct RunRequestInput {
     pub model_id: Option<String>,
     /// `request_context.env.terminals_folder`: where backgrounded shell output goes.
     pub terminals_folder: String,
+    /// The rest of `request_context` the model should know (`None`: the client sent none).
+    pub context: Option<WorkspaceContext>,
     /// The mode the user picked (`user_message.mode`); a resumed run keeps the conversation's.
     pub mode: Mode,
     /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).

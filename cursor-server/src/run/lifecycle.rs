@@ -126,6 +126,8 @@ pub struct Checkpoints {
 #[derive(Debug, Clone, Copy)]
 pub struct TurnOpening<'a> {
     pub system: &'a str,
+    /// The injected-context message stored before the user's, if there is a new one.
+    pub context: Option<&'a str>,
     pub mode: Mode,
     pub user_text: &'a str,
     pub user_message_id: &'a str,
@@ -227,6 +229,7 @@ impl Checkpoints {
     ) -> Result<(), ServerError> {
         let TurnOpening {
             system,
+            context,
             mode,
             user_text,
             user_message_id,
@@ -234,6 +237,9 @@ impl Checkpoints {
         let mut new_blobs = Vec::new();
         if self.graph.root_count() == 0 {
             new_blobs.push(self.graph.push_root(&roots::system(system)));
+        }
+        if let Some(context) = context {
+            new_blobs.push(self.graph.push_root(&roots::user(context)));
         }
         new_blobs.push(self.graph.push_root(&roots::user(user_text)));
         new_blobs.push(
@@ -371,7 +377,7 @@ impl Checkpoints {
     pub async fn runtime_messages(
         &mut self,
         store: &Store,
-        texts: &[&str],
+        texts: &[String],
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let new_blobs = texts

@@ -22,12 +22,12 @@ use crate::cursor::tool_result::{self, ToolOutcome};
 use crate::cursor::tools::{FieldStreamer, ToolEnv, ToolKind, ToolRun, ToolStep};
 use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
-use crate::model::conversation::{ContextUse, Mode};
+use crate::model::conversation::{ContextUse, Mode, WorkspaceContext};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
 };
-use crate::model::runtime_tag::current_mode;
+use crate::model::runtime_tag::{RuntimeTag, current_mode};
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
@@ -94,6 +94,7 @@ struct Import {
     got: HashMap<BlobId, Option<Vec<u8>>>,
     user_text: String,
     user_message_id: String,
+    context: Option<WorkspaceContext>,
 }
 
 impl Import {
@@ -204,6 +205,7 @@ impl TurnLoop {
                     got: HashMap::new(),
                     user_text: text.clone(),
                     user_message_id: message_id.clone(),
+                    context: input.context.clone(),
                 });
                 (Vec::new(), checkpoints)
             }
@@ -211,33 +213,28 @@ impl TurnLoop {
                 text, message_id, ..
             } => {
                 let mut history = messages::load(&app.store, &input.conversation_id).await?;
-                let user = CanonicalMessage::User(UserMessage {
-                    origin: Origin::User,
-                    text: text.clone(),
-                    client_message_id: message_id.clone(),
-                    mode: Some(input.mode),
-                });
-                let tags = compiler::user_message_tags(
-                    &app.prompts,
-                    current_mode(&history),
-                    input.mode,
-                    request_id,
-                );
-                let appended = messages::append_with_tags(
-                    &app.store,
+                let committed = commit_user_message(
+                    &app,
                     &input.conversation_id,
                     request_id,
-                    std::slice::from_ref(&user),
-                    &tags,
+                    &mut history,
+                    UserMessage {
+                        origin: Origin::User,
+                        text: text.clone(),
+                        client_message_id: message_id.clone(),
+                        mode: Some(input.mode),
+                        runtime: None,
+                    },
+                    input.context.as_ref(),
                 )
                 .await?;
-                history.extend(appended.iter().cloned());
                 let mut checkpoints = Checkpoints::start(
                     &app.store,
                     &input.conversation_id,
                     request_id,
                     TurnOpening {
                         system: &app.prompts.mode(input.mode).system,
+                        context: committed.context.as_deref(),
                         mode: input.mode,
                         user_text: text,
                         user_message_id: message_id,
@@ -246,7 +243,7 @@ impl TurnLoop {
                 )
                 .await?;
                 checkpoints
-                    .runtime_messages(&app.store, &runtime_texts(&appended[1..]), out)
+                    .runtime_messages(&app.store, &committed.after, out)
                     .await?;
                 (history, checkpoints)
             }
@@ -808,33 +805,27 @@ impl TurnLoop {
             .copied()
             .collect();
         self.checkpoints.forget_missing_roots(&missing);
-        let mut imported = checkpoint::import_roots(&roots);
+        let imported = checkpoint::import_roots(&roots);
         if !import.roots.is_empty() {
             tracing::info!(request_id = %self.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
         }
-        let previous_mode = current_mode(&self.history).or(current_mode(&imported));
-        imported.push(CanonicalMessage::User(UserMessage {
-            origin: Origin::User,
-            text: user_text.clone(),
-            client_message_id: import.user_message_id.clone(),
-            mode: Some(self.mode),
-        }));
-        let tags = compiler::user_message_tags(
-            &self.app.prompts,
-            previous_mode,
-            self.mode,
-            &self.request_id,
-        );
-        let appended = messages::append_with_tags(
-            &self.app.store,
+        self.append(&imported).await?;
+        self.history = messages::load(&self.app.store, &self.conversation_id).await?;
+        let committed = commit_user_message(
+            &self.app,
             &self.conversation_id,
             &self.request_id,
-            &imported,
-            &tags,
+            &mut self.history,
+            UserMessage {
+                origin: Origin::User,
+                text: user_text.clone(),
+                client_message_id: import.user_message_id.clone(),
+                mode: Some(self.mode),
+                runtime: None,
+            },
+            import.context.as_ref(),
         )
         .await?;
-        let runtime = &appended[imported.len()..];
-        self.history = messages::load(&self.app.store, &self.conversation_id).await?;
         self.tool_env.todos = fold_todos(&self.history);
         self.checkpoints
             .begin_turn(
@@ -842,6 +833,7 @@ impl TurnLoop {
                 &self.request_id,
                 TurnOpening {
                     system: &self.app.prompts.mode(self.mode).system,
+                    context: committed.context.as_deref(),
                     mode: self.mode,
                     user_text: &user_text,
                     user_message_id: &import.user_message_id,
@@ -850,7 +842,7 @@ impl TurnLoop {
             )
             .await?;
         self.checkpoints
-            .runtime_messages(&self.app.store, &runtime_texts(runtime), out)
+            .runtime_messages(&self.app.store, &committed.after, out)
             .await?;
         self.start_provider_call();
         Ok(())
@@ -1002,15 +994,54 @@ impl TurnLoop {
     }
 }
 
-/// The texts of runtime messages, for their checkpoint roots.
-fn runtime_texts(messages: &[CanonicalMessage]) -> Vec<&str> {
-    messages
+/// The runtime texts a committed user message brought, for the checkpoint roots.
+struct CommittedUserMessage {
+    /// The injected-context message before it, if the context was new.
+    context: Option<String>,
+    /// Notices and reminders after it.
+    after: Vec<String>,
+}
+
+/// Appends the user's message with its runtime messages in one transaction: the workspace context
+/// before it when the model has not seen that context yet, the mode notice and the mode's reminder
+/// after it. `history` (the stored history before the message) is extended with what was stored.
+async fn commit_user_message(
+    app: &AppState,
+    conversation_id: &str,
+    request_id: &str,
+    history: &mut Vec<CanonicalMessage>,
+    user: UserMessage,
+    context: Option<&WorkspaceContext>,
+) -> Result<CommittedUserMessage, ServerError> {
+    let mode = user.mode.unwrap_or_default();
+    let before: Vec<RuntimeTag> = context
+        .and_then(|context| compiler::context_tag(history, context, request_id))
+        .into_iter()
+        .collect();
+    let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
+    let appended = messages::append_with_tags(
+        &app.store,
+        conversation_id,
+        request_id,
+        &before,
+        &[CanonicalMessage::User(user)],
+        &after,
+    )
+    .await?;
+    let user_at = appended
         .iter()
-        .filter_map(|m| match m {
-            CanonicalMessage::User(user) => Some(user.text.as_str()),
-            _ => None,
-        })
-        .collect()
+        .position(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User))
+        .unwrap_or(0);
+    let text = |m: &CanonicalMessage| match m {
+        CanonicalMessage::User(user) => Some(user.text.clone()),
+        _ => None,
+    };
+    let committed = CommittedUserMessage {
+        context: appended[..user_at].iter().find_map(text),
+        after: appended[user_at + 1..].iter().filter_map(text).collect(),
+    };
+    history.extend(appended);
+    Ok(committed)
 }
 
 fn fold_todos(history: &[CanonicalMessage]) -> Vec<derived_state::Todo> {

@@ -19,25 +19,41 @@ pub async fn append(
     Ok(())
 }
 
-/// Appends `messages`, then the runtime messages of `tags` whose events this conversation has not
-/// consumed yet, in one transaction. Returns every message appended, in order.
+/// Appends the runtime messages of `before` whose events this conversation has not consumed yet,
+/// then `messages`, then those of `after`, in one transaction. Returns every message appended, in
+/// order.
 pub async fn append_with_tags(
     store: &Store,
     conversation_id: &str,
     request_id: &str,
+    before: &[RuntimeTag],
     messages: &[CanonicalMessage],
-    tags: &[RuntimeTag],
+    after: &[RuntimeTag],
 ) -> Result<Vec<CanonicalMessage>, StoreError> {
     let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut appended = Vec::with_capacity(before.len() + messages.len() + after.len());
+    append_tags(&mut tx, conversation_id, request_id, before, &mut appended).await?;
     append_in(&mut tx, conversation_id, request_id, messages).await?;
-    let mut appended = messages.to_vec();
+    appended.extend_from_slice(messages);
+    append_tags(&mut tx, conversation_id, request_id, after, &mut appended).await?;
+    tx.commit().await.context("committing messages")?;
+    Ok(appended)
+}
+
+async fn append_tags(
+    conn: &mut SqliteConnection,
+    conversation_id: &str,
+    request_id: &str,
+    tags: &[RuntimeTag],
+    appended: &mut Vec<CanonicalMessage>,
+) -> Result<(), StoreError> {
     for tag in tags {
         let consumed = sqlx::query(
             "SELECT 1 FROM messages WHERE conversation_id = ? AND runtime_event_id = ?",
         )
         .bind(conversation_id)
         .bind(&tag.event_id)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await
         .context("checking a runtime event")?
         .is_some();
@@ -47,7 +63,7 @@ pub async fn append_with_tags(
         }
         let message = tag.message();
         insert(
-            &mut tx,
+            &mut *conn,
             conversation_id,
             request_id,
             std::slice::from_ref(&message),
@@ -56,8 +72,7 @@ pub async fn append_with_tags(
         .await?;
         appended.push(message);
     }
-    tx.commit().await.context("committing messages")?;
-    Ok(appended)
+    Ok(())
 }
 
 /// Appends inside a caller's transaction, so messages can commit atomically with other state.
@@ -168,6 +183,7 @@ mod tests {
                 text: text.into(),
                 client_message_id: String::new(),
                 mode: Some(Mode::Plan),
+                runtime: None,
             })
         };
         let reminder = RuntimeTag::new(
@@ -179,6 +195,7 @@ mod tests {
             &store,
             "c",
             "req-1",
+            &[],
             &[user("a")],
             std::slice::from_ref(&reminder),
         )
@@ -189,8 +206,9 @@ mod tests {
             &store,
             "c",
             "req-1",
-            &[user("b")],
             std::slice::from_ref(&reminder),
+            &[user("b")],
+            &[],
         )
         .await
         .unwrap();
@@ -212,7 +230,7 @@ mod tests {
         assert!(duplicate.is_err());
         drop(tx);
         // Another conversation has its own events.
-        let other = append_with_tags(&store, "d", "req-1", &[], &[reminder])
+        let other = append_with_tags(&store, "d", "req-1", &[reminder], &[], &[])
             .await
             .unwrap();
         assert_eq!(other.len(), 1);
