@@ -209,9 +209,18 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                 )));
             }
         },
-        Message::InteractionResponse(response) => {
-            ClientInput::InteractionResponse { id: response.id }
-        }
+        Message::InteractionResponse(response) => match response.result {
+            Some(result) => ClientInput::InteractionResponse {
+                id: response.id,
+                payload: exec::QueryPayload(Box::new(result)),
+            },
+            None => {
+                return Err(ProtocolError::Uplink(format!(
+                    "interaction_response {} carries no result",
+                    response.id
+                )));
+            }
+        },
         Message::ClientHeartbeat(_) => ClientInput::Heartbeat,
         Message::PrewarmRequest(_) => ClientInput::Prewarm,
     })

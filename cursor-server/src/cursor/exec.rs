@@ -2,7 +2,9 @@
 //! `exec_client_message`), named by their oneof variant so a result can be matched to its request kind.
 
 use super::proto::agent::exec_client_message::Message;
-use super::proto::agent::{self as pb, exec_server_message};
+use super::proto::agent::{
+    self as pb, exec_server_message, interaction_query, interaction_response,
+};
 use super::tools::{GrepMode, ShellInput, ToolInput};
 
 /// Shell defaults the official backend sends (protocol.md §6).
@@ -67,6 +69,66 @@ impl ExecRequest {
                     ..pb::ExecServerMessage::default()
                 },
             )),
+        }
+    }
+}
+
+/// An interaction query (the user decides: a question, a plan, a mode switch), with the response
+/// kind its answer must have. It shares the exec id sequence of the request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryRequest {
+    pub query: Box<interaction_query::Query>,
+}
+
+impl QueryRequest {
+    /// The `InteractionResponse` oneof name that answers this query.
+    pub fn expected_result(&self) -> &'static str {
+        use interaction_query::Query as Q;
+        match self.query.as_ref() {
+            Q::WebSearchRequestQuery(_) => "web_search_request_response",
+            Q::AskQuestionInteractionQuery(_) => "ask_question_interaction_response",
+            Q::SwitchModeRequestQuery(_) => "switch_mode_request_response",
+            Q::CreatePlanRequestQuery(_) => "create_plan_request_response",
+            Q::SetupVmEnvironmentArgs(_) => "setup_vm_environment_result",
+            Q::WebFetchRequestQuery(_) => "web_fetch_request_response",
+            Q::PrManagementRequestQuery(_) => "pr_management_result",
+            Q::McpAuthRequestQuery(_) => "mcp_auth_request_response",
+            Q::GenerateImageRequestQuery(_) => "generate_image_request_response",
+            Q::ReplaceEnvArgs(_) => "replace_env_result",
+        }
+    }
+
+    /// The wire message with the id assigned by the run.
+    pub fn into_server_message(self, id: u32) -> pb::AgentServerMessage {
+        pb::AgentServerMessage {
+            message: Some(pb::agent_server_message::Message::InteractionQuery(
+                pb::InteractionQuery {
+                    id,
+                    query: Some(*self.query),
+                },
+            )),
+        }
+    }
+}
+
+/// A client's answer to an interaction query, opaque to the loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryPayload(pub Box<interaction_response::Result>);
+
+impl QueryPayload {
+    pub fn kind(&self) -> &'static str {
+        use interaction_response::Result as R;
+        match self.0.as_ref() {
+            R::WebSearchRequestResponse(_) => "web_search_request_response",
+            R::AskQuestionInteractionResponse(_) => "ask_question_interaction_response",
+            R::SwitchModeRequestResponse(_) => "switch_mode_request_response",
+            R::CreatePlanRequestResponse(_) => "create_plan_request_response",
+            R::SetupVmEnvironmentResult(_) => "setup_vm_environment_result",
+            R::WebFetchRequestResponse(_) => "web_fetch_request_response",
+            R::PrManagementResult(_) => "pr_management_result",
+            R::McpAuthRequestResponse(_) => "mcp_auth_request_response",
+            R::GenerateImageRequestResponse(_) => "generate_image_request_response",
+            R::ReplaceEnvResult(_) => "replace_env_result",
         }
     }
 }
@@ -213,7 +275,11 @@ pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
             return lints.paths.first().map(|p| diagnostics_request(p, call_id));
         }
         ToolInput::Shell(shell) => A::ShellStreamArgs(shell_args(shell, call_id)),
-        ToolInput::TodoWrite(_) => return None,
+        // Answered by the server or by the user, never executed by the client.
+        ToolInput::TodoWrite(_)
+        | ToolInput::AskQuestion(_)
+        | ToolInput::SwitchMode(_)
+        | ToolInput::CreatePlan(_) => return None,
     };
     Some(ExecRequest {
         message: Box::new(message),

@@ -3,13 +3,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::exec::ExecRequest;
+use super::exec::{ExecRequest, QueryRequest};
 
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     slot: usize,
     expected: &'static str,
     streaming: bool,
+    /// An interaction query (waits for the user; nothing to abort on the client).
+    query: bool,
 }
 
 /// How an incoming exec message relates to what is outstanding.
@@ -62,6 +64,23 @@ impl PendingExecs {
                 slot,
                 expected: request.expected_result(),
                 streaming: request.is_streaming(),
+                query: false,
+            },
+        );
+        id
+    }
+
+    /// Assigns the next id (same sequence as execs) to an interaction query for `slot`.
+    pub fn register_query(&mut self, slot: usize, request: &QueryRequest) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(
+            id,
+            Pending {
+                slot,
+                expected: request.expected_result(),
+                streaming: false,
+                query: true,
             },
         );
         id
@@ -123,8 +142,12 @@ impl PendingExecs {
 
     /// Execs still running, oldest first (to abort them when the run ends).
     pub fn running(&self) -> Vec<(u32, usize)> {
-        let mut running: Vec<(u32, usize)> =
-            self.pending.iter().map(|(id, p)| (*id, p.slot)).collect();
+        let mut running: Vec<(u32, usize)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.query)
+            .map(|(id, p)| (*id, p.slot))
+            .collect();
         running.sort_unstable();
         running
     }

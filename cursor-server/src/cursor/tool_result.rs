@@ -3,9 +3,12 @@
 
 use std::fmt::Write as _;
 
-use super::exec::{self, ExecPayload};
+use super::exec::{self, ExecPayload, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, exec_client_message, tool_call};
-use super::tools::{GrepMode, TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep};
+use super::tools::{
+    AskQuestionInput, CreatePlanInput, GrepMode, SwitchModeInput, TodoWriteInput, ToolEnv,
+    ToolInput, ToolKind, ToolStep,
+};
 use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
 
 /// The end of one tool call.
@@ -234,7 +237,267 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                 result: part!(result, Todos),
             }))
         }
+        (ToolInput::AskQuestion(ask), result) => {
+            card(Tool::AskQuestionToolCall(pb::AskQuestionToolCall {
+                args: Some(ask_question_args(ask)),
+                result: part!(result, Question),
+            }))
+        }
+        (ToolInput::SwitchMode(switch), result) => {
+            card(Tool::SwitchModeToolCall(pb::SwitchModeToolCall {
+                args: Some(switch_mode_args(switch, call_id)),
+                result: part!(result, SwitchMode),
+            }))
+        }
+        (ToolInput::CreatePlan(plan), result) => {
+            card(Tool::CreatePlanToolCall(pb::CreatePlanToolCall {
+                args: Some(create_plan_args(plan)),
+                result: part!(result, Plan),
+            }))
+        }
     }
+}
+
+fn ask_question_args(ask: &AskQuestionInput) -> pb::AskQuestionArgs {
+    pb::AskQuestionArgs {
+        title: ask.title.clone(),
+        questions: ask
+            .questions
+            .iter()
+            .map(|q| pb::ask_question_args::Question {
+                id: q.id.clone(),
+                prompt: q.prompt.clone(),
+                options: q
+                    .options
+                    .iter()
+                    .map(|o| pb::ask_question_args::Option {
+                        id: o.id.clone(),
+                        label: o.label.clone(),
+                    })
+                    .collect(),
+                allow_multiple: q.allow_multiple,
+            })
+            .collect(),
+        ..pb::AskQuestionArgs::default()
+    }
+}
+
+fn switch_mode_args(switch: &SwitchModeInput, call_id: &str) -> pb::SwitchModeArgs {
+    pb::SwitchModeArgs {
+        target_mode_id: switch.target.as_str().to_owned(),
+        explanation: switch.explanation.clone(),
+        tool_call_id: call_id.to_owned(),
+    }
+}
+
+fn create_plan_args(plan: &CreatePlanInput) -> pb::CreatePlanArgs {
+    pb::CreatePlanArgs {
+        name: plan.name.clone(),
+        overview: plan.overview.clone(),
+        plan: plan.plan.clone(),
+        todos: plan
+            .todos
+            .iter()
+            .map(|t| pb::TodoItem {
+                id: t.id.clone(),
+                content: t.content.clone(),
+                status: pb::TodoStatus::Pending as i32,
+                ..pb::TodoItem::default()
+            })
+            .collect(),
+        ..pb::CreatePlanArgs::default()
+    }
+}
+
+/// The interaction query an interactive tool starts with (`None` for other tools).
+pub fn query(input: &ToolInput, call_id: &str) -> Option<QueryRequest> {
+    use pb::interaction_query::Query;
+    let query = match input {
+        ToolInput::AskQuestion(ask) => {
+            Query::AskQuestionInteractionQuery(pb::AskQuestionInteractionQuery {
+                args: Some(ask_question_args(ask)),
+                tool_call_id: call_id.to_owned(),
+            })
+        }
+        ToolInput::SwitchMode(switch) => {
+            Query::SwitchModeRequestQuery(pb::SwitchModeRequestQuery {
+                args: Some(switch_mode_args(switch, call_id)),
+            })
+        }
+        ToolInput::CreatePlan(plan) => Query::CreatePlanRequestQuery(pb::CreatePlanRequestQuery {
+            args: Some(create_plan_args(plan)),
+            tool_call_id: call_id.to_owned(),
+        }),
+        _ => return None,
+    };
+    Some(QueryRequest {
+        query: Box::new(query),
+    })
+}
+
+/// The user's response to an interactive tool's query: its card result and the model's text.
+/// A rejection is the tool's (error) result; it is never turned into anything else.
+pub fn on_response(
+    input: &ToolInput,
+    call_id: &str,
+    payload: QueryPayload,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::interaction_response::Result as R;
+    let (part, model_text, is_error) = match (input, *payload.0) {
+        (ToolInput::AskQuestion(ask), R::AskQuestionInteractionResponse(response)) => {
+            let result = response.result.unwrap_or_default();
+            let (text, is_error) = match &result.result {
+                Some(pb::ask_question_result::Result::Success(success)) => {
+                    (answers_text(ask, success), false)
+                }
+                Some(pb::ask_question_result::Result::Rejected(rejected)) => (
+                    format!(
+                        "The user declined to answer{}.",
+                        reason_suffix(&rejected.reason)
+                    ),
+                    true,
+                ),
+                Some(pb::ask_question_result::Result::Error(error)) => (
+                    format!(
+                        "Error: the question could not be asked: {}",
+                        error.error_message
+                    ),
+                    true,
+                ),
+                Some(pb::ask_question_result::Result::Async(_)) => (
+                    "The questions were shown to the user, who will answer in a later message."
+                        .to_owned(),
+                    false,
+                ),
+                None => ("Error: the client sent an empty answer.".to_owned(), true),
+            };
+            (ResultPart::Question(result), text, is_error)
+        }
+        (ToolInput::SwitchMode(switch), R::SwitchModeRequestResponse(response)) => {
+            use pb::switch_mode_request_response::Result as S;
+            use pb::switch_mode_result::Result as SR;
+            let (result, text, is_error) = match response.result {
+                Some(S::Approved(_)) => (
+                    SR::Success(pb::SwitchModeSuccess {
+                        from_mode_id: env.mode.as_str().to_owned(),
+                        to_mode_id: switch.target.as_str().to_owned(),
+                    }),
+                    format!(
+                        "The user approved: the conversation is now in {} mode.",
+                        crate::prompting::assets::mode_title(switch.target)
+                    ),
+                    false,
+                ),
+                Some(S::Rejected(rejected)) => (
+                    SR::Rejected(pb::SwitchModeRejected {
+                        reason: rejected.reason.clone(),
+                    }),
+                    format!(
+                        "The user rejected the mode switch{}; stay in the current mode.",
+                        reason_suffix(&rejected.reason)
+                    ),
+                    true,
+                ),
+                None => (
+                    SR::Error(pb::SwitchModeError {
+                        error: "empty response".to_owned(),
+                    }),
+                    "Error: the client sent an empty response to the mode switch.".to_owned(),
+                    true,
+                ),
+            };
+            (
+                ResultPart::SwitchMode(pb::SwitchModeResult {
+                    result: Some(result),
+                }),
+                text,
+                is_error,
+            )
+        }
+        (ToolInput::CreatePlan(_), R::CreatePlanRequestResponse(response)) => {
+            let result = response.result.unwrap_or_default();
+            let (text, is_error) = match &result.result {
+                Some(pb::create_plan_result::Result::Success(_)) if result.plan_uri.is_empty() => (
+                    "The plan was created and shown to the user.".to_owned(),
+                    false,
+                ),
+                Some(pb::create_plan_result::Result::Success(_)) => (
+                    format!(
+                        "The plan was created and shown to the user ({}).",
+                        result.plan_uri
+                    ),
+                    false,
+                ),
+                Some(pb::create_plan_result::Result::Error(error)) => (
+                    format!("Error: the plan was not created: {}", error.error),
+                    true,
+                ),
+                None => (
+                    "Error: the client sent an empty plan result.".to_owned(),
+                    true,
+                ),
+            };
+            (ResultPart::Plan(result), text, is_error)
+        }
+        (_, other) => {
+            // `pending` matched the response kind to the query, so this is unreachable in
+            // practice; still a terminal failed card rather than a panic.
+            let kind = QueryPayload(Box::new(other)).kind();
+            return failed(input, call_id, &format!("unexpected response {kind}"));
+        }
+    };
+    ToolOutcome {
+        card: Box::new(with_result(input, call_id, Some(part))),
+        model_text,
+        is_error,
+    }
+}
+
+fn reason_suffix(reason: &str) -> String {
+    if reason.trim().is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", reason.trim())
+    }
+}
+
+/// The user's answers as the model reads them: each question with the labels picked and any text.
+fn answers_text(ask: &AskQuestionInput, success: &pb::AskQuestionSuccess) -> String {
+    let mut out = String::from("The user answered:");
+    for question in &ask.questions {
+        let answer = success
+            .answers
+            .iter()
+            .find(|a| a.question_id == question.id);
+        let mut picked: Vec<&str> = answer
+            .map(|a| {
+                a.selected_option_ids
+                    .iter()
+                    .map(|id| {
+                        question
+                            .options
+                            .iter()
+                            .find(|o| &o.id == id)
+                            .map_or(id.as_str(), |o| o.label.as_str())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(text) = answer
+            .map(|a| a.freeform_text.trim())
+            .filter(|t| !t.is_empty())
+        {
+            picked.push(text);
+        }
+        let shown = if picked.is_empty() {
+            "(no answer)".to_owned()
+        } else {
+            picked.join("; ")
+        };
+        let _ = write!(out, "\n- {}: {shown}", question.prompt);
+    }
+    out
 }
 
 /// A typed result for one of the cards (short-lived: built and moved into a card at once).
@@ -249,6 +512,9 @@ enum ResultPart {
     Lints(pb::ReadLintsToolResult),
     Shell(pb::ShellResult),
     Todos(pb::UpdateTodosResult),
+    Question(pb::AskQuestionResult),
+    SwitchMode(pb::SwitchModeResult),
+    Plan(pb::CreatePlanResult),
 }
 
 fn edit_error(path: &str, message: &str) -> pb::EditResult {
@@ -337,6 +603,30 @@ fn set_error(card: &mut pb::ToolCall, message: &str) {
                 result: Some(pb::update_todos_result::Result::Error(
                     pb::UpdateTodosError { error },
                 )),
+            })
+        }
+        Tool::AskQuestionToolCall(c) => {
+            c.result = Some(pb::AskQuestionResult {
+                result: Some(pb::ask_question_result::Result::Error(
+                    pb::AskQuestionError {
+                        error_message: error,
+                    },
+                )),
+            })
+        }
+        Tool::SwitchModeToolCall(c) => {
+            c.result = Some(pb::SwitchModeResult {
+                result: Some(pb::switch_mode_result::Result::Error(pb::SwitchModeError {
+                    error,
+                })),
+            })
+        }
+        Tool::CreatePlanToolCall(c) => {
+            c.result = Some(pb::CreatePlanResult {
+                result: Some(pb::create_plan_result::Result::Error(pb::CreatePlanError {
+                    error,
+                })),
+                ..pb::CreatePlanResult::default()
             })
         }
         // Only the registry's cards are ever built here (see `ToolKind::placeholder`).

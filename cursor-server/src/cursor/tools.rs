@@ -6,9 +6,10 @@
 
 use serde::Deserialize;
 
-use super::exec::{self, ExecPayload, ExecRequest};
+use super::exec::{self, ExecPayload, ExecRequest, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, tool_call};
 use super::tool_result::{self, ToolOutcome};
+use crate::model::conversation::Mode;
 use crate::model::tool::ToolCall as ModelToolCall;
 use crate::prompting::derived_state::{Todo, TodoStatus};
 
@@ -25,6 +26,9 @@ pub enum ToolKind {
     ReadLints,
     Shell,
     TodoWrite,
+    AskQuestion,
+    SwitchMode,
+    CreatePlan,
 }
 
 /// How a tool is carried out.
@@ -34,10 +38,12 @@ pub enum Transport {
     Exec,
     /// The server answers at once, without a client round trip.
     Local,
+    /// The user decides (`interaction_query`); the response is the tool's result.
+    Interaction,
 }
 
 impl ToolKind {
-    pub const ALL: [ToolKind; 10] = [
+    pub const ALL: [ToolKind; 13] = [
         ToolKind::Read,
         ToolKind::Write,
         ToolKind::StrReplace,
@@ -48,6 +54,9 @@ impl ToolKind {
         ToolKind::ReadLints,
         ToolKind::Shell,
         ToolKind::TodoWrite,
+        ToolKind::AskQuestion,
+        ToolKind::SwitchMode,
+        ToolKind::CreatePlan,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +71,9 @@ impl ToolKind {
             ToolKind::ReadLints => "ReadLints",
             ToolKind::Shell => "Shell",
             ToolKind::TodoWrite => "TodoWrite",
+            ToolKind::AskQuestion => "AskQuestion",
+            ToolKind::SwitchMode => "SwitchMode",
+            ToolKind::CreatePlan => "CreatePlan",
         }
     }
 
@@ -72,6 +84,9 @@ impl ToolKind {
     pub fn transport(self) -> Transport {
         match self {
             ToolKind::TodoWrite => Transport::Local,
+            ToolKind::AskQuestion | ToolKind::SwitchMode | ToolKind::CreatePlan => {
+                Transport::Interaction
+            }
             _ => Transport::Exec,
         }
     }
@@ -93,6 +108,15 @@ impl ToolKind {
             ToolKind::Shell => tool_call::Tool::ShellToolCall(pb::ShellToolCall::default()),
             ToolKind::TodoWrite => {
                 tool_call::Tool::UpdateTodosToolCall(pb::UpdateTodosToolCall::default())
+            }
+            ToolKind::AskQuestion => {
+                tool_call::Tool::AskQuestionToolCall(pb::AskQuestionToolCall::default())
+            }
+            ToolKind::SwitchMode => {
+                tool_call::Tool::SwitchModeToolCall(pb::SwitchModeToolCall::default())
+            }
+            ToolKind::CreatePlan => {
+                tool_call::Tool::CreatePlanToolCall(pb::CreatePlanToolCall::default())
             }
         };
         pb::ToolCall { tool: Some(tool) }
@@ -135,6 +159,14 @@ impl ToolKind {
                 ("description", false),
             ],
             ToolKind::TodoWrite => &[("todos", true), ("merge", true)],
+            ToolKind::AskQuestion => &[("title", false), ("questions", true)],
+            ToolKind::SwitchMode => &[("target_mode_id", true), ("explanation", false)],
+            ToolKind::CreatePlan => &[
+                ("name", true),
+                ("overview", true),
+                ("plan", true),
+                ("todos", false),
+            ],
         }
     }
 
@@ -404,6 +436,53 @@ pub struct TodoWriteInput {
     pub merge: bool,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct QuestionOption {
+    pub id: String,
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Question {
+    pub id: String,
+    pub prompt: String,
+    #[serde(default)]
+    pub options: Vec<QuestionOption>,
+    #[serde(default)]
+    pub allow_multiple: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AskQuestionInput {
+    #[serde(default)]
+    pub title: String,
+    pub questions: Vec<Question>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SwitchModeInput {
+    pub target_mode_id: String,
+    pub explanation: Option<String>,
+    /// Validated: the mode the id names.
+    #[serde(skip)]
+    pub target: Mode,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct PlanTodo {
+    pub id: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CreatePlanInput {
+    pub name: String,
+    pub overview: String,
+    pub plan: String,
+    #[serde(default)]
+    pub todos: Vec<PlanTodo>,
+}
+
 /// A tool call with validated arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolInput {
@@ -417,6 +496,9 @@ pub enum ToolInput {
     ReadLints(ReadLintsInput),
     Shell(ShellInput),
     TodoWrite(TodoWriteInput),
+    AskQuestion(AskQuestionInput),
+    SwitchMode(SwitchModeInput),
+    CreatePlan(CreatePlanInput),
 }
 
 /// Parses and validates the model's argument text for `kind`. The message goes back to the model.
@@ -520,6 +602,47 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
             }
             ToolInput::TodoWrite(input)
         }
+        ToolKind::AskQuestion => {
+            let input: AskQuestionInput = de(kind, text)?;
+            if input.questions.is_empty() {
+                return Err(
+                    "invalid arguments for AskQuestion: `questions` must not be empty".to_owned(),
+                );
+            }
+            for question in &input.questions {
+                non_empty("questions[].id", &question.id)?;
+                non_empty("questions[].prompt", &question.prompt)?;
+                if question.options.iter().any(|o| o.id.trim().is_empty()) {
+                    return Err(format!(
+                        "invalid arguments for AskQuestion: question {:?} has an option without an id",
+                        question.id
+                    ));
+                }
+            }
+            ToolInput::AskQuestion(input)
+        }
+        ToolKind::SwitchMode => {
+            let mut input: SwitchModeInput = de(kind, text)?;
+            input.target = Mode::parse(input.target_mode_id.trim()).ok_or_else(|| {
+                format!(
+                    "invalid arguments for SwitchMode: unknown mode {:?} (modes: {})",
+                    input.target_mode_id,
+                    Mode::ALL.map(Mode::as_str).join(", ")
+                )
+            })?;
+            ToolInput::SwitchMode(input)
+        }
+        ToolKind::CreatePlan => {
+            let input: CreatePlanInput = de(kind, text)?;
+            non_empty("name", &input.name)?;
+            non_empty("plan", &input.plan)?;
+            if let Some(todo) = input.todos.iter().find(|t| t.id.trim().is_empty()) {
+                return Err(format!(
+                    "invalid arguments for CreatePlan: a todo has an empty id ({todo:?})"
+                ));
+            }
+            ToolInput::CreatePlan(input)
+        }
     })
 }
 
@@ -528,6 +651,8 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
 pub enum ToolStep {
     /// Send this exec request to the client and route its result back here.
     Exec(ExecRequest),
+    /// Ask the user (`interaction_query`) and route the response back here.
+    Query(QueryRequest),
     /// Show this live update on the card (shell output).
     Delta(pb::ToolCallDelta),
     /// The call is over.
@@ -543,6 +668,8 @@ pub struct ToolEnv {
     pub max_output_bytes: usize,
     /// Todos as folded from history before this call (for TodoWrite merges).
     pub todos: Vec<Todo>,
+    /// The mode the run is in (SwitchMode's "from").
+    pub mode: Mode,
 }
 
 /// The state of one tool call between start and outcome.
@@ -607,6 +734,9 @@ impl ToolRun {
         if let ToolInput::TodoWrite(input) = &self.input {
             return ToolStep::Done(tool_result::todo_write(input, &env.todos));
         }
+        if let Some(query) = tool_result::query(&self.input, &self.call_id) {
+            return ToolStep::Query(query);
+        }
         match exec::first_request(&self.input, &self.call_id) {
             Some(request) => ToolStep::Exec(request),
             None => ToolStep::Done(tool_result::failed(
@@ -620,6 +750,19 @@ impl ToolRun {
     /// Routes one exec result (already matched to this call by exec id and kind).
     pub fn on_result(&mut self, payload: ExecPayload, env: &ToolEnv) -> Vec<ToolStep> {
         tool_result::on_result(&self.input, &self.call_id, &mut self.stage, payload, env)
+    }
+
+    /// The user's response to this call's interaction query (matched by id and kind).
+    pub fn on_response(&mut self, payload: QueryPayload, env: &ToolEnv) -> ToolOutcome {
+        tool_result::on_response(&self.input, &self.call_id, payload, env)
+    }
+
+    /// The mode this call moved the conversation to, if it is a SwitchMode the user approved.
+    pub fn switched_mode(&self, outcome: &ToolOutcome) -> Option<Mode> {
+        match &self.input {
+            ToolInput::SwitchMode(switch) if !outcome.is_error => Some(switch.target),
+            _ => None,
+        }
     }
 
     /// The client threw while executing: a failed result the model sees.
@@ -647,12 +790,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_registered_tool_is_offered_in_agent_mode() {
+    fn every_registered_tool_is_offered_in_some_mode() {
         let assets = crate::prompting::assets::PromptAssets::embedded().expect("assets");
-        let names: Vec<&str> = assets
-            .mode(crate::model::conversation::Mode::Agent)
-            .tools
+        let names: Vec<&str> = Mode::ALL
             .iter()
+            .flat_map(|mode| assets.mode(*mode).tools.iter())
             .map(|t| t["function"]["name"].as_str().expect("name"))
             .collect();
         for kind in ToolKind::ALL {

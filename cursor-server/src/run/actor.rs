@@ -424,8 +424,14 @@ impl RunActor {
                 };
                 step_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
             }
-            ClientInput::InteractionResponse { id } => {
-                protocol(ProtocolError::UnknownInteractionId(id))
+            ClientInput::InteractionResponse { id, payload } => {
+                let State::Running(turn) = &mut self.state else {
+                    return protocol(ProtocolError::BeforeRunRequest("interaction response"));
+                };
+                step_end(
+                    turn.on_interaction_response(id, payload, &mut self.downlink)
+                        .await,
+                )
             }
             ClientInput::Unsupported(what) => protocol(ProtocolError::Unsupported(what)),
         }

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::cursor::blob_sync::KvPayload;
-use crate::cursor::exec::ExecPayload;
+use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::model::conversation::{Mode, WorkspaceContext};
 use crate::store::blobs::BlobId;
@@ -27,8 +27,8 @@ pub enum ClientInput {
     ExecControl { id: u32, control: ExecControl },
     /// A KV answer (`kv_client_message`) for KV request `id`, opaque to the loop.
     KvResult { id: u32, payload: KvPayload },
-    /// An `interaction_response` for query `id`.
-    InteractionResponse { id: u32 },
+    /// An `interaction_response` for query `id`, opaque to the loop.
+    InteractionResponse { id: u32, payload: QueryPayload },
     /// A client message or action this server does not handle yet; ends the run with a clear error.
     Unsupported(String),
 }
@@ -95,8 +95,6 @@ pub enum ProtocolError {
     Exec(String),
     #[error("{0}")]
     Kv(String),
-    #[error("interaction response for unknown query id {0}")]
-    UnknownInteractionId(u32),
     #[error("a second run_request arrived for a run that already started")]
     DuplicateRunRequest,
     #[error("{0} before run_request")]

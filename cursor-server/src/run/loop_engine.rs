@@ -16,7 +16,7 @@ use super::lifecycle::{Checkpoints, TurnOpening};
 use crate::app::AppState;
 use crate::cursor::blob_sync::{KvOutcome, KvPayload};
 use crate::cursor::checkpoint::{self, StateDetails};
-use crate::cursor::exec::{self, ExecPayload};
+use crate::cursor::exec::{self, ExecPayload, QueryPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
 use crate::cursor::tools::{FieldStreamer, ToolEnv, ToolKind, ToolRun, ToolStep};
@@ -264,6 +264,7 @@ impl TurnLoop {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
             todos: fold_todos(&history),
+            mode,
         };
 
         let mut turn = TurnLoop {
@@ -631,6 +632,10 @@ impl TurnLoop {
                 let id = self.pending.register(slot, &request);
                 out.send_message(&request.into_server_message(id)).await;
             }
+            ToolStep::Query(request) => {
+                let id = self.pending.register_query(slot, &request);
+                out.send_message(&request.into_server_message(id)).await;
+            }
             ToolStep::Delta(delta) => {
                 let call_id = &self.batch[slot].call.call_id;
                 out.send_message(&interaction::tool_call_delta(
@@ -661,7 +666,13 @@ impl TurnLoop {
     ) -> Result<(), ServerError> {
         self.pending.finish_slot(slot);
         let entry = &mut self.batch[slot];
-        let was_todo_write = entry.run.take().map(|r| r.kind()) == Some(ToolKind::TodoWrite);
+        let run = entry.run.take();
+        let was_todo_write = run.as_ref().map(ToolRun::kind) == Some(ToolKind::TodoWrite);
+        let switched_to = match (&run, &card) {
+            (Some(run), Some(outcome)) => run.switched_mode(outcome),
+            _ => None,
+        }
+        .filter(|to| *to != self.mode);
         let final_card = card.as_ref().map(|outcome| (*outcome.card).clone());
         if let Some(outcome) = card {
             out.send_message(&interaction::tool_call_completed(
@@ -687,8 +698,35 @@ impl TurnLoop {
                 },
             }),
         ];
-        self.append(&pair).await?;
-        self.history.extend(pair.iter().cloned());
+        // An approved mode switch is told to the model in the same transaction as its result.
+        let notice: Vec<_> = switched_to
+            .map(|to| {
+                compiler::mode_switch_tag(&self.app.prompts, self.mode, to, &entry.call.call_id)
+            })
+            .into_iter()
+            .collect();
+        let appended = messages::append_with_tags(
+            &self.app.store,
+            &self.conversation_id,
+            &self.request_id,
+            &[],
+            &pair,
+            &notice,
+        )
+        .await?;
+        let notice_text: Vec<String> = appended[pair.len()..]
+            .iter()
+            .filter_map(|m| match m {
+                CanonicalMessage::User(user) => Some(user.text.clone()),
+                _ => None,
+            })
+            .collect();
+        self.history.extend(appended);
+        if let Some(to) = switched_to {
+            tracing::info!(request_id = %self.request_id, from = ?self.mode, ?to, "mode switched");
+            self.mode = to;
+            self.tool_env.mode = to;
+        }
         if was_todo_write {
             self.tool_env.todos = fold_todos(&self.history);
         }
@@ -713,6 +751,11 @@ impl TurnLoop {
                     &details,
                     out,
                 )
+                .await?;
+        }
+        if !notice_text.is_empty() {
+            self.checkpoints
+                .runtime_messages(&self.app.store, &notice_text, out)
                 .await?;
         }
         Ok(())
@@ -933,6 +976,31 @@ impl TurnLoop {
         for step in steps {
             self.apply_step(slot, step, out).await?;
         }
+        self.after_completion()
+    }
+
+    /// The user's response to interaction query `id`.
+    pub async fn on_interaction_response(
+        &mut self,
+        id: u32,
+        payload: QueryPayload,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let kind = payload.kind();
+        let slot = match self.pending.match_result(id, kind) {
+            Ok(Match::Active { slot }) => slot,
+            Ok(Match::Late) => {
+                tracing::info!(request_id = %self.request_id, query_id = id, kind, "late interaction response ignored");
+                return Ok(LoopStep::Continue);
+            }
+            Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
+        };
+        self.pending.finish(id);
+        let Some(run) = self.batch[slot].run.as_mut() else {
+            return Ok(LoopStep::Continue);
+        };
+        let outcome = run.on_response(payload, &self.tool_env);
+        self.apply_step(slot, ToolStep::Done(outcome), out).await?;
         self.after_completion()
     }
 

@@ -439,6 +439,19 @@ impl<'a> Session<'a> {
         );
     }
 
+    /// Reads until the next interaction query and returns it (panics if the stream ends first).
+    pub async fn next_query(&mut self) -> cursor_server::cursor::proto::agent::InteractionQuery {
+        while let Some(message) = self.next().await {
+            if let Some(agent_server_message::Message::InteractionQuery(query)) = message.message {
+                return query;
+            }
+        }
+        panic!(
+            "stream ended while waiting for an interaction query: {:?}",
+            self.transcript.end
+        );
+    }
+
     /// Reads the rest of the stream.
     pub async fn finish(mut self) -> Transcript {
         while self.next().await.is_some() {}

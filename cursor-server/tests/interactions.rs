@@ -1,0 +1,364 @@
+//! Tools the user decides (`interaction_query` ↔ `interaction_response`): AskQuestion answered and
+//! declined, CreatePlan accepted in Plan mode, SwitchMode approved (the run continues in the new
+//! mode) and rejected, and a response of the wrong kind.
+//!
+//! A file of its own (not `tool_loop.rs`) because these tools travel on the interaction transport,
+//! not as client execs: their cards, ids and failure modes differ.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use cursor_server::cursor::proto::agent::{
+    self as pb, AgentClientMessage, AgentMode, agent_client_message, interaction_query,
+    interaction_response, interaction_update, tool_call,
+};
+use fake_cursor::{FakeCursor, Session, Transcript};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, offered_tools, run_request_in_mode};
+use serde_json::Value;
+
+fn respond(id: u32, result: interaction_response::Result) -> AgentClientMessage {
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::InteractionResponse(
+            pb::InteractionResponse {
+                id,
+                result: Some(result),
+            },
+        )),
+    }
+}
+
+/// The final card of the transcript's only tool call.
+fn completed_card(transcript: &Transcript) -> tool_call::Tool {
+    transcript
+        .updates()
+        .find_map(|u| match u {
+            interaction_update::Message::ToolCallCompleted(done) => {
+                done.tool_call.clone().and_then(|c| c.tool)
+            }
+            _ => None,
+        })
+        .expect("a completed tool card")
+}
+
+/// The tool message the model got back for its call.
+fn tool_result_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("a tool result")
+        .to_owned()
+}
+
+struct Harness {
+    provider: FakeProvider,
+    _server: TestServer,
+    cursor: FakeCursor,
+}
+
+impl Harness {
+    async fn new(tool: (&str, &str), then: &str) -> Harness {
+        let provider = FakeProvider::start().await;
+        provider.push(Reply::sse(tool_call_events(
+            None,
+            &[("call_1", tool.0, tool.1)],
+            (10, 1, 0),
+        )));
+        provider.push(Reply::sse(text_events(&[then], (20, 2, 0))));
+        let server = TestServer::start(&provider.base_url()).await;
+        let cursor = FakeCursor::new(server.addr);
+        Harness {
+            provider,
+            _server: server,
+            cursor,
+        }
+    }
+}
+
+const QUESTION: &str = r#"{"title":"Setup","questions":[{"id":"db","prompt":"Which database?","options":[{"id":"pg","label":"Postgres"},{"id":"lite","label":"SQLite"}]}]}"#;
+
+#[tokio::test]
+async fn a_question_is_asked_and_the_answer_reaches_the_model() {
+    let h = Harness::new(("AskQuestion", QUESTION), "Postgres it is.").await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-q1",
+        &run_request_in_mode("conv-q1", "set up a db", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    let Some(interaction_query::Query::AskQuestionInteractionQuery(ask)) = &query.query else {
+        panic!("expected a question, got {query:?}");
+    };
+    assert!(
+        ask.tool_call_id.starts_with("tool_"),
+        "{}",
+        ask.tool_call_id
+    );
+    let args = ask.args.as_ref().unwrap();
+    assert_eq!(args.questions[0].options[1].label, "SQLite");
+    turn.send(&respond(
+        query.id,
+        interaction_response::Result::AskQuestionInteractionResponse(
+            pb::AskQuestionInteractionResponse {
+                result: Some(pb::AskQuestionResult {
+                    result: Some(pb::ask_question_result::Result::Success(
+                        pb::AskQuestionSuccess {
+                            answers: vec![pb::ask_question_success::Answer {
+                                question_id: "db".into(),
+                                selected_option_ids: vec!["pg".into()],
+                                freeform_text: "behind pgbouncer".into(),
+                            }],
+                        },
+                    )),
+                }),
+            },
+        ),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let tool_call::Tool::AskQuestionToolCall(card) = completed_card(&transcript) else {
+        panic!("an AskQuestion card");
+    };
+    assert!(matches!(
+        card.result.and_then(|r| r.result),
+        Some(pb::ask_question_result::Result::Success(_))
+    ));
+    let requests = h.provider.requests();
+    assert_eq!(
+        tool_result_text(&requests[1]),
+        "The user answered:\n- Which database?: Postgres; behind pgbouncer"
+    );
+}
+
+#[tokio::test]
+async fn a_declined_question_is_an_error_result_the_model_sees() {
+    let h = Harness::new(("AskQuestion", QUESTION), "Fine, I'll pick.").await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-q2",
+        &run_request_in_mode("conv-q2", "set up a db", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(
+        query.id,
+        interaction_response::Result::AskQuestionInteractionResponse(
+            pb::AskQuestionInteractionResponse {
+                result: Some(pb::AskQuestionResult {
+                    result: Some(pb::ask_question_result::Result::Rejected(
+                        pb::AskQuestionRejected {
+                            reason: "not now".into(),
+                        },
+                    )),
+                }),
+            },
+        ),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success());
+    let tool_call::Tool::AskQuestionToolCall(card) = completed_card(&transcript) else {
+        panic!("an AskQuestion card");
+    };
+    assert!(matches!(
+        card.result.and_then(|r| r.result),
+        Some(pb::ask_question_result::Result::Rejected(_))
+    ));
+    assert_eq!(
+        tool_result_text(&h.provider.requests()[1]),
+        "The user declined to answer (not now)."
+    );
+}
+
+#[tokio::test]
+async fn a_plan_created_in_plan_mode_is_accepted() {
+    let plan = r##"{"name":"Refactor","overview":"Split the module.","plan":"# Steps\n1. Split","todos":[{"id":"1","content":"Split"}]}"##;
+    let h = Harness::new(("CreatePlan", plan), "Plan ready.").await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-plan",
+        &run_request_in_mode("conv-plan", "plan the refactor", AgentMode::Plan),
+    )
+    .await;
+    let query = turn.next_query().await;
+    let Some(interaction_query::Query::CreatePlanRequestQuery(request)) = &query.query else {
+        panic!("expected a plan, got {query:?}");
+    };
+    let args = request.args.as_ref().unwrap();
+    assert_eq!((args.name.as_str(), args.todos.len()), ("Refactor", 1));
+    turn.send(&respond(
+        query.id,
+        interaction_response::Result::CreatePlanRequestResponse(pb::CreatePlanRequestResponse {
+            result: Some(pb::CreatePlanResult {
+                plan_uri: "file:///plans/refactor.md".into(),
+                result: Some(pb::create_plan_result::Result::Success(
+                    pb::CreatePlanSuccess {},
+                )),
+            }),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success());
+    assert!(matches!(
+        completed_card(&transcript),
+        tool_call::Tool::CreatePlanToolCall(_)
+    ));
+    let requests = h.provider.requests();
+    assert!(offered_tools(&requests[0]).contains(&"CreatePlan".to_owned()));
+    assert_eq!(
+        tool_result_text(&requests[1]),
+        "The plan was created and shown to the user (file:///plans/refactor.md)."
+    );
+}
+
+fn switch_response(approved: bool) -> interaction_response::Result {
+    use pb::switch_mode_request_response::{Approved, Rejected, Result as S};
+    interaction_response::Result::SwitchModeRequestResponse(pb::SwitchModeRequestResponse {
+        result: Some(if approved {
+            S::Approved(Approved {})
+        } else {
+            S::Rejected(Rejected {
+                reason: "keep going".into(),
+            })
+        }),
+    })
+}
+
+#[tokio::test]
+async fn an_approved_mode_switch_continues_the_run_in_the_new_mode() {
+    let h = Harness::new(
+        (
+            "SwitchMode",
+            r#"{"target_mode_id":"plan","explanation":"big change"}"#,
+        ),
+        "Planning now.",
+    )
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-sw",
+        &run_request_in_mode("conv-sw", "rewrite everything", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    let Some(interaction_query::Query::SwitchModeRequestQuery(request)) = &query.query else {
+        panic!("expected a mode switch, got {query:?}");
+    };
+    assert_eq!(request.args.as_ref().unwrap().target_mode_id, "plan");
+    turn.send(&respond(query.id, switch_response(true))).await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success());
+    let tool_call::Tool::SwitchModeToolCall(card) = completed_card(&transcript) else {
+        panic!("a SwitchMode card");
+    };
+    let Some(pb::switch_mode_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+    else {
+        panic!("a successful switch");
+    };
+    assert_eq!(
+        (success.from_mode_id.as_str(), success.to_mode_id.as_str()),
+        ("agent", "plan")
+    );
+    let requests = h.provider.requests();
+    let (before, after) = (&requests[0], &requests[1]);
+    assert!(offered_tools(before).contains(&"Write".to_owned()));
+    assert!(
+        !offered_tools(after).contains(&"Write".to_owned()),
+        "Plan tools now"
+    );
+    assert!(offered_tools(after).contains(&"CreatePlan".to_owned()));
+    assert!(
+        after["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("# Mode: Plan")
+    );
+    assert_eq!(
+        after["messages"]
+            .to_string()
+            .matches("from Agent mode to Plan mode")
+            .count(),
+        1
+    );
+    // The checkpoint states the new mode.
+    let last = transcript
+        .checkpoints()
+        .last()
+        .copied()
+        .expect("a checkpoint");
+    assert_eq!(last.mode, Some(AgentMode::Plan as i32));
+
+    // The next message, sent in Plan mode, brings no second notice.
+    h.provider
+        .push(Reply::sse(text_events(&["ok"], (30, 3, 0))));
+    let next = Session::start(
+        &h.cursor,
+        "req-sw2",
+        &run_request_in_mode("conv-sw", "go on", AgentMode::Plan),
+    )
+    .await;
+    assert!(next.finish().await.is_success());
+    let third = &h.provider.requests()[2];
+    assert_eq!(
+        third["messages"]
+            .to_string()
+            .matches("from Agent mode to Plan mode")
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_mode_switch_keeps_the_mode_and_tells_the_model() {
+    let h = Harness::new(("SwitchMode", r#"{"target_mode_id":"ask"}"#), "Staying.").await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-sw-no",
+        &run_request_in_mode("conv-sw-no", "fix it", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(query.id, switch_response(false))).await;
+    assert!(turn.finish().await.is_success());
+    let requests = h.provider.requests();
+    assert_eq!(offered_tools(&requests[0]), offered_tools(&requests[1]));
+    assert_eq!(
+        tool_result_text(&requests[1]),
+        "The user rejected the mode switch (keep going); stay in the current mode."
+    );
+}
+
+#[tokio::test]
+async fn a_response_of_the_wrong_kind_is_a_protocol_error() {
+    let h = Harness::new(("AskQuestion", QUESTION), "unused").await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-wrong",
+        &run_request_in_mode("conv-wrong", "ask me", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(query.id, switch_response(true))).await;
+    let transcript = turn.finish().await;
+    assert_eq!(transcript.error_code(), Some("invalid_argument"));
+    let message = transcript.error_message().unwrap();
+    assert!(
+        message.contains("ask_question_interaction_response"),
+        "{message}"
+    );
+    assert_eq!(
+        h.provider.requests().len(),
+        1,
+        "nothing more reached the model"
+    );
+}
