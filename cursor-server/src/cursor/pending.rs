@@ -56,33 +56,28 @@ impl Default for PendingExecs {
 impl PendingExecs {
     /// Assigns the next exec id to `request` for the call in `slot`.
     pub fn register(&mut self, slot: usize, request: &ExecRequest) -> u32 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.pending.insert(
-            id,
-            Pending {
-                slot,
-                expected: request.expected_result(),
-                streaming: request.is_streaming(),
-                query: false,
-            },
-        );
-        id
+        self.insert(Pending {
+            slot,
+            expected: request.expected_result(),
+            streaming: request.is_streaming(),
+            query: false,
+        })
     }
 
     /// Assigns the next id (same sequence as execs) to an interaction query for `slot`.
     pub fn register_query(&mut self, slot: usize, request: &QueryRequest) -> u32 {
+        self.insert(Pending {
+            slot,
+            expected: request.expected_result(),
+            streaming: false,
+            query: true,
+        })
+    }
+
+    fn insert(&mut self, pending: Pending) -> u32 {
         let id = self.next_id;
         self.next_id += 1;
-        self.pending.insert(
-            id,
-            Pending {
-                slot,
-                expected: request.expected_result(),
-                streaming: false,
-                query: true,
-            },
-        );
+        self.pending.insert(id, pending);
         id
     }
 

@@ -950,6 +950,20 @@ impl TurnLoop {
         self.checkpoints.republish(out).await;
     }
 
+    /// The batch slot an answer (exec result or interaction response) of `kind` for `id` belongs
+    /// to; `None` for a late answer, ignored idempotently; a protocol error for an unknown id or
+    /// the wrong kind.
+    fn active_slot(&self, id: u32, kind: &'static str) -> Result<Option<usize>, ServerError> {
+        match self.pending.match_result(id, kind) {
+            Ok(Match::Active { slot }) => Ok(Some(slot)),
+            Ok(Match::Late) => {
+                tracing::info!(request_id = %self.request_id, id, kind, "late answer ignored");
+                Ok(None)
+            }
+            Err(e) => Err(ProtocolError::Exec(e.to_string()).into()),
+        }
+    }
+
     /// A client result for exec `id`.
     pub async fn on_exec_result(
         &mut self,
@@ -957,14 +971,8 @@ impl TurnLoop {
         payload: ExecPayload,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
-        let kind = payload.kind();
-        let slot = match self.pending.match_result(id, kind) {
-            Ok(Match::Active { slot }) => slot,
-            Ok(Match::Late) => {
-                tracing::info!(request_id = %self.request_id, exec_id = id, kind, "late exec result ignored");
-                return Ok(LoopStep::Continue);
-            }
-            Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
+        let Some(slot) = self.active_slot(id, payload.kind())? else {
+            return Ok(LoopStep::Continue);
         };
         if !self.pending.is_streaming(id) {
             self.pending.finish(id);
@@ -986,14 +994,8 @@ impl TurnLoop {
         payload: QueryPayload,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
-        let kind = payload.kind();
-        let slot = match self.pending.match_result(id, kind) {
-            Ok(Match::Active { slot }) => slot,
-            Ok(Match::Late) => {
-                tracing::info!(request_id = %self.request_id, query_id = id, kind, "late interaction response ignored");
-                return Ok(LoopStep::Continue);
-            }
-            Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
+        let Some(slot) = self.active_slot(id, payload.kind())? else {
+            return Ok(LoopStep::Continue);
         };
         self.pending.finish(id);
         let Some(run) = self.batch[slot].run.as_mut() else {
