@@ -1,6 +1,7 @@
 //! Tools the user decides (`interaction_query` ↔ `interaction_response`): AskQuestion answered and
 //! declined, CreatePlan accepted in Plan mode, SwitchMode approved (the run continues in the new
-//! mode) and rejected, and a response of the wrong kind.
+//! mode) and rejected, WebFetch approved (then fetched by the client and read as Markdown),
+//! rejected and switched off by the client, and a response of the wrong kind.
 //!
 //! A file of its own (not `tool_loop.rs`) because these tools travel on the interaction transport,
 //! not as client execs: their cards, ids and failure modes differ.
@@ -18,7 +19,7 @@ use cursor_server::cursor::proto::agent::{
 };
 use fake_cursor::{FakeCursor, Session, Transcript};
 use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
-use fixtures::{TestServer, offered_tools, run_request_in_mode};
+use fixtures::{TestServer, exec_result, offered_tools, run_request_in_mode};
 use serde_json::Value;
 
 fn respond(id: u32, result: interaction_response::Result) -> AgentClientMessage {
@@ -361,4 +362,167 @@ async fn a_response_of_the_wrong_kind_is_a_protocol_error() {
         1,
         "nothing more reached the model"
     );
+}
+
+fn web_fetch_response(approved: bool) -> interaction_response::Result {
+    use pb::web_fetch_request_response::{Approved, Rejected, Result as W};
+    interaction_response::Result::WebFetchRequestResponse(pb::WebFetchRequestResponse {
+        result: Some(if approved {
+            W::Approved(Approved {})
+        } else {
+            W::Rejected(Rejected {
+                reason: "not that site".into(),
+            })
+        }),
+    })
+}
+
+const PAGE: &str = "<!doctype html><html><head><title>t</title><script>alert(1)</script></head>\
+<body><nav>menu</nav><h1>Install</h1><p>Run <code>cargo run</code> with a <a href=\"https://example.com/cfg\">config</a>.</p></body></html>";
+
+#[tokio::test]
+async fn an_approved_web_fetch_is_fetched_by_the_client_and_read_as_markdown() {
+    let h = Harness::new(
+        ("WebFetch", r#"{"url":"https://example.com/docs"}"#),
+        "Got it.",
+    )
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-wf",
+        &run_request_in_mode("conv-wf", "read the docs", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    let Some(interaction_query::Query::WebFetchRequestQuery(ask)) = &query.query else {
+        panic!("expected a fetch approval, got {query:?}");
+    };
+    assert_eq!(ask.args.as_ref().unwrap().url, "https://example.com/docs");
+    turn.send(&respond(query.id, web_fetch_response(true)))
+        .await;
+    // Approved: the same call becomes a fetch exec with the next id.
+    let exec = turn.next_exec().await;
+    let Some(pb::exec_server_message::Message::FetchArgs(fetch)) = &exec.message else {
+        panic!("expected fetch_args, got {exec:?}");
+    };
+    assert_eq!(fetch.url, "https://example.com/docs");
+    assert!(exec.id > query.id);
+    turn.send(&exec_result(
+        exec.id,
+        pb::exec_client_message::Message::FetchResult(pb::FetchResult {
+            result: Some(pb::fetch_result::Result::Success(pb::FetchSuccess {
+                url: "https://example.com/docs".into(),
+                content: PAGE.into(),
+                status_code: 200,
+                content_type: "text/html; charset=utf-8".into(),
+            })),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let tool_call::Tool::WebFetchToolCall(card) = completed_card(&transcript) else {
+        panic!("a WebFetch card");
+    };
+    let Some(pb::web_fetch_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+    else {
+        panic!("a successful fetch");
+    };
+    assert!(
+        success.markdown.contains("# Install"),
+        "{}",
+        success.markdown
+    );
+    assert!(
+        success
+            .markdown
+            .contains("[config](https://example.com/cfg)"),
+        "{}",
+        success.markdown
+    );
+    let seen = tool_result_text(&h.provider.requests()[1]);
+    assert!(
+        seen.starts_with("Contents of https://example.com/docs:"),
+        "{seen}"
+    );
+    assert!(seen.contains("`cargo run`"), "{seen}");
+    assert!(
+        !seen.contains("alert(1)") && !seen.contains("menu"),
+        "{seen}"
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_web_fetch_fetches_nothing_and_the_model_is_told() {
+    let h = Harness::new(
+        ("WebFetch", r#"{"url":"https://example.com/secret"}"#),
+        "Understood.",
+    )
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-wf-no",
+        &run_request_in_mode("conv-wf-no", "read it", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(query.id, web_fetch_response(false)))
+        .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(
+        !transcript.kinds().contains(&"exec_server_message"),
+        "no fetch was sent: {:?}",
+        transcript.kinds()
+    );
+    let tool_call::Tool::WebFetchToolCall(card) = completed_card(&transcript) else {
+        panic!("a WebFetch card");
+    };
+    assert!(matches!(
+        card.result.and_then(|r| r.result),
+        Some(pb::web_fetch_result::Result::Rejected(r)) if r.reason == "not that site"
+    ));
+    assert_eq!(
+        tool_result_text(&h.provider.requests()[1]),
+        "The user rejected fetching https://example.com/secret (not that site)."
+    );
+}
+
+#[tokio::test]
+async fn web_fetch_is_not_offered_when_the_client_switched_it_off() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["a"], (10, 1, 0))));
+    provider.push(Reply::sse(text_events(&["b"], (10, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let on = run_request_in_mode("conv-wf-off", "hi", AgentMode::Agent);
+    assert!(
+        Session::start(&cursor, "req-wf-on", &on)
+            .await
+            .finish()
+            .await
+            .is_success()
+    );
+    let mut off = run_request_in_mode("conv-wf-off", "again", AgentMode::Agent);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut off.message
+        && let Some(pb::conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action
+            .request_context
+            .get_or_insert_default()
+            .web_fetch_enabled = Some(false);
+    }
+    assert!(
+        Session::start(&cursor, "req-wf-off", &off)
+            .await
+            .finish()
+            .await
+            .is_success()
+    );
+    let requests = provider.requests();
+    assert!(offered_tools(&requests[0]).contains(&"WebFetch".to_owned()));
+    let without = offered_tools(&requests[1]);
+    assert!(!without.contains(&"WebFetch".to_owned()), "{without:?}");
+    assert!(without.contains(&"Read".to_owned()));
 }

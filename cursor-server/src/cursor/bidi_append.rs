@@ -10,6 +10,7 @@ use super::proto::agent::{
     exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
+use super::tools::ToolOptions;
 use crate::model::conversation::{Mode, Rule, RuleScope, WorkspaceContext};
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
@@ -130,6 +131,12 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         .map(|env| env.terminals_folder.clone())
                         .unwrap_or_default();
                     let context = action.request_context.as_ref().map(workspace_context);
+                    let tools = ToolOptions {
+                        web_fetch: action
+                            .request_context
+                            .as_ref()
+                            .is_none_or(|c| c.web_fetch_enabled != Some(false)),
+                    };
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
                         action: run_action,
@@ -137,6 +144,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         terminals_folder,
                         context,
                         mode,
+                        tools,
                         parameters,
                         client_state: client_state.clone(),
                     }))
@@ -149,6 +157,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         terminals_folder: String::new(),
                         context: None,
                         mode: Mode::default(),
+                        tools: ToolOptions::without_context(),
                         parameters,
                         client_state,
                     }))

@@ -279,11 +279,22 @@ pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
         ToolInput::TodoWrite(_)
         | ToolInput::AskQuestion(_)
         | ToolInput::SwitchMode(_)
-        | ToolInput::CreatePlan(_) => return None,
+        | ToolInput::CreatePlan(_)
+        | ToolInput::WebFetch(_) => return None,
     };
     Some(ExecRequest {
         message: Box::new(message),
     })
+}
+
+/// The fetch a WebFetch call runs once the user approved it.
+pub fn fetch_request(url: &str, call_id: &str) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::FetchArgs(pb::FetchArgs {
+            url: url.to_owned(),
+            tool_call_id: call_id.to_owned(),
+        })),
+    }
 }
 
 /// Glob runs as a files-mode grep with no pattern.

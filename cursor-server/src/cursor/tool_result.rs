@@ -7,7 +7,7 @@ use super::exec::{self, ExecPayload, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, exec_client_message, tool_call};
 use super::tools::{
     AskQuestionInput, CreatePlanInput, GrepMode, SwitchModeInput, TodoWriteInput, ToolEnv,
-    ToolInput, ToolKind, ToolStep,
+    ToolInput, ToolKind, ToolStep, WebFetchInput,
 };
 use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
 
@@ -255,6 +255,19 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                 result: part!(result, Plan),
             }))
         }
+        (ToolInput::WebFetch(fetch), result) => {
+            card(Tool::WebFetchToolCall(pb::WebFetchToolCall {
+                args: Some(web_fetch_args(fetch, call_id)),
+                result: part!(result, WebFetch),
+            }))
+        }
+    }
+}
+
+fn web_fetch_args(fetch: &WebFetchInput, call_id: &str) -> pb::WebFetchArgs {
+    pb::WebFetchArgs {
+        url: fetch.url.clone(),
+        tool_call_id: call_id.to_owned(),
     }
 }
 
@@ -328,6 +341,10 @@ pub fn query(input: &ToolInput, call_id: &str) -> Option<QueryRequest> {
             args: Some(create_plan_args(plan)),
             tool_call_id: call_id.to_owned(),
         }),
+        ToolInput::WebFetch(fetch) => Query::WebFetchRequestQuery(pb::WebFetchRequestQuery {
+            args: Some(web_fetch_args(fetch, call_id)),
+            skip_approval: false,
+        }),
         _ => return None,
     };
     Some(QueryRequest {
@@ -335,16 +352,47 @@ pub fn query(input: &ToolInput, call_id: &str) -> Option<QueryRequest> {
     })
 }
 
-/// The user's response to an interactive tool's query: its card result and the model's text.
-/// A rejection is the tool's (error) result; it is never turned into anything else.
+/// The user's response to an interactive tool's query: its card result and the model's text, or
+/// (an approved WebFetch) the exec that carries the call on. A rejection is the tool's (error)
+/// result; it is never turned into anything else, and an approval is never itself a result.
 pub fn on_response(
     input: &ToolInput,
     call_id: &str,
     payload: QueryPayload,
     env: &ToolEnv,
-) -> ToolOutcome {
+) -> ToolStep {
     use pb::interaction_response::Result as R;
     let (part, model_text, is_error) = match (input, *payload.0) {
+        (ToolInput::WebFetch(fetch), R::WebFetchRequestResponse(response)) => {
+            use pb::web_fetch_request_response::Result as W;
+            match response.result {
+                Some(W::Approved(_)) => {
+                    return ToolStep::Exec(exec::fetch_request(&fetch.url, call_id));
+                }
+                Some(W::Rejected(rejected)) => (
+                    ResultPart::WebFetch(pb::WebFetchResult {
+                        result: Some(pb::web_fetch_result::Result::Rejected(
+                            pb::WebFetchRejected {
+                                reason: rejected.reason.clone(),
+                            },
+                        )),
+                    }),
+                    format!(
+                        "The user rejected fetching {}{}.",
+                        fetch.url,
+                        reason_suffix(&rejected.reason)
+                    ),
+                    true,
+                ),
+                None => {
+                    return ToolStep::Done(failed(
+                        input,
+                        call_id,
+                        "the client sent an empty response to the fetch request",
+                    ));
+                }
+            }
+        }
         (ToolInput::AskQuestion(ask), R::AskQuestionInteractionResponse(response)) => {
             let result = response.result.unwrap_or_default();
             let (text, is_error) = match &result.result {
@@ -444,14 +492,14 @@ pub fn on_response(
             // `pending` matched the response kind to the query, so this is unreachable in
             // practice; still a terminal failed card rather than a panic.
             let kind = QueryPayload(Box::new(other)).kind();
-            return failed(input, call_id, &format!("unexpected response {kind}"));
+            return ToolStep::Done(failed(
+                input,
+                call_id,
+                &format!("unexpected response {kind}"),
+            ));
         }
     };
-    ToolOutcome {
-        card: Box::new(with_result(input, call_id, Some(part))),
-        model_text,
-        is_error,
-    }
+    ToolStep::Done(outcome(input, call_id, part, model_text, is_error))
 }
 
 fn reason_suffix(reason: &str) -> String {
@@ -515,6 +563,7 @@ enum ResultPart {
     Question(pb::AskQuestionResult),
     SwitchMode(pb::SwitchModeResult),
     Plan(pb::CreatePlanResult),
+    WebFetch(pb::WebFetchResult),
 }
 
 fn edit_error(path: &str, message: &str) -> pb::EditResult {
@@ -629,6 +678,14 @@ fn set_error(card: &mut pb::ToolCall, message: &str) {
                 ..pb::CreatePlanResult::default()
             })
         }
+        Tool::WebFetchToolCall(c) => {
+            c.result = Some(pb::WebFetchResult {
+                result: Some(pb::web_fetch_result::Result::Error(pb::WebFetchError {
+                    url: c.args.as_ref().map(|a| a.url.clone()).unwrap_or_default(),
+                    error,
+                })),
+            })
+        }
         // Only the registry's cards are ever built here (see `ToolKind::placeholder`).
         _ => {}
     }
@@ -718,6 +775,9 @@ pub fn on_result(
         (ToolInput::Shell(shell), R::ShellStream(stream)) => {
             shell_step(input, call_id, shell, stage, stream, env)
         }
+        (ToolInput::WebFetch(fetch), R::FetchResult(result)) => {
+            done(fetch_outcome(input, call_id, fetch, result, env))
+        }
         (_, other) => done(failed(
             input,
             call_id,
@@ -727,6 +787,105 @@ pub fn on_result(
             ),
         )),
     }
+}
+
+/// A fetched page as the model reads it: HTML becomes Markdown (scripts, styles and navigation
+/// chrome dropped), other text is kept as it is; binary content is refused rather than garbled.
+fn fetch_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    fetch: &WebFetchInput,
+    result: pb::FetchResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    let success = match result.result {
+        Some(pb::fetch_result::Result::Success(success)) => success,
+        Some(pb::fetch_result::Result::Error(error)) => {
+            return failed(
+                input,
+                call_id,
+                &format!("fetching {} failed: {}", fetch.url, error.error),
+            );
+        }
+        None => return failed(input, call_id, "the client sent an empty fetch result"),
+    };
+    let url = if success.url.is_empty() {
+        fetch.url.clone()
+    } else {
+        success.url.clone()
+    };
+    if success.status_code >= 400 {
+        return failed(
+            input,
+            call_id,
+            &format!("fetching {url} returned HTTP {}", success.status_code),
+        );
+    }
+    let markdown = match page_markdown(&success.content, &success.content_type) {
+        Ok(markdown) => markdown,
+        Err(message) => return failed(input, call_id, &format!("{url}: {message}")),
+    };
+    let model_text = format!(
+        "Contents of {url}:\n\n{}",
+        truncate_for_model(&markdown, env.max_output_bytes, 0)
+    );
+    outcome(
+        input,
+        call_id,
+        ResultPart::WebFetch(pb::WebFetchResult {
+            result: Some(pb::web_fetch_result::Result::Success(pb::WebFetchSuccess {
+                url,
+                markdown,
+                output_location: None,
+            })),
+        }),
+        model_text,
+        false,
+    )
+}
+
+/// The page's text as Markdown, decided by its content type (and by a sniff when it has none).
+pub fn page_markdown(content: &str, content_type: &str) -> Result<String, String> {
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let looks_html = || {
+        let head = content.trim_start();
+        let head = &head[..floor_char_boundary(head, 512)];
+        let lower = head.to_ascii_lowercase();
+        lower.starts_with("<!doctype html") || lower.starts_with("<html") || lower.contains("<body")
+    };
+    match mime.as_str() {
+        "text/html" | "application/xhtml+xml" => html_to_markdown(content),
+        "" if looks_html() => html_to_markdown(content),
+        "" => Ok(content.to_owned()),
+        m if m.starts_with("text/")
+            || m.ends_with("json")
+            || m.ends_with("xml")
+            || m.ends_with("javascript")
+            || m.ends_with("yaml") =>
+        {
+            Ok(content.to_owned())
+        }
+        other => Err(format!(
+            "content type {other} is not text and cannot be shown to the model"
+        )),
+    }
+}
+
+fn html_to_markdown(html: &str) -> Result<String, String> {
+    let converter = htmd::HtmlToMarkdown::builder()
+        .skip_tags(vec![
+            "script", "style", "noscript", "svg", "nav", "footer", "iframe", "head",
+        ])
+        .build();
+    converter
+        .convert(html)
+        .map(|markdown| markdown.trim().to_owned())
+        .map_err(|e| format!("the page could not be converted to Markdown: {e}"))
 }
 
 fn read_outcome(

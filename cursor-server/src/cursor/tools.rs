@@ -29,6 +29,7 @@ pub enum ToolKind {
     AskQuestion,
     SwitchMode,
     CreatePlan,
+    WebFetch,
 }
 
 /// How a tool is carried out.
@@ -43,7 +44,7 @@ pub enum Transport {
 }
 
 impl ToolKind {
-    pub const ALL: [ToolKind; 13] = [
+    pub const ALL: [ToolKind; 14] = [
         ToolKind::Read,
         ToolKind::Write,
         ToolKind::StrReplace,
@@ -57,6 +58,7 @@ impl ToolKind {
         ToolKind::AskQuestion,
         ToolKind::SwitchMode,
         ToolKind::CreatePlan,
+        ToolKind::WebFetch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +76,7 @@ impl ToolKind {
             ToolKind::AskQuestion => "AskQuestion",
             ToolKind::SwitchMode => "SwitchMode",
             ToolKind::CreatePlan => "CreatePlan",
+            ToolKind::WebFetch => "WebFetch",
         }
     }
 
@@ -84,9 +87,11 @@ impl ToolKind {
     pub fn transport(self) -> Transport {
         match self {
             ToolKind::TodoWrite => Transport::Local,
-            ToolKind::AskQuestion | ToolKind::SwitchMode | ToolKind::CreatePlan => {
-                Transport::Interaction
-            }
+            // WebFetch asks first; once approved the same call becomes a `fetch_args` exec.
+            ToolKind::AskQuestion
+            | ToolKind::SwitchMode
+            | ToolKind::CreatePlan
+            | ToolKind::WebFetch => Transport::Interaction,
             _ => Transport::Exec,
         }
     }
@@ -117,6 +122,9 @@ impl ToolKind {
             }
             ToolKind::CreatePlan => {
                 tool_call::Tool::CreatePlanToolCall(pb::CreatePlanToolCall::default())
+            }
+            ToolKind::WebFetch => {
+                tool_call::Tool::WebFetchToolCall(pb::WebFetchToolCall::default())
             }
         };
         pb::ToolCall { tool: Some(tool) }
@@ -167,6 +175,7 @@ impl ToolKind {
                 ("plan", true),
                 ("todos", false),
             ],
+            ToolKind::WebFetch => &[("url", true)],
         }
     }
 
@@ -483,6 +492,11 @@ pub struct CreatePlanInput {
     pub todos: Vec<PlanTodo>,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct WebFetchInput {
+    pub url: String,
+}
+
 /// A tool call with validated arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolInput {
@@ -499,6 +513,7 @@ pub enum ToolInput {
     AskQuestion(AskQuestionInput),
     SwitchMode(SwitchModeInput),
     CreatePlan(CreatePlanInput),
+    WebFetch(WebFetchInput),
 }
 
 /// Parses and validates the model's argument text for `kind`. The message goes back to the model.
@@ -643,7 +658,62 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
             }
             ToolInput::CreatePlan(input)
         }
+        ToolKind::WebFetch => {
+            let mut input: WebFetchInput = de(kind, text)?;
+            input.url = input.url.trim().to_owned();
+            let url = url::Url::parse(&input.url).map_err(|e| {
+                format!("invalid arguments for WebFetch: `url` {:?}: {e}", input.url)
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(format!(
+                    "invalid arguments for WebFetch: only http and https URLs can be fetched, not {:?}",
+                    url.scheme()
+                ));
+            }
+            ToolInput::WebFetch(input)
+        }
     })
+}
+
+/// What this request makes available beyond a mode's own tool list: the client's switches and the
+/// user's MCP tools.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ToolOptions {
+    /// `request_context.web_fetch_enabled` (absent = enabled; every fetch is still approved by
+    /// the user before it happens).
+    pub web_fetch: bool,
+}
+
+impl ToolOptions {
+    /// What a request without a request context (a resume) allows.
+    pub fn without_context() -> Self {
+        ToolOptions { web_fetch: true }
+    }
+
+    fn allows(&self, kind: ToolKind) -> bool {
+        match kind {
+            ToolKind::WebFetch => self.web_fetch,
+            _ => true,
+        }
+    }
+}
+
+/// The tool definitions offered to the model: the mode's `tools.json` minus the tools this request
+/// does not allow. Computed once per mode, not per provider call.
+pub fn offered_tools(
+    mode_tools: &[serde_json::Value],
+    options: &ToolOptions,
+) -> Vec<serde_json::Value> {
+    mode_tools
+        .iter()
+        .filter(|tool| {
+            tool["function"]["name"]
+                .as_str()
+                .and_then(ToolKind::from_name)
+                .is_none_or(|kind| options.allows(kind))
+        })
+        .cloned()
+        .collect()
 }
 
 /// What the loop must do next for one tool call.
@@ -752,8 +822,9 @@ impl ToolRun {
         tool_result::on_result(&self.input, &self.call_id, &mut self.stage, payload, env)
     }
 
-    /// The user's response to this call's interaction query (matched by id and kind).
-    pub fn on_response(&mut self, payload: QueryPayload, env: &ToolEnv) -> ToolOutcome {
+    /// The user's response to this call's interaction query (matched by id and kind): the outcome,
+    /// or the exec an approval leads to.
+    pub fn on_response(&mut self, payload: QueryPayload, env: &ToolEnv) -> ToolStep {
         tool_result::on_response(&self.input, &self.call_id, payload, env)
     }
 

@@ -306,6 +306,7 @@ mod tests {
             return first.clone();
         }
         match schema["type"].as_str() {
+            Some("string") if schema["format"] == "uri" => Value::from("https://example.com/"),
             Some("string") => Value::from(format!("src/{name}.rs")),
             Some("integer") | Some("number") => Value::from(1),
             Some("boolean") => Value::from(false),

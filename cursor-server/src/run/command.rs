@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::cursor::tools::ToolOptions;
 use crate::model::conversation::{Mode, WorkspaceContext};
 use crate::store::blobs::BlobId;
 
@@ -68,6 +69,8 @@ pub struct RunRequestInput {
     pub context: Option<WorkspaceContext>,
     /// The mode the user picked (`user_message.mode`); a resumed run keeps the conversation's.
     pub mode: Mode,
+    /// Tools this request allows beyond the mode's own (client switches, MCP tools).
+    pub tools: ToolOptions,
     /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).
     pub parameters: Vec<(String, String)>,
     /// The checkpoint the client holds for this conversation, used only to import a conversation

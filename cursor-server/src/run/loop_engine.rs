@@ -19,7 +19,9 @@ use crate::cursor::checkpoint::{self, StateDetails};
 use crate::cursor::exec::{self, ExecPayload, QueryPayload};
 use crate::cursor::pending::{Match, PendingExecs};
 use crate::cursor::tool_result::{self, ToolOutcome};
-use crate::cursor::tools::{FieldStreamer, ToolEnv, ToolKind, ToolRun, ToolStep};
+use crate::cursor::tools::{
+    self, FieldStreamer, ToolEnv, ToolKind, ToolOptions, ToolRun, ToolStep,
+};
 use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
 use crate::model::conversation::{ContextUse, Mode, WorkspaceContext};
@@ -140,6 +142,10 @@ pub struct TurnLoop {
     /// The latest completed provider call's usage (the checkpoint's context use).
     last_call_usage: Option<Usage>,
     mode: Mode,
+    /// What this request allows beyond the mode's tools, and the resulting tool definitions for
+    /// the current mode (recomputed only when the mode changes).
+    tool_options: ToolOptions,
+    offered_tools: Vec<serde_json::Value>,
     provider_calls: u32,
 }
 
@@ -288,6 +294,8 @@ impl TurnLoop {
             usage: Usage::default(),
             last_call_usage: None,
             mode,
+            offered_tools: tools::offered_tools(&app.prompts.mode(mode).tools, &input.tools),
+            tool_options: input.tools,
             provider_calls: 0,
             app,
         };
@@ -356,7 +364,7 @@ impl TurnLoop {
             &prompts.system,
             &self.history,
             model,
-            &prompts.tools,
+            &self.offered_tools,
             self.parameters,
         );
         let body = projector::project(provider.kind, &request);
@@ -726,6 +734,8 @@ impl TurnLoop {
             tracing::info!(request_id = %self.request_id, from = ?self.mode, ?to, "mode switched");
             self.mode = to;
             self.tool_env.mode = to;
+            self.offered_tools =
+                tools::offered_tools(&self.app.prompts.mode(to).tools, &self.tool_options);
         }
         if was_todo_write {
             self.tool_env.todos = fold_todos(&self.history);
@@ -1001,8 +1011,8 @@ impl TurnLoop {
         let Some(run) = self.batch[slot].run.as_mut() else {
             return Ok(LoopStep::Continue);
         };
-        let outcome = run.on_response(payload, &self.tool_env);
-        self.apply_step(slot, ToolStep::Done(outcome), out).await?;
+        let step = run.on_response(payload, &self.tool_env);
+        self.apply_step(slot, step, out).await?;
         self.after_completion()
     }
 
