@@ -98,6 +98,8 @@ fn run() -> Result<(), String> {
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc);
     config.service_generator(Box::new(RouteConstants));
+    // Ordered maps encode deterministically: the same card or state is the same blob.
+    config.btree_map(["."]);
     config
         .compile_fds(set)
         .map_err(|e| format!("prost-build: {e}"))?;

@@ -106,6 +106,15 @@ fn assert_every_completed_card_has_a_typed_result(transcript: &Transcript) {
             tool_call::Tool::UpdateTodosToolCall(c) => {
                 c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
             }
+            tool_call::Tool::McpToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::ListMcpResourcesToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
+            tool_call::Tool::ReadMcpResourceToolCall(c) => {
+                c.result.as_ref().and_then(|r| r.result.as_ref()).is_some()
+            }
             other => panic!("unexpected card kind {other:?}"),
         };
         assert!(
@@ -1121,4 +1130,255 @@ async fn the_read_scenario_replays_exactly_on_every_endpoint() {
             }
         }
     }
+}
+
+/// A request carrying the user's MCP tools (`run_request.mcp_tools`), as the IDE sends them.
+fn run_request_with_mcp(conversation_id: &str, text: &str) -> pb::AgentClientMessage {
+    use cursor_server::cursor::exec::json_to_proto;
+    let mut message = run_request_with_env(conversation_id, text);
+    let tool = |server: &str, name: &str, schema: Value| pb::McpToolDefinition {
+        name: format!("{server}-{name}"),
+        provider_identifier: server.to_owned(),
+        tool_name: name.to_owned(),
+        description: format!("{name} on {server}"),
+        input_schema: Some(json_to_proto(&schema)),
+    };
+    if let Some(pb::agent_client_message::Message::RunRequest(request)) = &mut message.message {
+        request.mcp_tools = Some(pb::McpTools {
+            mcp_tools: vec![
+                tool(
+                    "user-github",
+                    "create_issue",
+                    serde_json::json!({
+                        "type": "object",
+                        "properties": {"title": {"type": "string"}, "labels": {"type": "array", "items": {"type": "string"}}},
+                        "required": ["title"]
+                    }),
+                ),
+                tool(
+                    "my server",
+                    "search.code",
+                    serde_json::json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+                ),
+            ],
+        });
+    }
+    message
+}
+
+#[tokio::test]
+async fn an_mcp_tool_is_offered_under_a_safe_name_runs_as_mcp_args_and_its_content_reaches_the_model()
+ {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                (
+                    "call_m1",
+                    "mcp_user-github_create_issue",
+                    r#"{"title":"Crash on start","labels":["bug"]}"#,
+                ),
+                (
+                    "call_m2",
+                    "mcp_user-github_create_issue",
+                    r#"{"labels":[]}"#,
+                ),
+            ],
+            (10, 1, 0),
+        ),
+        text_events(&["Filed."], (20, 2, 0)),
+    ])
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-mcp",
+        &run_request_with_mcp("conv-mcp", "file it"),
+    )
+    .await;
+    let exec = turn.next_exec().await;
+    let Some(args::Message::McpArgs(mcp)) = &exec.message else {
+        panic!("expected mcp_args, got {exec:?}");
+    };
+    assert_eq!(mcp.name, "user-github-create_issue");
+    assert_eq!(mcp.provider_identifier, "user-github");
+    assert_eq!(mcp.tool_name, "create_issue");
+    assert_eq!(
+        cursor_server::cursor::exec::proto_to_json(&mcp.args["title"]),
+        "Crash on start"
+    );
+    assert_eq!(
+        cursor_server::cursor::exec::proto_to_json(&mcp.args["labels"]),
+        serde_json::json!(["bug"])
+    );
+    turn.send(&exec_result(
+        exec.id,
+        result::Message::McpResult(pb::McpResult {
+            result: Some(pb::mcp_result::Result::Success(pb::McpSuccess {
+                content: vec![pb::McpToolResultContentItem {
+                    content: Some(pb::mcp_tool_result_content_item::Content::Text(
+                        pb::McpTextContent {
+                            text: "Created issue #42".into(),
+                            output_location: None,
+                        },
+                    )),
+                }],
+                ..pb::McpSuccess::default()
+            })),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    let cards = completed(&transcript);
+    assert_eq!(cards.len(), 2);
+    let card_of = |id: &str| {
+        cards
+            .iter()
+            .find(|c| c.call_id.ends_with(id))
+            .and_then(|c| c.tool_call.clone())
+            .and_then(|c| c.tool)
+    };
+    let Some(tool_call::Tool::McpToolCall(ok)) = card_of("_0") else {
+        panic!("an MCP card for the first call");
+    };
+    assert!(matches!(
+        ok.result.and_then(|r| r.result),
+        Some(pb::mcp_tool_result::Result::Success(_))
+    ));
+    // The second call lacks the schema's required `title`: an error result, never executed.
+    let Some(tool_call::Tool::McpToolCall(bad)) = card_of("_1") else {
+        panic!("an MCP card for the second call");
+    };
+    assert!(matches!(
+        bad.result.and_then(|r| r.result),
+        Some(pb::mcp_tool_result::Result::Error(_))
+    ));
+    let first = &h.provider.requests()[0];
+    let offered: Vec<&Value> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["function"]["name"].as_str().unwrap().starts_with("mcp_"))
+        .collect();
+    let names: Vec<&str> = offered
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["mcp_user-github_create_issue", "mcp_my_server_search_code"]
+    );
+    assert_eq!(
+        offered[0]["function"]["parameters"]["required"],
+        serde_json::json!(["title"])
+    );
+    let tools = first["tools"].to_string();
+    assert!(
+        tools.contains("\"ListMcpResources\""),
+        "resources are offered with MCP servers"
+    );
+    let messages = h.request_messages(1);
+    let results: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(results[0], "Created issue #42");
+    assert!(
+        results[1].contains("missing required title"),
+        "{}",
+        results[1]
+    );
+}
+
+#[tokio::test]
+async fn mcp_resources_are_listed_and_read_through_the_client() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[
+                ("call_l", "ListMcpResources", "{}"),
+                (
+                    "call_r",
+                    "FetchMcpResource",
+                    r#"{"server":"user-github","uri":"repo://readme"}"#,
+                ),
+            ],
+            (10, 1, 0),
+        ),
+        text_events(&["Read."], (20, 2, 0)),
+    ])
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-res",
+        &run_request_with_mcp("conv-res", "what is there"),
+    )
+    .await;
+    let mut pending = Vec::new();
+    for _ in 0..2 {
+        pending.push(turn.next_exec().await);
+    }
+    for exec in pending {
+        let answer = match &exec.message {
+            Some(args::Message::ListMcpResourcesExecArgs(list)) => {
+                assert_eq!(list.server, None);
+                result::Message::ListMcpResourcesExecResult(pb::ListMcpResourcesExecResult {
+                    result: Some(pb::list_mcp_resources_exec_result::Result::Success(
+                        pb::ListMcpResourcesSuccess {
+                            resources: vec![pb::list_mcp_resources_exec_result::McpResource {
+                                uri: "repo://readme".into(),
+                                name: Some("README".into()),
+                                mime_type: Some("text/markdown".into()),
+                                server: "user-github".into(),
+                                ..Default::default()
+                            }],
+                        },
+                    )),
+                })
+            }
+            Some(args::Message::ReadMcpResourceExecArgs(read)) => {
+                assert_eq!(
+                    (read.server.as_str(), read.uri.as_str()),
+                    ("user-github", "repo://readme")
+                );
+                result::Message::ReadMcpResourceExecResult(pb::ReadMcpResourceExecResult {
+                    result: Some(pb::read_mcp_resource_exec_result::Result::Success(
+                        pb::ReadMcpResourceSuccess {
+                            uri: "repo://readme".into(),
+                            content: Some(pb::read_mcp_resource_success::Content::Text(
+                                "# Demo\nA demo repository.".into(),
+                            )),
+                            ..Default::default()
+                        },
+                    )),
+                })
+            }
+            other => panic!("unexpected exec {other:?}"),
+        };
+        turn.send(&exec_result(exec.id, answer)).await;
+    }
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let messages = h.request_messages(1);
+    let results: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert!(
+        results[0].contains("- user-github: repo://readme — README, text/markdown"),
+        "{}",
+        results[0]
+    );
+    assert_eq!(results[1], "# Demo\nA demo repository.");
+    assert_every_completed_card_has_a_typed_result(&transcript);
+    assert!(completed(&transcript).iter().all(|c| matches!(
+        c.tool_call.as_ref().and_then(|t| t.tool.as_ref()),
+        Some(
+            tool_call::Tool::ListMcpResourcesToolCall(_)
+                | tool_call::Tool::ReadMcpResourceToolCall(_)
+        )
+    )));
 }

@@ -10,7 +10,7 @@ use super::proto::agent::{
     exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use super::tools::ToolOptions;
+use super::tools::{self, ToolOptions};
 use crate::model::conversation::{Mode, Rule, RuleScope, WorkspaceContext};
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
@@ -131,12 +131,24 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         .map(|env| env.terminals_folder.clone())
                         .unwrap_or_default();
                     let context = action.request_context.as_ref().map(workspace_context);
-                    let tools = ToolOptions {
-                        web_fetch: action
-                            .request_context
-                            .as_ref()
-                            .is_none_or(|c| c.web_fetch_enabled != Some(false)),
+                    let context_part = action.request_context.as_ref();
+                    let mut tools = ToolOptions {
+                        web_fetch: context_part.is_none_or(|c| c.web_fetch_enabled != Some(false)),
+                        mcp: mcp_tools(
+                            &request.mcp_tools,
+                            [
+                                request.mcp_file_system_options.as_ref(),
+                                context_part.and_then(|c| c.mcp_file_system_options.as_ref()),
+                            ],
+                        ),
+                        mcp_servers: Vec::new(),
                     };
+                    tools.add_servers(
+                        context_part
+                            .into_iter()
+                            .flat_map(|c| &c.mcp_instructions)
+                            .map(|m| server_of(&m.server_identifier, &m.server_name)),
+                    );
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
                         action: run_action,
@@ -157,7 +169,10 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         terminals_folder: String::new(),
                         context: None,
                         mode: Mode::default(),
-                        tools: ToolOptions::without_context(),
+                        tools: ToolOptions::without_context(mcp_tools(
+                            &request.mcp_tools,
+                            [request.mcp_file_system_options.as_ref(), None],
+                        )),
                         parameters,
                         client_state,
                     }))
@@ -233,6 +248,53 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
         Message::ClientHeartbeat(_) => ClientInput::Heartbeat,
         Message::PrewarmRequest(_) => ClientInput::Prewarm,
     })
+}
+
+/// The user's MCP tools: `run_request.mcp_tools`, then tools described by the request's and the
+/// request context's MCP descriptors (those that carry a schema), each (server, tool) once.
+fn mcp_tools(
+    listed: &Option<pb::McpTools>,
+    file_system_options: [Option<&pb::McpFileSystemOptions>; 2],
+) -> Vec<tools::McpTool> {
+    let from_list = listed.iter().flat_map(|l| &l.mcp_tools).map(|t| {
+        (
+            t.provider_identifier.clone(),
+            t.name.clone(),
+            t.tool_name.clone(),
+            t.description.clone(),
+            t.input_schema
+                .as_ref()
+                .map(exec::proto_to_json)
+                .unwrap_or(serde_json::Value::Null),
+        )
+    });
+    let from_descriptors = file_system_options
+        .into_iter()
+        .flatten()
+        .flat_map(|o| &o.mcp_descriptors)
+        .flat_map(|d| {
+            let server = server_of(&d.server_identifier, &d.server_name);
+            d.tools.iter().filter_map(move |t| {
+                let schema = t.input_schema.as_ref()?;
+                Some((
+                    server.clone(),
+                    format!("{}-{}", server, t.tool_name),
+                    t.tool_name.clone(),
+                    t.description.clone().unwrap_or_default(),
+                    exec::proto_to_json(schema),
+                ))
+            })
+        });
+    tools::mcp_tools(from_list.chain(from_descriptors))
+}
+
+fn server_of(identifier: &str, name: &str) -> String {
+    if identifier.is_empty() {
+        name
+    } else {
+        identifier
+    }
+    .to_owned()
 }
 
 fn action_name(action: &conversation_action::Action) -> &'static str {

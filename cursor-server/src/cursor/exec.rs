@@ -5,7 +5,9 @@ use super::proto::agent::exec_client_message::Message;
 use super::proto::agent::{
     self as pb, exec_server_message, interaction_query, interaction_response,
 };
-use super::tools::{GrepMode, ShellInput, ToolInput};
+use super::tools::{
+    FetchMcpResourceInput, GrepMode, ListMcpResourcesInput, McpInput, ShellInput, ToolInput,
+};
 
 /// Shell defaults the official backend sends (protocol.md §6).
 pub const SHELL_DEFAULT_BLOCK_MS: u32 = 30_000;
@@ -281,10 +283,90 @@ pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
         | ToolInput::SwitchMode(_)
         | ToolInput::CreatePlan(_)
         | ToolInput::WebFetch(_) => return None,
+        ToolInput::ListMcpResources(list) => {
+            A::ListMcpResourcesExecArgs(list_mcp_resources_args(list))
+        }
+        ToolInput::FetchMcpResource(read) => {
+            A::ReadMcpResourceExecArgs(read_mcp_resource_args(read))
+        }
+        ToolInput::Mcp(mcp) => A::McpArgs(mcp_args(mcp, call_id)),
     };
     Some(ExecRequest {
         message: Box::new(message),
     })
+}
+
+pub fn list_mcp_resources_args(list: &ListMcpResourcesInput) -> pb::ListMcpResourcesExecArgs {
+    pb::ListMcpResourcesExecArgs {
+        server: list.server.clone().filter(|s| !s.trim().is_empty()),
+    }
+}
+
+pub fn read_mcp_resource_args(read: &FetchMcpResourceInput) -> pb::ReadMcpResourceExecArgs {
+    pb::ReadMcpResourceExecArgs {
+        server: read.server.clone(),
+        uri: read.uri.clone(),
+        download_path: None,
+    }
+}
+
+/// `mcp_args` for an MCP call; also the MCP card's typed args.
+pub fn mcp_args(mcp: &McpInput, call_id: &str) -> pb::McpArgs {
+    pb::McpArgs {
+        name: mcp.tool.name.clone(),
+        args: mcp
+            .args
+            .iter()
+            .map(|(k, v)| (k.clone(), json_to_proto(v)))
+            .collect(),
+        tool_call_id: call_id.to_owned(),
+        provider_identifier: mcp.tool.server.clone(),
+        tool_name: mcp.tool.tool_name.clone(),
+        ..pb::McpArgs::default()
+    }
+}
+
+/// JSON → `google.protobuf.Value` (numbers become doubles, as in protobuf's own JSON mapping).
+pub fn json_to_proto(value: &serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    let kind = match value {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(json_to_proto).collect(),
+        }),
+        J::Object(fields) => Kind::StructValue(prost_types::Struct {
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_proto(v)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// `google.protobuf.Value` → JSON (whole doubles become integers, so schemas read naturally).
+pub fn proto_to_json(value: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => J::from(*n as i64),
+        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n).map_or(J::Null, J::Number),
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::ListValue(list)) => J::Array(list.values.iter().map(proto_to_json).collect()),
+        Some(Kind::StructValue(object)) => J::Object(
+            object
+                .fields
+                .iter()
+                .map(|(k, v)| (k.clone(), proto_to_json(v)))
+                .collect(),
+        ),
+    }
 }
 
 /// The fetch a WebFetch call runs once the user approved it.

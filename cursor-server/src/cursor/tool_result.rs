@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use super::exec::{self, ExecPayload, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, exec_client_message, tool_call};
 use super::tools::{
-    AskQuestionInput, CreatePlanInput, GrepMode, SwitchModeInput, TodoWriteInput, ToolEnv,
-    ToolInput, ToolKind, ToolStep, WebFetchInput,
+    AskQuestionInput, CreatePlanInput, FetchMcpResourceInput, GrepMode, McpInput, SwitchModeInput,
+    TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep, WebFetchInput,
 };
 use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
 
@@ -261,6 +261,22 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                 result: part!(result, WebFetch),
             }))
         }
+        (ToolInput::ListMcpResources(list), result) => card(Tool::ListMcpResourcesToolCall(
+            pb::ListMcpResourcesToolCall {
+                args: Some(exec::list_mcp_resources_args(list)),
+                result: part!(result, McpResources),
+            },
+        )),
+        (ToolInput::FetchMcpResource(read), result) => {
+            card(Tool::ReadMcpResourceToolCall(pb::ReadMcpResourceToolCall {
+                args: Some(exec::read_mcp_resource_args(read)),
+                result: part!(result, McpResource),
+            }))
+        }
+        (ToolInput::Mcp(mcp), result) => card(Tool::McpToolCall(pb::McpToolCall {
+            args: Some(exec::mcp_args(mcp, call_id)),
+            result: part!(result, Mcp),
+        })),
     }
 }
 
@@ -564,6 +580,9 @@ enum ResultPart {
     SwitchMode(pb::SwitchModeResult),
     Plan(pb::CreatePlanResult),
     WebFetch(pb::WebFetchResult),
+    McpResources(pb::ListMcpResourcesExecResult),
+    McpResource(pb::ReadMcpResourceExecResult),
+    Mcp(pb::McpToolResult),
 }
 
 fn edit_error(path: &str, message: &str) -> pb::EditResult {
@@ -678,6 +697,31 @@ fn set_error(card: &mut pb::ToolCall, message: &str) {
                 ..pb::CreatePlanResult::default()
             })
         }
+        Tool::ListMcpResourcesToolCall(c) => {
+            c.result = Some(pb::ListMcpResourcesExecResult {
+                result: Some(pb::list_mcp_resources_exec_result::Result::Error(
+                    pb::ListMcpResourcesError { error },
+                )),
+            })
+        }
+        Tool::ReadMcpResourceToolCall(c) => {
+            c.result = Some(pb::ReadMcpResourceExecResult {
+                result: Some(pb::read_mcp_resource_exec_result::Result::Error(
+                    pb::ReadMcpResourceError {
+                        uri: c.args.as_ref().map(|a| a.uri.clone()).unwrap_or_default(),
+                        error,
+                    },
+                )),
+            })
+        }
+        Tool::McpToolCall(c) => {
+            c.result = Some(pb::McpToolResult {
+                result: Some(pb::mcp_tool_result::Result::Error(pb::McpToolError {
+                    error,
+                    ..pb::McpToolError::default()
+                })),
+            })
+        }
         Tool::WebFetchToolCall(c) => {
             c.result = Some(pb::WebFetchResult {
                 result: Some(pb::web_fetch_result::Result::Error(pb::WebFetchError {
@@ -778,6 +822,15 @@ pub fn on_result(
         (ToolInput::WebFetch(fetch), R::FetchResult(result)) => {
             done(fetch_outcome(input, call_id, fetch, result, env))
         }
+        (ToolInput::Mcp(mcp), R::McpResult(result)) => {
+            done(mcp_outcome(input, call_id, mcp, result, env))
+        }
+        (ToolInput::ListMcpResources(_), R::ListMcpResourcesExecResult(result)) => {
+            done(mcp_resources_outcome(input, call_id, result, env))
+        }
+        (ToolInput::FetchMcpResource(read), R::ReadMcpResourceExecResult(result)) => {
+            done(mcp_resource_outcome(input, call_id, read, result, env))
+        }
         (_, other) => done(failed(
             input,
             call_id,
@@ -787,6 +840,223 @@ pub fn on_result(
             ),
         )),
     }
+}
+
+/// An MCP tool's result: its text content for the model (images described, not inlined), the
+/// server's own `is_error` honoured, and the card's typed result.
+fn mcp_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    mcp: &McpInput,
+    result: pb::McpResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::mcp_result::Result as M;
+    use pb::mcp_tool_result::Result as C;
+    let tool = format!("{} ({})", mcp.tool.tool_name, mcp.tool.server);
+    let (card_result, text, is_error) = match result.result {
+        Some(M::Success(success)) => {
+            let mut text = String::new();
+            for item in &success.content {
+                match &item.content {
+                    Some(pb::mcp_tool_result_content_item::Content::Text(t)) => {
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(&t.text);
+                    }
+                    Some(pb::mcp_tool_result_content_item::Content::Image(image)) => {
+                        let _ = write!(
+                            text,
+                            "{}[image: {}, {} bytes]",
+                            if text.is_empty() { "" } else { "\n" },
+                            image.mime_type,
+                            image.data.len()
+                        );
+                    }
+                    None => {}
+                }
+            }
+            if text.is_empty()
+                && let Some(structured) = &success.structured_content
+            {
+                text = exec::proto_to_json(&prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StructValue(structured.clone())),
+                })
+                .to_string();
+            }
+            let is_error = success.is_error;
+            let text = match (is_error, text.is_empty()) {
+                (true, _) => format!("Error from MCP tool {tool}: {text}"),
+                (false, true) => format!("MCP tool {tool} returned no content."),
+                (false, false) => truncate_for_model(&text, env.max_output_bytes, 0),
+            };
+            (C::Success(success), text, is_error)
+        }
+        Some(M::Error(error)) => (
+            C::Error(pb::McpToolError {
+                error: error.error.clone(),
+                ..pb::McpToolError::default()
+            }),
+            format!("Error: MCP tool {tool} failed: {}", error.error),
+            true,
+        ),
+        Some(M::Rejected(rejected)) => (
+            C::Rejected(rejected.clone()),
+            format!(
+                "The user rejected running MCP tool {tool}{}.",
+                reason_suffix(&rejected.reason)
+            ),
+            true,
+        ),
+        Some(M::PermissionDenied(denied)) => (
+            C::PermissionDenied(denied.clone()),
+            format!(
+                "Error: permission denied for MCP tool {tool}: {}",
+                denied.error
+            ),
+            true,
+        ),
+        Some(M::ToolNotFound(missing)) => {
+            let message = format!(
+                "MCP tool {} was not found (available: {})",
+                missing.name,
+                missing.available_tools.join(", ")
+            );
+            return failed(input, call_id, &message);
+        }
+        Some(M::ServerNotFound(missing)) => {
+            let message = format!(
+                "MCP server {} was not found (available: {})",
+                missing.name,
+                missing.available_servers.join(", ")
+            );
+            return failed(input, call_id, &message);
+        }
+        Some(M::Approved(_)) => {
+            return failed(
+                input,
+                call_id,
+                "the client approved the MCP call but sent no result",
+            );
+        }
+        None => return failed(input, call_id, "the client sent an empty MCP result"),
+    };
+    outcome(
+        input,
+        call_id,
+        ResultPart::Mcp(pb::McpToolResult {
+            result: Some(card_result),
+        }),
+        text,
+        is_error,
+    )
+}
+
+fn mcp_resources_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    result: pb::ListMcpResourcesExecResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::list_mcp_resources_exec_result::Result as L;
+    let (text, is_error) = match &result.result {
+        Some(L::Success(success)) if success.resources.is_empty() => {
+            ("No MCP resources.".to_owned(), false)
+        }
+        Some(L::Success(success)) => {
+            let mut text = String::from("MCP resources (server: uri — name, type: description):");
+            for r in &success.resources {
+                let _ = write!(
+                    text,
+                    "\n- {}: {} — {}, {}",
+                    r.server,
+                    r.uri,
+                    r.name.as_deref().unwrap_or("unnamed"),
+                    r.mime_type.as_deref().unwrap_or("unknown type")
+                );
+                if let Some(description) = r.description.as_deref().filter(|d| !d.is_empty()) {
+                    let _ = write!(text, ": {description}");
+                }
+            }
+            (truncate_for_model(&text, env.max_output_bytes, 0), false)
+        }
+        Some(L::Error(error)) => (format!("Error: {}", error.error), true),
+        Some(L::Rejected(rejected)) => (
+            format!(
+                "The user rejected listing MCP resources{}.",
+                reason_suffix(&rejected.reason)
+            ),
+            true,
+        ),
+        None => return failed(input, call_id, "the client sent an empty resource list"),
+    };
+    outcome(
+        input,
+        call_id,
+        ResultPart::McpResources(result),
+        text,
+        is_error,
+    )
+}
+
+fn mcp_resource_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    read: &FetchMcpResourceInput,
+    result: pb::ReadMcpResourceExecResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::read_mcp_resource_exec_result::Result as R;
+    let (text, is_error) = match &result.result {
+        Some(R::Success(success)) => match &success.content {
+            Some(pb::read_mcp_resource_success::Content::Text(text)) => {
+                (truncate_for_model(text, env.max_output_bytes, 0), false)
+            }
+            Some(pb::read_mcp_resource_success::Content::Blob(blob)) => (
+                format!(
+                    "{} is binary ({}, {} bytes){}.",
+                    read.uri,
+                    success.mime_type.as_deref().unwrap_or("unknown type"),
+                    blob.len(),
+                    success
+                        .download_path
+                        .as_deref()
+                        .map(|p| format!("; saved to {p}"))
+                        .unwrap_or_default()
+                ),
+                false,
+            ),
+            None => (format!("{} is empty.", read.uri), false),
+        },
+        Some(R::Error(error)) => (
+            format!("Error: reading {} failed: {}", read.uri, error.error),
+            true,
+        ),
+        Some(R::Rejected(rejected)) => (
+            format!(
+                "The user rejected reading {}{}.",
+                read.uri,
+                reason_suffix(&rejected.reason)
+            ),
+            true,
+        ),
+        Some(R::NotFound(_)) => (
+            format!(
+                "Error: MCP resource {} was not found on {}.",
+                read.uri, read.server
+            ),
+            true,
+        ),
+        None => return failed(input, call_id, "the client sent an empty resource result"),
+    };
+    outcome(
+        input,
+        call_id,
+        ResultPart::McpResource(result),
+        text,
+        is_error,
+    )
 }
 
 /// A fetched page as the model reads it: HTML becomes Markdown (scripts, styles and navigation

@@ -30,6 +30,10 @@ pub enum ToolKind {
     SwitchMode,
     CreatePlan,
     WebFetch,
+    ListMcpResources,
+    FetchMcpResource,
+    /// One of the user's MCP tools; its model-facing name comes from the request (`McpTool`).
+    Mcp,
 }
 
 /// How a tool is carried out.
@@ -44,7 +48,8 @@ pub enum Transport {
 }
 
 impl ToolKind {
-    pub const ALL: [ToolKind; 14] = [
+    /// The tools with a fixed model-facing name (MCP tools are named by the request).
+    pub const ALL: [ToolKind; 16] = [
         ToolKind::Read,
         ToolKind::Write,
         ToolKind::StrReplace,
@@ -59,6 +64,8 @@ impl ToolKind {
         ToolKind::SwitchMode,
         ToolKind::CreatePlan,
         ToolKind::WebFetch,
+        ToolKind::ListMcpResources,
+        ToolKind::FetchMcpResource,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,9 +84,14 @@ impl ToolKind {
             ToolKind::SwitchMode => "SwitchMode",
             ToolKind::CreatePlan => "CreatePlan",
             ToolKind::WebFetch => "WebFetch",
+            ToolKind::ListMcpResources => "ListMcpResources",
+            ToolKind::FetchMcpResource => "FetchMcpResource",
+            // Never matched by `from_name`: each MCP tool has its own name.
+            ToolKind::Mcp => "mcp",
         }
     }
 
+    /// The fixed-name tool called `name` (MCP tools are resolved by `ToolEnv::kind_of`).
     pub fn from_name(name: &str) -> Option<ToolKind> {
         ToolKind::ALL.into_iter().find(|kind| kind.name() == name)
     }
@@ -126,6 +138,13 @@ impl ToolKind {
             ToolKind::WebFetch => {
                 tool_call::Tool::WebFetchToolCall(pb::WebFetchToolCall::default())
             }
+            ToolKind::ListMcpResources => {
+                tool_call::Tool::ListMcpResourcesToolCall(pb::ListMcpResourcesToolCall::default())
+            }
+            ToolKind::FetchMcpResource => {
+                tool_call::Tool::ReadMcpResourceToolCall(pb::ReadMcpResourceToolCall::default())
+            }
+            ToolKind::Mcp => tool_call::Tool::McpToolCall(pb::McpToolCall::default()),
         };
         pb::ToolCall { tool: Some(tool) }
     }
@@ -176,6 +195,10 @@ impl ToolKind {
                 ("todos", false),
             ],
             ToolKind::WebFetch => &[("url", true)],
+            ToolKind::ListMcpResources => &[("server", false)],
+            ToolKind::FetchMcpResource => &[("server", true), ("uri", true)],
+            // Whatever the MCP server's own schema says; checked against its `required`.
+            ToolKind::Mcp => &[],
         }
     }
 
@@ -497,6 +520,108 @@ pub struct WebFetchInput {
     pub url: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ListMcpResourcesInput {
+    pub server: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FetchMcpResourceInput {
+    pub server: String,
+    pub uri: String,
+}
+
+/// One of the user's MCP tools as the model is offered it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    /// The model-facing name: `mcp_<server>_<tool>`, sanitized to what every provider accepts
+    /// (`[A-Za-z0-9_-]`, at most 64 characters) and unique within the request.
+    pub model_name: String,
+    /// Cursor's name for the tool (`McpToolDefinition.name`), echoed in `mcp_args.name`.
+    pub name: String,
+    /// The server (`provider_identifier`).
+    pub server: String,
+    /// The tool's name on its server.
+    pub tool_name: String,
+    pub description: String,
+    /// The tool's JSON schema, passed through to the model unchanged.
+    pub input_schema: serde_json::Value,
+}
+
+impl McpTool {
+    /// The OpenAI-style function definition offered to the model.
+    fn definition(&self) -> serde_json::Value {
+        let parameters = if self.input_schema.is_object() {
+            self.input_schema.clone()
+        } else {
+            serde_json::json!({"type": "object", "properties": {}})
+        };
+        serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": self.model_name,
+                "description": format!("{} (MCP tool `{}` of server `{}`)", self.description.trim(), self.tool_name, self.server),
+                "parameters": parameters,
+            }
+        })
+    }
+}
+
+/// Builds the request's MCP tool list from (server, Cursor name, tool name, description, schema)
+/// entries, dropping exact duplicates and giving every tool a unique, provider-safe name.
+pub fn mcp_tools(
+    definitions: impl IntoIterator<Item = (String, String, String, String, serde_json::Value)>,
+) -> Vec<McpTool> {
+    let mut tools: Vec<McpTool> = Vec::new();
+    for (server, name, tool_name, description, input_schema) in definitions {
+        if tool_name.is_empty()
+            || tools
+                .iter()
+                .any(|t| t.server == server && t.tool_name == tool_name)
+        {
+            continue;
+        }
+        let base = sanitize_tool_name(&format!("mcp_{server}_{tool_name}"));
+        let mut model_name = base.clone();
+        let mut n = 2;
+        while tools.iter().any(|t| t.model_name == model_name) {
+            let suffix = format!("_{n}");
+            model_name = format!("{}{suffix}", &base[..base.len().min(64 - suffix.len())]);
+            n += 1;
+        }
+        tools.push(McpTool {
+            model_name,
+            name,
+            server,
+            tool_name,
+            description,
+            input_schema,
+        });
+    }
+    tools
+}
+
+/// `[A-Za-z0-9_-]{1,64}`: the common subset of OpenAI's and Anthropic's tool-name rules.
+fn sanitize_tool_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+/// An MCP call: the tool it names and the model's arguments (a JSON object).
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpInput {
+    pub tool: McpTool,
+    pub args: serde_json::Map<String, serde_json::Value>,
+}
+
 /// A tool call with validated arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolInput {
@@ -514,6 +639,9 @@ pub enum ToolInput {
     SwitchMode(SwitchModeInput),
     CreatePlan(CreatePlanInput),
     WebFetch(WebFetchInput),
+    ListMcpResources(ListMcpResourcesInput),
+    FetchMcpResource(FetchMcpResourceInput),
+    Mcp(McpInput),
 }
 
 /// Parses and validates the model's argument text for `kind`. The message goes back to the model.
@@ -672,7 +800,48 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
             }
             ToolInput::WebFetch(input)
         }
+        ToolKind::ListMcpResources => ToolInput::ListMcpResources(de(kind, text)?),
+        ToolKind::FetchMcpResource => {
+            let input: FetchMcpResourceInput = de(kind, text)?;
+            non_empty("server", &input.server)?;
+            non_empty("uri", &input.uri)?;
+            ToolInput::FetchMcpResource(input)
+        }
+        ToolKind::Mcp => {
+            return Err(
+                "internal error: MCP calls are parsed with their tool (parse_mcp_input)".to_owned(),
+            );
+        }
     })
+}
+
+/// Parses an MCP call's arguments: a JSON object holding every property the tool's schema requires.
+pub fn parse_mcp_input(tool: &McpTool, arguments: &str) -> Result<ToolInput, String> {
+    let text = if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    };
+    let args: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| format!("invalid arguments for {}: {e}", tool.model_name))?;
+    let missing: Vec<&str> = tool.input_schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_str())
+        .filter(|r| !args.contains_key(*r))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "invalid arguments for {}: missing required {}",
+            tool.model_name,
+            missing.join(", ")
+        ));
+    }
+    Ok(ToolInput::Mcp(McpInput {
+        tool: tool.clone(),
+        args,
+    }))
 }
 
 /// What this request makes available beyond a mode's own tool list: the client's switches and the
@@ -682,38 +851,67 @@ pub struct ToolOptions {
     /// `request_context.web_fetch_enabled` (absent = enabled; every fetch is still approved by
     /// the user before it happens).
     pub web_fetch: bool,
+    /// The user's MCP tools (`run_request.mcp_tools`).
+    pub mcp: Vec<McpTool>,
+    /// MCP servers the client reported (tools or instructions): resources can be listed and read.
+    pub mcp_servers: Vec<String>,
 }
 
 impl ToolOptions {
     /// What a request without a request context (a resume) allows.
-    pub fn without_context() -> Self {
-        ToolOptions { web_fetch: true }
+    pub fn without_context(mcp: Vec<McpTool>) -> Self {
+        let mut options = ToolOptions {
+            web_fetch: true,
+            mcp,
+            mcp_servers: Vec::new(),
+        };
+        options.add_servers(std::iter::empty());
+        options
+    }
+
+    /// Records MCP servers: those of the tools plus `more`, each once, in order.
+    pub fn add_servers(&mut self, more: impl IntoIterator<Item = String>) {
+        let from_tools: Vec<String> = self.mcp.iter().map(|t| t.server.clone()).collect();
+        for server in from_tools.into_iter().chain(more) {
+            if !server.is_empty() && !self.mcp_servers.contains(&server) {
+                self.mcp_servers.push(server);
+            }
+        }
     }
 
     fn allows(&self, kind: ToolKind) -> bool {
         match kind {
             ToolKind::WebFetch => self.web_fetch,
+            ToolKind::ListMcpResources | ToolKind::FetchMcpResource => !self.mcp_servers.is_empty(),
             _ => true,
         }
     }
 }
 
 /// The tool definitions offered to the model: the mode's `tools.json` minus the tools this request
-/// does not allow. Computed once per mode, not per provider call.
+/// does not allow, then the user's MCP tools when the mode can call them (a mode that may list MCP
+/// resources may call MCP tools). Computed once per mode, not per provider call.
 pub fn offered_tools(
     mode_tools: &[serde_json::Value],
     options: &ToolOptions,
 ) -> Vec<serde_json::Value> {
-    mode_tools
+    let name_of = |tool: &serde_json::Value| {
+        tool["function"]["name"]
+            .as_str()
+            .and_then(ToolKind::from_name)
+    };
+    let mode_has_mcp = mode_tools
         .iter()
-        .filter(|tool| {
-            tool["function"]["name"]
-                .as_str()
-                .and_then(ToolKind::from_name)
-                .is_none_or(|kind| options.allows(kind))
-        })
+        .any(|t| name_of(t) == Some(ToolKind::ListMcpResources));
+    let mut offered: Vec<serde_json::Value> = mode_tools
+        .iter()
+        .filter(|tool| name_of(tool).is_none_or(|kind| options.allows(kind)))
         .cloned()
-        .collect()
+        .collect();
+    if mode_has_mcp {
+        offered.extend(options.mcp.iter().map(McpTool::definition));
+    }
+    offered
 }
 
 /// What the loop must do next for one tool call.
@@ -740,6 +938,20 @@ pub struct ToolEnv {
     pub todos: Vec<Todo>,
     /// The mode the run is in (SwitchMode's "from").
     pub mode: Mode,
+    /// The request's MCP tools, by model-facing name.
+    pub mcp: std::sync::Arc<[McpTool]>,
+}
+
+impl ToolEnv {
+    /// The tool the model's `name` refers to: a fixed-name tool, or one of the request's MCP tools.
+    pub fn kind_of(&self, name: &str) -> Option<ToolKind> {
+        ToolKind::from_name(name).or_else(|| {
+            self.mcp
+                .iter()
+                .any(|t| t.model_name == name)
+                .then_some(ToolKind::Mcp)
+        })
+    }
 }
 
 /// The state of one tool call between start and outcome.
@@ -765,7 +977,7 @@ impl ToolRun {
         call: &ModelToolCall,
         env: &ToolEnv,
     ) -> Result<(ToolRun, pb::ToolCall, ToolStep), Rejected> {
-        let Some(kind) = ToolKind::from_name(&call.name) else {
+        let Some(kind) = env.kind_of(&call.name) else {
             let known: Vec<&str> = ToolKind::ALL.iter().map(|k| k.name()).collect();
             return Err(Rejected {
                 card: None,
@@ -776,7 +988,11 @@ impl ToolRun {
                 ),
             });
         };
-        let input = match parse_input(kind, &call.arguments) {
+        let parsed = match env.mcp.iter().find(|t| t.model_name == call.name) {
+            Some(tool) if kind == ToolKind::Mcp => parse_mcp_input(tool, &call.arguments),
+            _ => parse_input(kind, &call.arguments),
+        };
+        let input = match parsed {
             Ok(input) => input,
             Err(message) => {
                 return Err(Rejected {
@@ -889,6 +1105,40 @@ mod tests {
                 decoded.push_str(&streamer.feed(&chunk.iter().collect::<String>()));
             }
             assert_eq!(decoded, expected, "fragment size {size}");
+        }
+    }
+
+    #[test]
+    fn mcp_tool_names_are_provider_safe_unique_and_stable() {
+        let def = |server: &str, tool: &str| {
+            (
+                server.to_owned(),
+                format!("{server}-{tool}"),
+                tool.to_owned(),
+                String::new(),
+                serde_json::Value::Null,
+            )
+        };
+        let long = "x".repeat(80);
+        let tools = mcp_tools([
+            def("my server", "search.code"),
+            def("my server", "search.code"),
+            def("my.server", "search code"),
+            def("s", &long),
+            def("s", &format!("{long}y")),
+        ]);
+        let names: Vec<&str> = tools.iter().map(|t| t.model_name.as_str()).collect();
+        assert_eq!(names.len(), 4, "the exact duplicate is dropped: {names:?}");
+        assert_eq!(names[0], "mcp_my_server_search_code");
+        assert_eq!(names[1], "mcp_my_server_search_code_2");
+        assert_eq!(names[2].len(), 64);
+        assert_eq!(names[3].len(), 64);
+        assert_ne!(names[2], names[3]);
+        for name in names {
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            );
         }
     }
 

@@ -271,6 +271,7 @@ impl TurnLoop {
             max_output_bytes: config.tool_output_max_bytes,
             todos: fold_todos(&history),
             mode,
+            mcp: input.tools.mcp.clone().into(),
         };
 
         let mut turn = TurnLoop {
@@ -450,7 +451,7 @@ impl TurnLoop {
                     }
                     .into());
                 }
-                let kind = ToolKind::from_name(&name);
+                let kind = self.tool_env.kind_of(&name);
                 let call_id = format!("tool_{}_{index}", self.model_call_id);
                 if let Some(kind) = kind {
                     let placeholder = interaction::partial_tool_call(
