@@ -235,11 +235,12 @@ async fn a_read_tool_call_runs_on_the_client_and_its_result_reaches_the_next_req
         content.contains("     2|    println!(\"hello\");"),
         "{content}"
     );
-    // Agent mode offers the ten workspace tools plus AskQuestion, SwitchMode and WebFetch.
+    // Agent mode offers the ten workspace tools plus AskQuestion, SwitchMode, WebFetch and Task
+    // (no MCP servers: no MCP resource tools).
     assert!(
         h.provider.requests()[0]["tools"]
             .as_array()
-            .is_some_and(|t| t.len() == 13)
+            .is_some_and(|t| t.len() == 14)
     );
 }
 

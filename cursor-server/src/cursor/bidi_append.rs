@@ -11,7 +11,8 @@ use super::proto::agent::{
 };
 use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions};
-use crate::model::conversation::{Mode, Rule, RuleScope, WorkspaceContext};
+use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
+use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
 
@@ -142,6 +143,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                             ],
                         ),
                         mcp_servers: Vec::new(),
+                        only: None,
                     };
                     tools.add_servers(
                         context_part
@@ -149,6 +151,11 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                             .flat_map(|c| &c.mcp_instructions)
                             .map(|m| server_of(&m.server_identifier, &m.server_name)),
                     );
+                    let subagent =
+                        subagent_role(request.subagent_type_name.as_deref(), context_part);
+                    if let Some(role) = &subagent {
+                        tools.restrict_to(role);
+                    }
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
                         action: run_action,
@@ -157,14 +164,19 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         context,
                         mode,
                         tools,
+                        subagent,
                         parameters,
                         client_state: client_state.clone(),
                     }))
                 }
-                Some(conversation_action::Action::ResumeAction(_)) => {
+                Some(conversation_action::Action::BackgroundTaskCompletionAction(action)) => {
+                    let completions = match background_completions(&action) {
+                        Ok(completions) => completions,
+                        Err(message) => return Ok(ClientInput::Unsupported(message)),
+                    };
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
-                        action: RunAction::Resume,
+                        action: RunAction::BackgroundTasksEnded(completions),
                         model_id,
                         terminals_folder: String::new(),
                         context: None,
@@ -173,6 +185,31 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                             &request.mcp_tools,
                             [request.mcp_file_system_options.as_ref(), None],
                         )),
+                        subagent: None,
+                        parameters,
+                        client_state,
+                    }))
+                }
+                Some(conversation_action::Action::ResumeAction(_)) => {
+                    let subagent = subagent_role(request.subagent_type_name.as_deref(), None);
+                    ClientInput::RunRequest(Box::new(RunRequestInput {
+                        conversation_id,
+                        action: RunAction::Resume,
+                        model_id,
+                        terminals_folder: String::new(),
+                        context: None,
+                        mode: Mode::default(),
+                        tools: {
+                            let mut tools = ToolOptions::without_context(mcp_tools(
+                                &request.mcp_tools,
+                                [request.mcp_file_system_options.as_ref(), None],
+                            ));
+                            if let Some(role) = &subagent {
+                                tools.restrict_to(role);
+                            }
+                            tools
+                        },
+                        subagent,
                         parameters,
                         client_state,
                     }))
@@ -286,6 +323,90 @@ fn mcp_tools(
             })
         });
     tools::mcp_tools(from_list.chain(from_descriptors))
+}
+
+/// Records the parent run and Task call a subagent's BidiAppend names in its headers.
+pub fn link_parent(
+    input: &mut ClientInput,
+    parent_request_id: Option<&str>,
+    parent_tool_call_id: Option<&str>,
+) {
+    if let ClientInput::RunRequest(request) = input
+        && let Some(role) = request.subagent.as_mut()
+    {
+        let present = |v: Option<&str>| {
+            v.map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        role.parent_request_id = present(parent_request_id);
+        role.parent_tool_call_id = present(parent_tool_call_id);
+    }
+}
+
+/// The role of a run another agent's Task call started (`subagent_type_name`), with the custom
+/// subagent's own prompt and tools when the request context defines one of that name.
+fn subagent_role(
+    type_name: Option<&str>,
+    context: Option<&pb::RequestContext>,
+) -> Option<SubagentRole> {
+    let type_name = type_name.map(str::trim).filter(|t| !t.is_empty())?;
+    let custom = context
+        .into_iter()
+        .flat_map(|c| &c.custom_subagents)
+        .find(|agent| agent.name == type_name);
+    Some(SubagentRole {
+        type_name: type_name.to_owned(),
+        parent_request_id: None,
+        parent_tool_call_id: None,
+        custom_prompt: custom
+            .map(|agent| agent.prompt.trim().to_owned())
+            .filter(|p| !p.is_empty()),
+        custom_tools: custom.map(|agent| agent.tools.clone()).unwrap_or_default(),
+    })
+}
+
+fn background_completions(
+    action: &pb::BackgroundTaskCompletionAction,
+) -> Result<Vec<BackgroundCompletion>, String> {
+    if action.completions.is_empty() {
+        return Err("background_task_completion_action without completions".to_owned());
+    }
+    action
+        .completions
+        .iter()
+        .map(|c| {
+            let kind = match pb::BackgroundTaskKind::try_from(c.kind) {
+                Ok(pb::BackgroundTaskKind::Subagent) => BackgroundKind::Subagent,
+                Ok(pb::BackgroundTaskKind::Shell) => BackgroundKind::Shell,
+                _ => {
+                    return Err(format!(
+                        "background task {} of unknown kind {}",
+                        c.task_id, c.kind
+                    ));
+                }
+            };
+            let outcome = match pb::BackgroundTaskStatus::try_from(c.status) {
+                Ok(pb::BackgroundTaskStatus::Success) => BackgroundOutcome::Succeeded,
+                Ok(pb::BackgroundTaskStatus::Error) => BackgroundOutcome::Failed,
+                Ok(pb::BackgroundTaskStatus::Aborted) => BackgroundOutcome::Aborted,
+                _ => {
+                    return Err(format!(
+                        "background task {} with unknown status {}",
+                        c.task_id, c.status
+                    ));
+                }
+            };
+            Ok(BackgroundCompletion {
+                task_id: c.task_id.clone(),
+                kind,
+                outcome,
+                title: c.title.clone(),
+                detail: c.detail.clone().filter(|d| !d.trim().is_empty()),
+                output_path: c.output_path.clone().filter(|p| !p.trim().is_empty()),
+            })
+        })
+        .collect()
 }
 
 fn server_of(identifier: &str, name: &str) -> String {

@@ -15,7 +15,7 @@ use super::proto::agent::{
 };
 use crate::model::conversation::{ContextUse, Mode};
 use crate::model::tool::ToolCall;
-use crate::prompting::derived_state::{Todo, TodoStatus};
+use crate::prompting::derived_state::{SubagentRunState, SubagentStatus, Todo, TodoStatus};
 use crate::store::blobs::BlobId;
 
 /// A blob to store (on our side and the client's), with the edges it holds.
@@ -187,6 +187,11 @@ impl ConversationGraph {
             }),
             mode: details.mode.map(agent_mode),
             turn_timings,
+            subagent_runs_by_parent_tool_call_id: details
+                .subagent_runs
+                .iter()
+                .map(|run| (run.parent_tool_call_id.clone(), subagent_run(run)))
+                .collect(),
             ..ConversationStateStructure::default()
         };
         let mut edges = edges_of("root_prompt_messages_json", &self.roots);
@@ -253,6 +258,24 @@ pub struct StateDetails {
     pub context: Option<ContextUse>,
     /// Set on the turn's final checkpoint: the turn's timing entry is added.
     pub turn_ended_at_ms: Option<u64>,
+    /// Subagents started by Task calls: Cursor draws each Task card's state from this list.
+    pub subagent_runs: Vec<SubagentRunState>,
+}
+
+fn subagent_run(run: &SubagentRunState) -> pb::SubagentRun {
+    pb::SubagentRun {
+        parent_tool_call_id: run.parent_tool_call_id.clone(),
+        subagent_id: run.agent_id.clone(),
+        environment: pb::SubagentExecutionEnvironment::Local as i32,
+        status: match run.status {
+            SubagentStatus::Running => pb::SubagentRunStatus::Running,
+            SubagentStatus::Backgrounded => pb::SubagentRunStatus::Backgrounded,
+            SubagentStatus::Succeeded => pb::SubagentRunStatus::Success,
+            SubagentStatus::Failed => pb::SubagentRunStatus::Error,
+        } as i32,
+        title: Some(run.title.clone()).filter(|t| !t.is_empty()),
+        ..pb::SubagentRun::default()
+    }
 }
 
 fn todo_item(todo: &Todo) -> pb::TodoItem {
@@ -586,8 +609,23 @@ mod tests {
                 max_tokens: 200_000,
             }),
             turn_ended_at_ms: None,
+            subagent_runs: vec![SubagentRunState {
+                parent_tool_call_id: "call-task".into(),
+                title: "Find the parser".into(),
+                agent_id: Some("agent-7".into()),
+                status: SubagentStatus::Backgrounded,
+            }],
         };
         let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
+        let run = &next_state.subagent_runs_by_parent_tool_call_id["call-task"];
+        assert_eq!(
+            (run.status, run.subagent_id.as_deref(), run.title.as_deref()),
+            (
+                pb::SubagentRunStatus::Backgrounded as i32,
+                Some("agent-7"),
+                Some("Find the parser")
+            )
+        );
         assert_eq!(next_state.turns.len(), 1);
         assert_eq!(
             next_state.turn_timings,

@@ -6,8 +6,10 @@ use super::proto::agent::{
     self as pb, exec_server_message, interaction_query, interaction_response,
 };
 use super::tools::{
-    FetchMcpResourceInput, GrepMode, ListMcpResourcesInput, McpInput, ShellInput, ToolInput,
+    FetchMcpResourceInput, GrepMode, ListMcpResourcesInput, McpInput, ShellInput, TaskInput,
+    ToolEnv, ToolInput,
 };
+use crate::model::conversation::Mode;
 
 /// Shell defaults the official backend sends (protocol.md §6).
 pub const SHELL_DEFAULT_BLOCK_MS: u32 = 30_000;
@@ -249,7 +251,7 @@ pub fn grep_args(input: &super::tools::GrepInput, call_id: &str) -> pb::GrepArgs
 }
 
 /// The first exec request of an exec-transport tool; `None` for local tools.
-pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
+pub fn first_request(input: &ToolInput, call_id: &str, env: &ToolEnv) -> Option<ExecRequest> {
     use exec_server_message::Message as A;
     let message = match input {
         ToolInput::Read(read) => {
@@ -290,6 +292,7 @@ pub fn first_request(input: &ToolInput, call_id: &str) -> Option<ExecRequest> {
             A::ReadMcpResourceExecArgs(read_mcp_resource_args(read))
         }
         ToolInput::Mcp(mcp) => A::McpArgs(mcp_args(mcp, call_id)),
+        ToolInput::Task(task) => A::SubagentArgs(subagent_args(task, call_id, env)),
     };
     Some(ExecRequest {
         message: Box::new(message),
@@ -366,6 +369,37 @@ pub fn proto_to_json(value: &prost_types::Value) -> serde_json::Value {
                 .map(|(k, v)| (k.clone(), proto_to_json(v)))
                 .collect(),
         ),
+    }
+}
+
+/// `subagent_args` for a Task call: the client starts the child run (its own request and
+/// conversation) and answers with the subagent's result. Ask and Plan mode only start read-only
+/// subagents.
+pub fn subagent_args(task: &TaskInput, call_id: &str, env: &ToolEnv) -> pb::SubagentArgs {
+    let read_only_mode = matches!(env.mode, Mode::Ask | Mode::Plan);
+    pb::SubagentArgs {
+        tool_call_id: call_id.to_owned(),
+        subagent_type: task.subagent_type().to_owned(),
+        model_id: task
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| env.model_id.clone()),
+        prompt: task.prompt.clone(),
+        readonly: task.readonly || read_only_mode,
+        resume_agent_id: task.resume.clone().filter(|r| !r.trim().is_empty()),
+        run_in_background: Some(task.run_in_background),
+        parent_conversation_id: Some(env.conversation_id.clone()),
+        mode: task_mode(env.mode) as i32,
+        environment: pb::SubagentExecutionEnvironment::Local as i32,
+        ..pb::SubagentArgs::default()
+    }
+}
+
+pub fn task_mode(mode: Mode) -> pb::TaskMode {
+    match mode {
+        Mode::Plan => pb::TaskMode::Plan,
+        _ => pb::TaskMode::Agent,
     }
 }
 

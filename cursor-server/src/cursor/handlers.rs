@@ -82,10 +82,15 @@ async fn bidi_append_route(
         Ok(append) => append,
         Err(e) => return invalid(format!("BidiAppend: {e}")),
     };
-    let input = match bidi_append::translate(append.message) {
+    let mut input = match bidi_append::translate(append.message) {
         Ok(input) => input,
         Err(e) => return invalid(format!("BidiAppend: {e}")),
     };
+    bidi_append::link_parent(
+        &mut input,
+        header_str(&headers, "x-parent-request-id"),
+        header_str(&headers, "x-parent-agent-tool-call-id"),
+    );
     let handle = match RunRegistry::get_or_start(&state, &append.request_id) {
         Ok(handle) => handle,
         Err(e) => return registry_error(e),

@@ -7,7 +7,7 @@ use super::exec::{self, ExecPayload, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, exec_client_message, tool_call};
 use super::tools::{
     AskQuestionInput, CreatePlanInput, FetchMcpResourceInput, GrepMode, McpInput, SwitchModeInput,
-    TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep, WebFetchInput,
+    TaskInput, TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep, WebFetchInput,
 };
 use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
 
@@ -277,6 +277,31 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
             args: Some(exec::mcp_args(mcp, call_id)),
             result: part!(result, Mcp),
         })),
+        (ToolInput::Task(task), result) => card(Tool::TaskToolCall(pb::TaskToolCall {
+            args: Some(task_args(task)),
+            result: part!(result, Task),
+        })),
+    }
+}
+
+fn task_args(task: &TaskInput) -> pb::TaskArgs {
+    use pb::subagent_type::Type;
+    let kind = match task.subagent_type() {
+        t if t.eq_ignore_ascii_case("explore") => Type::Explore(pb::SubagentTypeExplore {}),
+        "generalPurpose" => Type::Unspecified(pb::SubagentTypeUnspecified {}),
+        name => Type::Custom(pb::SubagentTypeCustom {
+            name: name.to_owned(),
+        }),
+    };
+    pb::TaskArgs {
+        description: task.description.clone(),
+        prompt: task.prompt.clone(),
+        subagent_type: Some(pb::SubagentType { r#type: Some(kind) }),
+        model: task.model.clone(),
+        resume: task.resume.clone(),
+        attachments: task.attachments.clone(),
+        environment: pb::SubagentExecutionEnvironment::Local as i32,
+        ..pb::TaskArgs::default()
     }
 }
 
@@ -583,6 +608,7 @@ enum ResultPart {
     McpResources(pb::ListMcpResourcesExecResult),
     McpResource(pb::ReadMcpResourceExecResult),
     Mcp(pb::McpToolResult),
+    Task(pb::TaskResult),
 }
 
 fn edit_error(path: &str, message: &str) -> pb::EditResult {
@@ -714,6 +740,11 @@ fn set_error(card: &mut pb::ToolCall, message: &str) {
                 )),
             })
         }
+        Tool::TaskToolCall(c) => {
+            c.result = Some(pb::TaskResult {
+                result: Some(pb::task_result::Result::Error(pb::TaskError { error })),
+            })
+        }
         Tool::McpToolCall(c) => {
             c.result = Some(pb::McpToolResult {
                 result: Some(pb::mcp_tool_result::Result::Error(pb::McpToolError {
@@ -822,6 +853,9 @@ pub fn on_result(
         (ToolInput::WebFetch(fetch), R::FetchResult(result)) => {
             done(fetch_outcome(input, call_id, fetch, result, env))
         }
+        (ToolInput::Task(_), R::SubagentResult(result)) => {
+            done(task_outcome(input, call_id, result))
+        }
         (ToolInput::Mcp(mcp), R::McpResult(result)) => {
             done(mcp_outcome(input, call_id, mcp, result, env))
         }
@@ -839,6 +873,92 @@ pub fn on_result(
                 exec::result_kind(&other)
             ),
         )),
+    }
+}
+
+/// The first line of a Task result the model reads; `subagent_state` reads it back for the
+/// checkpoint's subagent list, so the two live side by side.
+const SUBAGENT_TAG: &str = "[subagent ";
+const SUBAGENT_BACKGROUND: &str = "is running in the background";
+
+/// A subagent's result completes the parent's Task card; the model reads the subagent's final
+/// message under a line naming the agent id (so it can `resume` it).
+fn task_outcome(input: &ToolInput, call_id: &str, result: pb::SubagentResult) -> ToolOutcome {
+    use pb::subagent_result::Result as S;
+    match result.result {
+        Some(S::Success(success)) => {
+            let background =
+                success.background_reason != pb::SubagentBackgroundReason::Unspecified as i32;
+            let text = if background {
+                format!(
+                    "{SUBAGENT_TAG}{} {SUBAGENT_BACKGROUND}; you will be told when it finishes]",
+                    success.agent_id
+                )
+            } else {
+                format!(
+                    "{SUBAGENT_TAG}{} finished after {} tool calls; call Task with resume: {:?} to continue it]\n\n{}",
+                    success.agent_id,
+                    success.tool_call_count,
+                    success.agent_id,
+                    success
+                        .final_message
+                        .as_deref()
+                        .filter(|m| !m.trim().is_empty())
+                        .unwrap_or("(the subagent ended without a final message)")
+                )
+            };
+            let part = ResultPart::Task(pb::TaskResult {
+                result: Some(pb::task_result::Result::Success(pb::TaskSuccess {
+                    agent_id: Some(success.agent_id.clone()),
+                    is_background: background,
+                    background_reason: success.background_reason,
+                    transcript_path: success.transcript_path.clone(),
+                    ..pb::TaskSuccess::default()
+                })),
+            });
+            outcome(input, call_id, part, text, false)
+        }
+        Some(S::Error(error)) => failed(
+            input,
+            call_id,
+            &format!(
+                "the subagent{} failed: {}",
+                error
+                    .agent_id
+                    .as_deref()
+                    .map(|id| format!(" {id}"))
+                    .unwrap_or_default(),
+                error.error
+            ),
+        ),
+        None => failed(input, call_id, "the client sent an empty subagent result"),
+    }
+}
+
+/// The state of a finished Task call, read from the result text `task_outcome` wrote.
+pub fn subagent_state(result_text: &str, is_error: bool) -> derived_state::TaskOutcome {
+    use derived_state::SubagentStatus;
+    if is_error {
+        return (SubagentStatus::Failed, None);
+    }
+    let first_line = result_text.lines().next().unwrap_or_default();
+    let agent_id = first_line
+        .strip_prefix(SUBAGENT_TAG)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned);
+    let status = if first_line.contains(SUBAGENT_BACKGROUND) {
+        SubagentStatus::Backgrounded
+    } else {
+        SubagentStatus::Succeeded
+    };
+    (status, agent_id)
+}
+
+/// A Task call's title (its description), for the checkpoint's subagent list.
+pub fn task_title(arguments: &str) -> Option<String> {
+    match super::tools::parse_input(ToolKind::Task, arguments) {
+        Ok(ToolInput::Task(task)) => Some(task.description),
+        _ => None,
     }
 }
 

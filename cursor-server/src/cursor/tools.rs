@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::exec::{self, ExecPayload, ExecRequest, QueryPayload, QueryRequest};
 use super::proto::agent::{self as pb, tool_call};
 use super::tool_result::{self, ToolOutcome};
-use crate::model::conversation::Mode;
+use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::tool::ToolCall as ModelToolCall;
 use crate::prompting::derived_state::{Todo, TodoStatus};
 
@@ -32,6 +32,7 @@ pub enum ToolKind {
     WebFetch,
     ListMcpResources,
     FetchMcpResource,
+    Task,
     /// One of the user's MCP tools; its model-facing name comes from the request (`McpTool`).
     Mcp,
 }
@@ -49,7 +50,7 @@ pub enum Transport {
 
 impl ToolKind {
     /// The tools with a fixed model-facing name (MCP tools are named by the request).
-    pub const ALL: [ToolKind; 16] = [
+    pub const ALL: [ToolKind; 17] = [
         ToolKind::Read,
         ToolKind::Write,
         ToolKind::StrReplace,
@@ -66,6 +67,7 @@ impl ToolKind {
         ToolKind::WebFetch,
         ToolKind::ListMcpResources,
         ToolKind::FetchMcpResource,
+        ToolKind::Task,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +88,7 @@ impl ToolKind {
             ToolKind::WebFetch => "WebFetch",
             ToolKind::ListMcpResources => "ListMcpResources",
             ToolKind::FetchMcpResource => "FetchMcpResource",
+            ToolKind::Task => "Task",
             // Never matched by `from_name`: each MCP tool has its own name.
             ToolKind::Mcp => "mcp",
         }
@@ -145,6 +148,7 @@ impl ToolKind {
                 tool_call::Tool::ReadMcpResourceToolCall(pb::ReadMcpResourceToolCall::default())
             }
             ToolKind::Mcp => tool_call::Tool::McpToolCall(pb::McpToolCall::default()),
+            ToolKind::Task => tool_call::Tool::TaskToolCall(pb::TaskToolCall::default()),
         };
         pb::ToolCall { tool: Some(tool) }
     }
@@ -197,6 +201,16 @@ impl ToolKind {
             ToolKind::WebFetch => &[("url", true)],
             ToolKind::ListMcpResources => &[("server", false)],
             ToolKind::FetchMcpResource => &[("server", true), ("uri", true)],
+            ToolKind::Task => &[
+                ("description", true),
+                ("prompt", true),
+                ("subagent_type", false),
+                ("model", false),
+                ("readonly", false),
+                ("resume", false),
+                ("run_in_background", false),
+                ("attachments", false),
+            ],
             // Whatever the MCP server's own schema says; checked against its `required`.
             ToolKind::Mcp => &[],
         }
@@ -531,6 +545,32 @@ pub struct FetchMcpResourceInput {
     pub uri: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TaskInput {
+    pub description: String,
+    pub prompt: String,
+    pub subagent_type: Option<String>,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub readonly: bool,
+    pub resume: Option<String>,
+    #[serde(default)]
+    pub run_in_background: bool,
+    #[serde(default)]
+    pub attachments: Vec<String>,
+}
+
+impl TaskInput {
+    /// The subagent type the client is asked to start (`generalPurpose` when the model names none).
+    pub fn subagent_type(&self) -> &str {
+        self.subagent_type
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .unwrap_or("generalPurpose")
+    }
+}
+
 /// One of the user's MCP tools as the model is offered it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct McpTool {
@@ -641,6 +681,7 @@ pub enum ToolInput {
     WebFetch(WebFetchInput),
     ListMcpResources(ListMcpResourcesInput),
     FetchMcpResource(FetchMcpResourceInput),
+    Task(TaskInput),
     Mcp(McpInput),
 }
 
@@ -807,6 +848,12 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
             non_empty("uri", &input.uri)?;
             ToolInput::FetchMcpResource(input)
         }
+        ToolKind::Task => {
+            let input: TaskInput = de(kind, text)?;
+            non_empty("description", &input.description)?;
+            non_empty("prompt", &input.prompt)?;
+            ToolInput::Task(input)
+        }
         ToolKind::Mcp => {
             return Err(
                 "internal error: MCP calls are parsed with their tool (parse_mcp_input)".to_owned(),
@@ -855,6 +902,8 @@ pub struct ToolOptions {
     pub mcp: Vec<McpTool>,
     /// MCP servers the client reported (tools or instructions): resources can be listed and read.
     pub mcp_servers: Vec<String>,
+    /// When set, only these tools are offered (an explore subagent, a custom subagent's list).
+    pub only: Option<Vec<String>>,
 }
 
 impl ToolOptions {
@@ -864,6 +913,7 @@ impl ToolOptions {
             web_fetch: true,
             mcp,
             mcp_servers: Vec::new(),
+            only: None,
         };
         options.add_servers(std::iter::empty());
         options
@@ -879,7 +929,25 @@ impl ToolOptions {
         }
     }
 
+    /// Restricts the tools to what a subagent of `role` may use.
+    pub fn restrict_to(&mut self, role: &SubagentRole) {
+        if role.is_explore() {
+            self.only = Some(
+                [ToolKind::Glob, ToolKind::Grep, ToolKind::Read, ToolKind::Ls]
+                    .map(|k| k.name().to_owned())
+                    .to_vec(),
+            );
+        } else if !role.custom_tools.is_empty() {
+            self.only = Some(role.custom_tools.clone());
+        }
+    }
+
     fn allows(&self, kind: ToolKind) -> bool {
+        if let Some(only) = &self.only
+            && !only.iter().any(|name| name == kind.name())
+        {
+            return false;
+        }
         match kind {
             ToolKind::WebFetch => self.web_fetch,
             ToolKind::ListMcpResources | ToolKind::FetchMcpResource => !self.mcp_servers.is_empty(),
@@ -908,7 +976,7 @@ pub fn offered_tools(
         .filter(|tool| name_of(tool).is_none_or(|kind| options.allows(kind)))
         .cloned()
         .collect();
-    if mode_has_mcp {
+    if mode_has_mcp && options.only.is_none() {
         offered.extend(options.mcp.iter().map(McpTool::definition));
     }
     offered
@@ -940,6 +1008,9 @@ pub struct ToolEnv {
     pub mode: Mode,
     /// The request's MCP tools, by model-facing name.
     pub mcp: std::sync::Arc<[McpTool]>,
+    /// The conversation (a Task's parent) and the model it runs on (a Task's default model).
+    pub conversation_id: String,
+    pub model_id: String,
 }
 
 impl ToolEnv {
@@ -1023,7 +1094,7 @@ impl ToolRun {
         if let Some(query) = tool_result::query(&self.input, &self.call_id) {
             return ToolStep::Query(query);
         }
-        match exec::first_request(&self.input, &self.call_id) {
+        match exec::first_request(&self.input, &self.call_id, env) {
             Some(request) => ToolStep::Exec(request),
             None => ToolStep::Done(tool_result::failed(
                 &self.input,

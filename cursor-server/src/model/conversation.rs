@@ -41,6 +41,29 @@ impl Mode {
     }
 }
 
+/// A run started by another agent's Task call (`run_request.subagent_type_name`): it runs with the
+/// subagent prompt, and its final message goes back to the parent instead of to the user.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubagentRole {
+    /// `explore`, `generalPurpose`, or the name of one of the user's custom subagents.
+    pub type_name: String,
+    /// The parent run (`x-parent-request-id`) and its Task call (`x-parent-agent-tool-call-id`),
+    /// for the logs.
+    pub parent_request_id: Option<String>,
+    pub parent_tool_call_id: Option<String>,
+    /// A custom subagent's own instructions, appended to the subagent system prompt.
+    pub custom_prompt: Option<String>,
+    /// A custom subagent's tool allow-list (empty: the subagent tools).
+    pub custom_tools: Vec<String>,
+}
+
+impl SubagentRole {
+    /// Explore subagents only read (Cursor gives them Glob, Grep, Read and LS).
+    pub fn is_explore(&self) -> bool {
+        self.type_name.eq_ignore_ascii_case("explore")
+    }
+}
+
 /// Context-window use as the checkpoint reports it (`token_details`): the last provider call's
 /// prompt plus its answer, against the model's window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -22,6 +22,39 @@ pub enum RuntimeEvent {
     ModeSwitched { from: Mode, to: Mode },
     /// The mode's standing reminder, once for each user message sent in it.
     ModeReminder { mode: Mode },
+    /// A background task (a subagent or shell the model started) ended; the client reported it
+    /// with a background-completion action on this conversation.
+    BackgroundTaskEnded {
+        task_id: String,
+        outcome: BackgroundOutcome,
+    },
+}
+
+/// One ended background task, as the client reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundCompletion {
+    pub task_id: String,
+    pub kind: BackgroundKind,
+    pub outcome: BackgroundOutcome,
+    pub title: String,
+    pub detail: Option<String>,
+    pub output_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackgroundKind {
+    Subagent,
+    Shell,
+}
+
+/// How a background task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackgroundOutcome {
+    Succeeded,
+    Failed,
+    Aborted,
 }
 
 impl RuntimeEvent {
@@ -31,6 +64,7 @@ impl RuntimeEvent {
             RuntimeEvent::ModeChosen { .. } => "mode_chosen",
             RuntimeEvent::ModeSwitched { .. } => "mode_switched",
             RuntimeEvent::ModeReminder { .. } => "mode_reminder",
+            RuntimeEvent::BackgroundTaskEnded { .. } => "background_task_ended",
         }
     }
 
@@ -40,7 +74,9 @@ impl RuntimeEvent {
             RuntimeEvent::ModeChosen { to, .. } | RuntimeEvent::ModeSwitched { to, .. } => {
                 Some(*to)
             }
-            RuntimeEvent::ModeReminder { .. } | RuntimeEvent::WorkspaceContext { .. } => None,
+            RuntimeEvent::ModeReminder { .. }
+            | RuntimeEvent::WorkspaceContext { .. }
+            | RuntimeEvent::BackgroundTaskEnded { .. } => None,
         }
     }
 }

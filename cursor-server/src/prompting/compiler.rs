@@ -5,11 +5,14 @@
 //! of request N+1; a mode change replaces only them, and is told to the model by runtime messages
 //! (decided here, stored once by `store/messages.rs`).
 
-use super::assets::{PromptAssets, mode_title};
+use super::assets::{PromptAssets, PromptKind, mode_title};
 use crate::config::ModelConfig;
-use crate::model::conversation::{Mode, RuleScope, WorkspaceContext};
+use crate::model::conversation::{Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::CanonicalMessage;
-use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag, current_context_digest};
+use crate::model::runtime_tag::{
+    BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag,
+    current_context_digest,
+};
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet
 /// (the first message of a conversation, or the environment, rules, skills, MCP servers or
@@ -141,6 +144,65 @@ pub fn mode_switch_tag(assets: &PromptAssets, from: Mode, to: Mode, call_id: &st
         call_id,
         assets.mode_change(from, to),
     )
+}
+
+/// The runtime message telling the model a background task it started has ended (once per task).
+pub fn background_tag(completion: &BackgroundCompletion) -> RuntimeTag {
+    use std::fmt::Write;
+    let what = match completion.kind {
+        BackgroundKind::Subagent => "subagent",
+        BackgroundKind::Shell => "shell command",
+    };
+    let how = match completion.outcome {
+        BackgroundOutcome::Succeeded => "finished",
+        BackgroundOutcome::Failed => "failed",
+        BackgroundOutcome::Aborted => "was aborted",
+    };
+    let mut text = format!(
+        "<background_task_ended>\nThe background {what} {:?} (id {}) {how}.",
+        completion.title, completion.task_id
+    );
+    if let Some(detail) = &completion.detail {
+        let _ = write!(text, "\n\n{}", detail.trim());
+    }
+    if let Some(path) = &completion.output_path {
+        let _ = write!(text, "\n\nIts full output is in {path}.");
+    }
+    text.push_str("\n</background_task_ended>\nContinue the user's task with this result.");
+    RuntimeTag::new(
+        RuntimeEvent::BackgroundTaskEnded {
+            task_id: completion.task_id.clone(),
+            outcome: completion.outcome,
+        },
+        &completion.task_id,
+        text,
+    )
+}
+
+/// The system prompt and tool list of a run: its mode's, or — for a run another agent's Task call
+/// started — the subagent's, with a custom subagent's own instructions after it.
+pub fn prompt_for<'a>(
+    assets: &'a PromptAssets,
+    mode: Mode,
+    subagent: Option<&SubagentRole>,
+) -> (String, &'a [serde_json::Value]) {
+    match subagent {
+        None => {
+            let set = assets.mode(mode);
+            (set.system.clone(), &set.tools)
+        }
+        Some(role) => {
+            let set = assets.set(PromptKind::Subagent);
+            let system = match &role.custom_prompt {
+                Some(custom) => format!(
+                    "{}\n\n<subagent_instructions name=\"{}\">\n{custom}\n</subagent_instructions>",
+                    set.system, role.type_name
+                ),
+                None => set.system.clone(),
+            };
+            (system, &set.tools)
+        }
+    }
 }
 
 /// Reasoning effort levels Cursor can request.

@@ -1,11 +1,12 @@
-//! State derived by folding history: the todo list. Nothing here is stored; the same history always
-//! folds to the same state.
+//! State derived by folding history: the todo list and the subagents Task calls started. Nothing
+//! here is stored; the same history always folds to the same state.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::message::CanonicalMessage;
+use crate::model::message::{CanonicalMessage, UserMessage};
+use crate::model::runtime_tag::{BackgroundOutcome, RuntimeEvent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,6 +81,90 @@ pub fn fold_todos(
         }
     }
     todos
+}
+
+/// Where a subagent started by a Task call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubagentStatus {
+    Running,
+    Backgrounded,
+    Succeeded,
+    Failed,
+}
+
+/// One subagent as the parent's checkpoint reports it (Cursor draws the Task card from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubagentRunState {
+    pub parent_tool_call_id: String,
+    pub title: String,
+    pub agent_id: Option<String>,
+    pub status: SubagentStatus,
+}
+
+/// What a finished Task call's result says: (status, agent id).
+pub type TaskOutcome = (SubagentStatus, Option<String>);
+
+/// Every Task call in `history` with its state, plus the `running` calls of the current batch.
+/// `title` reads a call's arguments and `outcome` its result (both owned by the tool registry).
+pub fn fold_subagent_runs<'a>(
+    history: &[CanonicalMessage],
+    running: impl IntoIterator<Item = (&'a str, &'a str)>,
+    tool_name: &str,
+    title: impl Fn(&str) -> Option<String>,
+    outcome: impl Fn(&str, bool) -> TaskOutcome,
+) -> Vec<SubagentRunState> {
+    let mut runs: Vec<SubagentRunState> = Vec::new();
+    for message in history {
+        match message {
+            CanonicalMessage::ToolCall(record) if record.call.name == tool_name => {
+                runs.push(SubagentRunState {
+                    parent_tool_call_id: record.call.call_id.clone(),
+                    title: title(&record.call.arguments).unwrap_or_default(),
+                    agent_id: None,
+                    status: SubagentStatus::Running,
+                });
+            }
+            CanonicalMessage::ToolResult(result) => {
+                if let Some(run) = runs
+                    .iter_mut()
+                    .find(|r| r.parent_tool_call_id == result.result.call_id)
+                {
+                    (run.status, run.agent_id) =
+                        outcome(&result.result.content, result.result.is_error);
+                }
+            }
+            CanonicalMessage::User(UserMessage {
+                runtime:
+                    Some(RuntimeEvent::BackgroundTaskEnded {
+                        task_id,
+                        outcome: ended,
+                    }),
+                ..
+            }) => {
+                if let Some(run) = runs
+                    .iter_mut()
+                    .find(|r| r.agent_id.as_deref() == Some(task_id.as_str()))
+                {
+                    run.status = match ended {
+                        BackgroundOutcome::Succeeded => SubagentStatus::Succeeded,
+                        BackgroundOutcome::Failed | BackgroundOutcome::Aborted => {
+                            SubagentStatus::Failed
+                        }
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    for (call_id, arguments) in running {
+        runs.push(SubagentRunState {
+            parent_tool_call_id: call_id.to_owned(),
+            title: title(arguments).unwrap_or_default(),
+            agent_id: None,
+            status: SubagentStatus::Running,
+        });
+    }
+    runs
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::cursor::tools::ToolOptions;
-use crate::model::conversation::{Mode, WorkspaceContext};
+use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
+use crate::model::runtime_tag::BackgroundCompletion;
 use crate::store::blobs::BlobId;
 
 /// One client message, in protocol terms the loop understands.
@@ -55,6 +56,9 @@ pub enum RunAction {
     },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,
+    /// Background tasks the model started (subagents, shells) ended: the model is told, once per
+    /// task, and continues.
+    BackgroundTasksEnded(Vec<BackgroundCompletion>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +75,8 @@ pub struct RunRequestInput {
     pub mode: Mode,
     /// Tools this request allows beyond the mode's own (client switches, MCP tools).
     pub tools: ToolOptions,
+    /// Set when another agent's Task call started this run.
+    pub subagent: Option<SubagentRole>,
     /// `requested_model.parameters` as (id, value) pairs (reasoning effort, fast, ...).
     pub parameters: Vec<(String, String)>,
     /// The checkpoint the client holds for this conversation, used only to import a conversation

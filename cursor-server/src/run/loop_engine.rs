@@ -24,7 +24,7 @@ use crate::cursor::tools::{
 };
 use crate::cursor::{interaction, tool_result::parse_todo_update};
 use crate::error::ServerError;
-use crate::model::conversation::{ContextUse, Mode, WorkspaceContext};
+use crate::model::conversation::{ContextUse, Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
@@ -145,7 +145,12 @@ pub struct TurnLoop {
     /// What this request allows beyond the mode's tools, and the resulting tool definitions for
     /// the current mode (recomputed only when the mode changes).
     tool_options: ToolOptions,
+    system: String,
     offered_tools: Vec<serde_json::Value>,
+    /// Set when another agent's Task call started this run (subagent prompt and tools).
+    subagent: Option<SubagentRole>,
+    /// The subagents this conversation's finished Task calls started (refolded when one ends).
+    subagent_runs: Vec<derived_state::SubagentRunState>,
     provider_calls: u32,
 }
 
@@ -181,6 +186,17 @@ impl TurnLoop {
 
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
         let mut import = None;
+        let mut background_already_told = false;
+        if let Some(role) = &input.subagent {
+            tracing::info!(
+                request_id,
+                conversation_id = %input.conversation_id,
+                subagent_type = %role.type_name,
+                parent_request_id = role.parent_request_id.as_deref().unwrap_or(""),
+                parent_tool_call_id = role.parent_tool_call_id.as_deref().unwrap_or(""),
+                "subagent run"
+            );
+        }
         let importing = input.client_state.is_some()
             && !messages::any(&app.store, &input.conversation_id).await?;
         let (history, checkpoints) = match &input.action {
@@ -234,12 +250,14 @@ impl TurnLoop {
                     input.context.as_ref(),
                 )
                 .await?;
+                let (system, _) =
+                    compiler::prompt_for(&app.prompts, input.mode, input.subagent.as_ref());
                 let mut checkpoints = Checkpoints::start(
                     &app.store,
                     &input.conversation_id,
                     request_id,
                     TurnOpening {
-                        system: &app.prompts.mode(input.mode).system,
+                        system: &system,
                         context: committed.context.as_deref(),
                         mode: input.mode,
                         user_text: text,
@@ -259,19 +277,70 @@ impl TurnLoop {
                     Checkpoints::resume(&app.store, &input.conversation_id, request_id).await?;
                 (history, checkpoints)
             }
+            RunAction::BackgroundTasksEnded(completions) => {
+                let mut history = messages::load(&app.store, &input.conversation_id).await?;
+                let tags: Vec<RuntimeTag> =
+                    completions.iter().map(compiler::background_tag).collect();
+                let appended = messages::append_with_tags(
+                    &app.store,
+                    &input.conversation_id,
+                    request_id,
+                    &[],
+                    &[],
+                    &tags,
+                )
+                .await?;
+                let notices: Vec<String> = appended
+                    .iter()
+                    .filter_map(|m| match m {
+                        CanonicalMessage::User(user) => Some(user.text.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                history.extend(appended);
+                let checkpoints = if notices.is_empty() {
+                    // Every completion was already told: nothing new for the model.
+                    background_already_told = true;
+                    Checkpoints::resume(&app.store, &input.conversation_id, request_id).await?
+                } else {
+                    let mode = current_mode(&history).unwrap_or(input.mode);
+                    let (system, _) = compiler::prompt_for(&app.prompts, mode, None);
+                    Checkpoints::start(
+                        &app.store,
+                        &input.conversation_id,
+                        request_id,
+                        TurnOpening {
+                            system: &system,
+                            context: None,
+                            mode,
+                            user_text: &notices.join("\n\n"),
+                            user_message_id: "",
+                        },
+                        out,
+                    )
+                    .await?
+                };
+                (history, checkpoints)
+            }
         };
         let mode = match input.action {
-            RunAction::Resume => current_mode(&history)
+            RunAction::Resume | RunAction::BackgroundTasksEnded(_) => current_mode(&history)
                 .or(checkpoints.previous_mode())
                 .unwrap_or(input.mode),
             RunAction::UserMessage { .. } => input.mode,
         };
+        let (system, mode_tools) =
+            compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
+        let offered_tools = tools::offered_tools(mode_tools, &input.tools);
+        let subagent_runs = fold_subagent_runs(&history, []);
         let tool_env = ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
             todos: fold_todos(&history),
             mode,
             mcp: input.tools.mcp.clone().into(),
+            conversation_id: input.conversation_id.clone(),
+            model_id: model_id.clone(),
         };
 
         let mut turn = TurnLoop {
@@ -295,8 +364,11 @@ impl TurnLoop {
             usage: Usage::default(),
             last_call_usage: None,
             mode,
-            offered_tools: tools::offered_tools(&app.prompts.mode(mode).tools, &input.tools),
+            system,
+            offered_tools,
             tool_options: input.tools,
+            subagent: input.subagent,
+            subagent_runs,
             provider_calls: 0,
             app,
         };
@@ -310,6 +382,13 @@ impl TurnLoop {
                 LoopStep::Continue
             }
             RunAction::Resume => turn.resume(out).await?,
+            RunAction::BackgroundTasksEnded(_) if background_already_told => {
+                LoopStep::TurnComplete { usage: turn.usage }
+            }
+            RunAction::BackgroundTasksEnded(_) => {
+                turn.start_provider_call();
+                LoopStep::Continue
+            }
         };
         Ok((turn, step))
     }
@@ -360,9 +439,8 @@ impl TurnLoop {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
         let model = &provider.models[self.model_index];
-        let prompts = self.app.prompts.mode(self.mode);
         let request = compiler::compile(
-            &prompts.system,
+            &self.system,
             &self.history,
             model,
             &self.offered_tools,
@@ -677,6 +755,7 @@ impl TurnLoop {
         let entry = &mut self.batch[slot];
         let run = entry.run.take();
         let was_todo_write = run.as_ref().map(ToolRun::kind) == Some(ToolKind::TodoWrite);
+        let was_task = entry.call.name == ToolKind::Task.name();
         let switched_to = match (&run, &card) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),
             _ => None,
@@ -735,11 +814,16 @@ impl TurnLoop {
             tracing::info!(request_id = %self.request_id, from = ?self.mode, ?to, "mode switched");
             self.mode = to;
             self.tool_env.mode = to;
-            self.offered_tools =
-                tools::offered_tools(&self.app.prompts.mode(to).tools, &self.tool_options);
+            let (system, mode_tools) =
+                compiler::prompt_for(&self.app.prompts, to, self.subagent.as_ref());
+            self.system = system;
+            self.offered_tools = tools::offered_tools(mode_tools, &self.tool_options);
         }
         if was_todo_write {
             self.tool_env.todos = fold_todos(&self.history);
+        }
+        if was_task {
+            self.subagent_runs = fold_subagent_runs(&self.history, []);
         }
         if let [
             CanonicalMessage::ToolCall(call),
@@ -886,7 +970,7 @@ impl TurnLoop {
                 &self.app.store,
                 &self.request_id,
                 TurnOpening {
-                    system: &self.app.prompts.mode(self.mode).system,
+                    system: &self.system,
                     context: committed.context.as_deref(),
                     mode: self.mode,
                     user_text: &user_text,
@@ -909,7 +993,16 @@ impl TurnLoop {
         turn_ended_at_ms: Option<u64>,
     ) -> StateDetails {
         let model = &self.app.config.providers[self.provider_index].models[self.model_index];
+        let mut subagent_runs = self.subagent_runs.clone();
+        subagent_runs.extend(fold_subagent_runs(
+            &[],
+            pending_tool_calls
+                .iter()
+                .filter(|c| c.name == ToolKind::Task.name())
+                .map(|c| (c.call_id.as_str(), c.arguments.as_str())),
+        ));
         StateDetails {
+            subagent_runs,
             pending_tool_calls,
             todos: self.tool_env.todos.clone(),
             mode: Some(self.mode),
@@ -1123,6 +1216,21 @@ async fn commit_user_message(
     };
     history.extend(appended);
     Ok(committed)
+}
+
+/// The subagents of `history`'s Task calls, plus the `running` Task calls (id, arguments) of the
+/// current batch.
+fn fold_subagent_runs<'a>(
+    history: &[CanonicalMessage],
+    running: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<derived_state::SubagentRunState> {
+    derived_state::fold_subagent_runs(
+        history,
+        running,
+        ToolKind::Task.name(),
+        tool_result::task_title,
+        tool_result::subagent_state,
+    )
 }
 
 fn fold_todos(history: &[CanonicalMessage]) -> Vec<derived_state::Todo> {
