@@ -20,6 +20,7 @@ pub const DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS: u64 = 120;
 pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
+pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
@@ -82,6 +83,8 @@ pub enum ConfigError {
     },
     #[error("model {model:?}: quirks.extra_body must be a table of JSON-representable values")]
     ExtraBody { model: String },
+    #[error("compact_at_percent must be between 10 and 100, not {0}")]
+    CompactAtPercent(u8),
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
 }
@@ -190,6 +193,9 @@ pub struct Config {
     pub provider_retry_base_delay: Duration,
     /// A directory of prompt assets (a copy of `prompt/`) used instead of the embedded ones.
     pub prompt_dir: Option<PathBuf>,
+    /// History is summarized (compacted) before a provider call whose prompt would fill more than
+    /// this share of the model's context window (100 = never).
+    pub compact_at_percent: u8,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -265,6 +271,7 @@ struct FileConfig {
     provider_max_attempts: Option<u32>,
     provider_retry_base_delay_ms: Option<u64>,
     prompt_dir: Option<PathBuf>,
+    compact_at_percent: Option<u8>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -372,6 +379,12 @@ impl FileConfig {
                 field: "tool_output_max_bytes",
             });
         }
+        let compact_at_percent = self
+            .compact_at_percent
+            .unwrap_or(DEFAULT_COMPACT_AT_PERCENT);
+        if !(10..=100).contains(&compact_at_percent) {
+            return Err(ConfigError::CompactAtPercent(compact_at_percent));
+        }
         let max_frame_bytes = self.max_frame_bytes.unwrap_or(DEFAULT_MAX_FRAME_BYTES);
         if max_frame_bytes == 0 {
             return Err(ConfigError::Zero {
@@ -399,6 +412,7 @@ impl FileConfig {
                 "run_request_timeout_secs",
             )?,
             tool_output_max_bytes,
+            compact_at_percent,
             heartbeat_interval: match self
                 .heartbeat_interval_ms
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS)

@@ -1,6 +1,8 @@
 //! M(n) is a prefix of M(n+1): on every endpoint, each provider request's projected messages start
 //! with the previous request's, byte for byte, and the system prompt and tools never change —
-//! across a multi-tool turn and a second user turn.
+//! across a multi-tool turn and a second user turn. The one sanctioned break is a compaction: a
+//! prompt that would fill the context window is replaced by a summary, and requests after it extend
+//! the compacted one again.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -218,5 +220,167 @@ async fn mode_switches_and_new_context_only_replace_the_system_prompt_and_append
     assert!(
         all.find("four").is_none(),
         "the last answer is not in its own request"
+    );
+}
+
+fn messages_of(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect()
+}
+
+fn user_in_mode(conversation_id: &str, text: &str) -> AgentClientMessage {
+    run_request_in_mode(conversation_id, text, AgentMode::Agent)
+}
+
+#[tokio::test]
+async fn a_prompt_near_the_context_window_is_compacted_into_a_summary_the_model_continues_from() {
+    let provider = FakeProvider::start().await;
+    // Usage 0 keeps the default size estimate (4 bytes per token).
+    provider.push(Reply::sse(text_events(&["answer one"], (0, 0, 0))));
+    provider.push(Reply::sse(text_events(
+        &["SUMMARY: the user asked a question, then pasted a long build log."],
+        (0, 0, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["continuing"], (0, 0, 0))));
+    provider.push(Reply::sse(text_events(&["you are welcome"], (0, 0, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        // 10% of the default 128k window: about 51 kB of prompt.
+        "compact_at_percent = 10",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let conversation = "conv-compact";
+    let first = Session::start(
+        &cursor,
+        "req-c1",
+        &user_in_mode(conversation, "first question"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(first.is_success());
+    let log = format!("BUILD LOG {}", "error: x\n".repeat(8_000));
+    let second = Session::start(&cursor, "req-c2", &user_in_mode(conversation, &log))
+        .await
+        .finish()
+        .await;
+    assert!(second.is_success(), "{:?}", second.end);
+    assert_eq!(
+        second.text(),
+        "continuing",
+        "the summary is not shown as the answer"
+    );
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 3);
+
+    // The compaction call: the compaction prompt, no tools, everything so far, then the request.
+    let compaction = &requests[1];
+    let system = compaction["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("Summarise the conversation so far"),
+        "{system}"
+    );
+    assert!(offered_tools(compaction).is_empty());
+    let all = compaction["messages"].to_string();
+    assert!(
+        all.contains("first question") && all.contains("answer one") && all.contains("BUILD LOG")
+    );
+    let last = compaction["messages"].as_array().unwrap().last().unwrap();
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Summarize the conversation above")
+    );
+
+    // The model continues from the summary alone, with its own prompt and tools.
+    let continued = &requests[2];
+    let messages = messages_of(continued);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert!(messages[1].contains("<conversation_summary>"));
+    assert!(messages[1].contains("SUMMARY: the user asked a question"));
+    assert!(!continued.to_string().contains("BUILD LOG"));
+    assert_eq!(offered_tools(continued), offered_tools(&requests[0]));
+    let state = second.checkpoints().last().cloned().cloned().unwrap();
+    assert_eq!(state.self_summary_count, 1);
+
+    // The next turn extends the compacted request and does not compact again.
+    let third = Session::start(&cursor, "req-c3", &user_in_mode(conversation, "thanks"))
+        .await
+        .finish()
+        .await;
+    assert!(third.is_success());
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 4);
+    let next = messages_of(&requests[3]);
+    assert_eq!(&next[..messages.len()], messages.as_slice());
+    assert!(next.last().unwrap().contains("thanks"));
+    assert_eq!(third.checkpoints().last().unwrap().self_summary_count, 1);
+}
+
+#[tokio::test]
+async fn a_summarize_action_compacts_now_and_the_next_turn_starts_from_the_summary() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["the answer is 42"], (0, 0, 0))));
+    provider.push(Reply::sse(text_events(
+        &["SUMMARY: answered 42."],
+        (0, 0, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["ok"], (0, 0, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let conversation = "conv-summarize";
+    assert!(
+        Session::start(
+            &cursor,
+            "req-s1",
+            &user_in_mode(conversation, "what is the answer")
+        )
+        .await
+        .finish()
+        .await
+        .is_success()
+    );
+    let mut summarize = user_in_mode(conversation, "unused");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut summarize.message {
+        request.action = Some(pb::ConversationAction {
+            action: Some(conversation_action::Action::SummarizeAction(
+                pb::SummarizeAction {},
+            )),
+            ..pb::ConversationAction::default()
+        });
+    }
+    let summarized = Session::start(&cursor, "req-s2", &summarize)
+        .await
+        .finish()
+        .await;
+    assert!(summarized.is_success(), "{:?}", summarized.end);
+    assert_eq!(summarized.text(), "");
+    assert_eq!(
+        summarized.checkpoints().last().unwrap().self_summary_count,
+        1
+    );
+    assert!(
+        Session::start(&cursor, "req-s3", &user_in_mode(conversation, "and now?"))
+            .await
+            .finish()
+            .await
+            .is_success()
+    );
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 3);
+    let after = requests[2]["messages"].to_string();
+    assert!(after.contains("SUMMARY: answered 42."));
+    assert!(!after.contains("what is the answer"), "{after}");
+    assert!(after.contains("and now?"));
+    assert!(
+        after.contains("<user_info>"),
+        "the workspace context was summarized away, so it is told again"
     );
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use cursor_server::config::ProviderConfig;
 use cursor_server::model::message::ProviderReplay;
 use cursor_server::model::usage::Usage;
-use cursor_server::provider::{self, CallLimits, FinishReason, ProviderError, ResponseEvent};
+use cursor_server::provider::{
+    self, CallLimits, FinishReason, ProviderError, RequestBody, ResponseEvent,
+};
 use fake_provider::{FakeProvider, Reply, golden};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +37,7 @@ async fn run(provider: &FakeProvider, kind: &str) -> (Vec<ResponseEvent>, Option
     let mut rx = provider::call(
         &reqwest::Client::new(),
         &config,
-        json!({"model": "m", "stream": true}),
+        RequestBody::from_json(&json!({"model": "m", "stream": true})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
@@ -359,7 +361,7 @@ async fn canceling_a_call_drops_the_connection_and_sends_nothing_more() {
     let mut rx = provider::call(
         &reqwest::Client::new(),
         &config,
-        json!({"model": "m"}),
+        RequestBody::from_json(&json!({"model": "m"})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),

@@ -190,11 +190,17 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         client_state,
                     }))
                 }
-                Some(conversation_action::Action::ResumeAction(_)) => {
+                Some(
+                    action @ (conversation_action::Action::ResumeAction(_)
+                    | conversation_action::Action::SummarizeAction(_)),
+                ) => {
                     let subagent = subagent_role(request.subagent_type_name.as_deref(), None);
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
-                        action: RunAction::Resume,
+                        action: match action {
+                            conversation_action::Action::SummarizeAction(_) => RunAction::Summarize,
+                            _ => RunAction::Resume,
+                        },
                         model_id,
                         terminals_folder: String::new(),
                         context: None,

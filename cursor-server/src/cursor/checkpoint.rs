@@ -187,6 +187,7 @@ impl ConversationGraph {
             }),
             mode: details.mode.map(agent_mode),
             turn_timings,
+            self_summary_count: details.summaries,
             subagent_runs_by_parent_tool_call_id: details
                 .subagent_runs
                 .iter()
@@ -260,6 +261,8 @@ pub struct StateDetails {
     pub turn_ended_at_ms: Option<u64>,
     /// Subagents started by Task calls: Cursor draws each Task card's state from this list.
     pub subagent_runs: Vec<SubagentRunState>,
+    /// How many times the conversation's history was compacted into a summary.
+    pub summaries: u32,
 }
 
 fn subagent_run(run: &SubagentRunState) -> pb::SubagentRun {
@@ -609,6 +612,7 @@ mod tests {
                 max_tokens: 200_000,
             }),
             turn_ended_at_ms: None,
+            summaries: 0,
             subagent_runs: vec![SubagentRunState {
                 parent_tool_call_id: "call-task".into(),
                 title: "Find the parser".into(),

@@ -28,6 +28,10 @@ pub enum RuntimeEvent {
         task_id: String,
         outcome: BackgroundOutcome,
     },
+    /// The conversation neared the model's context window: the messages before index `through`
+    /// were summarized into this message, which the model sees in their place (compaction
+    /// `number` of the conversation, counting from 1). Nothing is deleted.
+    Compacted { number: u32, through: usize },
 }
 
 /// One ended background task, as the client reports it.
@@ -65,6 +69,7 @@ impl RuntimeEvent {
             RuntimeEvent::ModeSwitched { .. } => "mode_switched",
             RuntimeEvent::ModeReminder { .. } => "mode_reminder",
             RuntimeEvent::BackgroundTaskEnded { .. } => "background_task_ended",
+            RuntimeEvent::Compacted { .. } => "compacted",
         }
     }
 
@@ -76,7 +81,8 @@ impl RuntimeEvent {
             }
             RuntimeEvent::ModeReminder { .. }
             | RuntimeEvent::WorkspaceContext { .. }
-            | RuntimeEvent::BackgroundTaskEnded { .. } => None,
+            | RuntimeEvent::BackgroundTaskEnded { .. }
+            | RuntimeEvent::Compacted { .. } => None,
         }
     }
 }
@@ -110,6 +116,22 @@ impl RuntimeTag {
             runtime: Some(self.event.clone()),
         })
     }
+}
+
+/// The latest compaction in `history`: (its position, its compaction number, the index it summarized
+/// up to).
+pub fn latest_compaction(history: &[CanonicalMessage]) -> Option<(usize, u32, usize)> {
+    history
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(at, m)| match m {
+            CanonicalMessage::User(UserMessage {
+                runtime: Some(RuntimeEvent::Compacted { number, through }),
+                ..
+            }) => Some((at, *number, (*through).min(at))),
+            _ => None,
+        })
 }
 
 /// The digest of the workspace context the model saw last (`None` if it never saw one).

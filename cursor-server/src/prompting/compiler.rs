@@ -11,7 +11,7 @@ use crate::model::conversation::{Mode, RuleScope, SubagentRole, WorkspaceContext
 use crate::model::message::CanonicalMessage;
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag,
-    current_context_digest,
+    current_context_digest, latest_compaction,
 };
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet
@@ -24,7 +24,9 @@ pub fn context_tag(
 ) -> Option<RuntimeTag> {
     let text = render_context(context);
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
-    if current_context_digest(history) == Some(digest.as_str()) {
+    // Only what the model still sees counts: a context summarized away is told again.
+    let visible = latest_compaction(history).map_or(history, |(_, _, through)| &history[through..]);
+    if current_context_digest(visible) == Some(digest.as_str()) {
         return None;
     }
     Some(RuntimeTag::new(
@@ -179,6 +181,17 @@ pub fn background_tag(completion: &BackgroundCompletion) -> RuntimeTag {
     )
 }
 
+/// The compaction summary as the model reads it in place of the messages it covers.
+pub fn compaction_tag(number: u32, through: usize, summary: &str) -> RuntimeTag {
+    RuntimeTag::new(
+        RuntimeEvent::Compacted { number, through },
+        &number.to_string(),
+        format!(
+            "<conversation_summary>\nThe earlier part of this conversation was summarized to fit the context window:\n\n{summary}\n</conversation_summary>"
+        ),
+    )
+}
+
 /// The system prompt and tool list of a run: its mode's, or — for a run another agent's Task call
 /// started — the subagent's, with a custom subagent's own instructions after it.
 pub fn prompt_for<'a>(
@@ -202,6 +215,19 @@ pub fn prompt_for<'a>(
             };
             (system, &set.tools)
         }
+    }
+}
+
+/// What the model sees of `history`: all of it, or — after a compaction — the latest summary
+/// followed by the messages it did not cover, in order. Stored history is never rewritten, so
+/// every request after a compaction keeps the compacted request as its prefix.
+pub fn visible_history(history: &[CanonicalMessage]) -> Vec<&CanonicalMessage> {
+    match latest_compaction(history) {
+        None => history.iter().collect(),
+        Some((at, _, through)) => std::iter::once(&history[at])
+            .chain(&history[through..at])
+            .chain(&history[at + 1..])
+            .collect(),
     }
 }
 
@@ -267,10 +293,11 @@ impl RequestParameters {
 }
 
 /// What one provider call is asked, before any provider-specific shaping.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ModelRequest<'a> {
     pub system: &'a str,
-    pub history: &'a [CanonicalMessage],
+    /// The history the model sees (`visible_history`).
+    pub history: Vec<&'a CanonicalMessage>,
     pub model: &'a ModelConfig,
     /// Tool definitions, OpenAI Chat function format.
     pub tools: &'a [serde_json::Value],
@@ -286,7 +313,7 @@ pub fn compile<'a>(
 ) -> ModelRequest<'a> {
     ModelRequest {
         system,
-        history,
+        history: visible_history(history),
         model,
         tools,
         parameters,

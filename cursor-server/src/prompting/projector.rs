@@ -44,10 +44,10 @@ enum Item<'a> {
 }
 
 /// History regrouped into user messages and assistant exchanges.
-fn items<'a>(history: &'a [CanonicalMessage]) -> Vec<Item<'a>> {
+fn items<'a>(history: &[&'a CanonicalMessage]) -> Vec<Item<'a>> {
     let mut calls: HashMap<&str, Vec<&ToolCallRecord>> = HashMap::new();
     let mut results: HashMap<(&str, u32), &ToolResultRecord> = HashMap::new();
-    for message in history {
+    for message in history.iter().copied() {
         match message {
             CanonicalMessage::ToolCall(record) => {
                 calls.entry(&record.model_call_id).or_default().push(record)
@@ -59,7 +59,7 @@ fn items<'a>(history: &'a [CanonicalMessage]) -> Vec<Item<'a>> {
         }
     }
     let mut out = Vec::with_capacity(history.len());
-    for message in history {
+    for message in history.iter().copied() {
         match message {
             CanonicalMessage::User(user) => out.push(Item::User(&user.text)),
             CanonicalMessage::Assistant(assistant) => {
@@ -98,7 +98,7 @@ fn arguments_text(record: &ToolCallRecord) -> String {
 pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
     let mut messages = vec![json!({ "role": "system", "content": request.system })];
-    for item in items(request.history) {
+    for item in items(&request.history) {
         match item {
             Item::User(text) => messages.push(json!({ "role": "user", "content": text })),
             Item::Exchange(exchange) => {
@@ -190,7 +190,7 @@ pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
 pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
     let mut input = Vec::new();
-    for item in items(request.history) {
+    for item in items(&request.history) {
         match item {
             Item::User(text) => input.push(json!({ "role": "user", "content": text })),
             Item::Exchange(exchange) => {
@@ -329,7 +329,7 @@ pub fn anthropic(request: &ModelRequest<'_>) -> Value {
         }
         messages.push(json!({ "role": role, "content": blocks }));
     };
-    for item in items(request.history) {
+    for item in items(&request.history) {
         match item {
             Item::User(text) => {
                 if !text.is_empty() {

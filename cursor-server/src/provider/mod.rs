@@ -100,13 +100,32 @@ pub trait StreamParser: Send {
     fn terminal(&self) -> &'static str;
 }
 
+/// A projected request body, serialized once: its size feeds the context-window estimate and
+/// retries resend the same bytes.
+#[derive(Debug, Clone)]
+pub struct RequestBody(bytes::Bytes);
+
+impl RequestBody {
+    pub fn from_json(body: &serde_json::Value) -> RequestBody {
+        RequestBody(bytes::Bytes::from(body.to_string()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
 /// and the HTTP connection is dropped, which the provider observes as a disconnect).
 pub fn call(
     http: &reqwest::Client,
     provider: &ProviderConfig,
-    body: serde_json::Value,
+    body: RequestBody,
     limits: CallLimits,
     cancel: CancellationToken,
 ) -> EventReceiver {
@@ -149,7 +168,7 @@ struct HttpCall {
     kind: ProviderKind,
     url: String,
     api_key: Secret,
-    body: serde_json::Value,
+    body: RequestBody,
     limits: CallLimits,
 }
 
@@ -169,7 +188,8 @@ impl HttpCall {
             .http
             .post(&self.url)
             .header(reqwest::header::ACCEPT, "text/event-stream")
-            .json(&self.body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(self.body.0.clone());
         match self.kind {
             ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
                 request.bearer_auth(self.api_key.expose())

@@ -59,6 +59,8 @@ pub enum RunAction {
     /// Background tasks the model started (subagents, shells) ended: the model is told, once per
     /// task, and continues.
     BackgroundTasksEnded(Vec<BackgroundCompletion>),
+    /// The user asked to summarize the conversation now (`summarize_action`): compact its history.
+    Summarize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

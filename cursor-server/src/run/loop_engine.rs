@@ -29,13 +29,14 @@ use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
 };
-use crate::model::runtime_tag::{RuntimeTag, current_mode};
+use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag, current_mode, latest_compaction};
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
+use crate::prompting::assets::PromptKind;
 use crate::prompting::compiler::{self, RequestParameters};
 use crate::prompting::{derived_state, projector};
 use crate::provider::{
-    self, CallLimits, EventReceiver, FinishReason, ProviderError, ResponseEvent,
+    self, CallLimits, EventReceiver, FinishReason, ProviderError, RequestBody, ResponseEvent,
 };
 use crate::store::blobs::BlobId;
 use crate::store::{messages, runs};
@@ -117,7 +118,35 @@ enum Phase {
     Streaming,
     /// Tool calls are running; the next provider call waits for all of them.
     Tools,
+    /// A compaction call is writing the summary of older history.
+    Compacting,
 }
+
+/// A summary of older history being written.
+#[derive(Debug)]
+struct Compaction {
+    /// The summary covers `history[..through]`.
+    through: usize,
+    number: u32,
+    summary: String,
+    then: AfterCompaction,
+}
+
+/// What follows a compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterCompaction {
+    /// The provider call it was made for.
+    ProviderCall,
+    /// Nothing: the user asked for a summary (`summarize_action`).
+    EndTurn,
+}
+
+/// The last message of a compaction request, after the history it covers.
+const COMPACTION_REQUEST: &str =
+    "Summarize the conversation above now, as your instructions say. Reply with the summary only.";
+
+/// Bytes of projected request per token before a provider call has reported its real usage.
+const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 
 pub struct TurnLoop {
     app: Arc<AppState>,
@@ -151,6 +180,14 @@ pub struct TurnLoop {
     subagent: Option<SubagentRole>,
     /// The subagents this conversation's finished Task calls started (refolded when one ends).
     subagent_runs: Vec<derived_state::SubagentRunState>,
+    /// Where this run's messages start in `history` (a compaction keeps them verbatim).
+    turn_start: usize,
+    compaction: Option<Compaction>,
+    /// Compactions in this conversation so far (the checkpoint's `self_summary_count`).
+    compactions: u32,
+    /// The size of the last request sent, and bytes per prompt token as the last usage showed.
+    last_body_bytes: usize,
+    bytes_per_token: f64,
     provider_calls: u32,
 }
 
@@ -199,6 +236,7 @@ impl TurnLoop {
         }
         let importing = input.client_state.is_some()
             && !messages::any(&app.store, &input.conversation_id).await?;
+        let mut turn_start = None;
         let (history, checkpoints) = match &input.action {
             RunAction::UserMessage {
                 text,
@@ -235,6 +273,7 @@ impl TurnLoop {
                 text, message_id, ..
             } => {
                 let mut history = messages::load(&app.store, &input.conversation_id).await?;
+                turn_start = Some(history.len());
                 let committed = commit_user_message(
                     &app,
                     &input.conversation_id,
@@ -271,7 +310,7 @@ impl TurnLoop {
                     .await?;
                 (history, checkpoints)
             }
-            RunAction::Resume => {
+            RunAction::Resume | RunAction::Summarize => {
                 let history = messages::load(&app.store, &input.conversation_id).await?;
                 let checkpoints =
                     Checkpoints::resume(&app.store, &input.conversation_id, request_id).await?;
@@ -279,6 +318,7 @@ impl TurnLoop {
             }
             RunAction::BackgroundTasksEnded(completions) => {
                 let mut history = messages::load(&app.store, &input.conversation_id).await?;
+                turn_start = Some(history.len());
                 let tags: Vec<RuntimeTag> =
                     completions.iter().map(compiler::background_tag).collect();
                 let appended = messages::append_with_tags(
@@ -324,15 +364,19 @@ impl TurnLoop {
             }
         };
         let mode = match input.action {
-            RunAction::Resume | RunAction::BackgroundTasksEnded(_) => current_mode(&history)
-                .or(checkpoints.previous_mode())
-                .unwrap_or(input.mode),
+            RunAction::Resume | RunAction::Summarize | RunAction::BackgroundTasksEnded(_) => {
+                current_mode(&history)
+                    .or(checkpoints.previous_mode())
+                    .unwrap_or(input.mode)
+            }
             RunAction::UserMessage { .. } => input.mode,
         };
         let (system, mode_tools) =
             compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
         let offered_tools = tools::offered_tools(mode_tools, &input.tools);
         let subagent_runs = fold_subagent_runs(&history, []);
+        let turn_start = turn_start.unwrap_or(history.len());
+        let compactions = latest_compaction(&history).map_or(0, |(_, n, _)| n);
         let tool_env = ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: config.tool_output_max_bytes,
@@ -369,6 +413,11 @@ impl TurnLoop {
             tool_options: input.tools,
             subagent: input.subagent,
             subagent_runs,
+            turn_start,
+            compaction: None,
+            compactions,
+            last_body_bytes: 0,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             provider_calls: 0,
             app,
         };
@@ -382,6 +431,16 @@ impl TurnLoop {
                 LoopStep::Continue
             }
             RunAction::Resume => turn.resume(out).await?,
+            RunAction::Summarize => match latest_compaction(&turn.history) {
+                Some((at, _, _)) if at + 1 == turn.history.len() => {
+                    LoopStep::TurnComplete { usage: turn.usage }
+                }
+                _ if turn.history.is_empty() => LoopStep::TurnComplete { usage: turn.usage },
+                _ => {
+                    turn.start_compaction(turn.history.len(), AfterCompaction::EndTurn);
+                    LoopStep::Continue
+                }
+            },
             RunAction::BackgroundTasksEnded(_) if background_already_told => {
                 LoopStep::TurnComplete { usage: turn.usage }
             }
@@ -435,23 +494,108 @@ impl TurnLoop {
         }
     }
 
+    /// Calls the model with the history so far — first compacting it, if the prompt would fill
+    /// more of the context window than the configured share.
     fn start_provider_call(&mut self) {
+        let body = self.project(&self.system, &self.history, &self.offered_tools);
+        if self.compaction_due(body.len())
+            && let Some(through) = self.compaction_point()
+        {
+            self.start_compaction(through, AfterCompaction::ProviderCall);
+            return;
+        }
+        self.send_to_provider(body, Phase::Streaming);
+    }
+
+    fn project(
+        &self,
+        system: &str,
+        history: &[CanonicalMessage],
+        tools: &[serde_json::Value],
+    ) -> RequestBody {
+        let provider = &self.app.config.providers[self.provider_index];
+        let model = &provider.models[self.model_index];
+        let request = compiler::compile(system, history, model, tools, self.parameters);
+        RequestBody::from_json(&projector::project(provider.kind, &request))
+    }
+
+    /// The prompt's estimated size (bytes over the bytes-per-token ratio the last call showed)
+    /// passes the threshold, and the model has not just been given a fresh summary.
+    fn compaction_due(&self, body_bytes: usize) -> bool {
+        let config = &self.app.config;
+        if config.compact_at_percent >= 100 || self.history.is_empty() {
+            return false;
+        }
+        if matches!(self.history.last(), Some(CanonicalMessage::User(u)) if matches!(u.runtime, Some(RuntimeEvent::Compacted { .. })))
+        {
+            return false;
+        }
+        let model = &config.providers[self.provider_index].models[self.model_index];
+        let estimated_tokens = body_bytes as f64 / self.bytes_per_token;
+        estimated_tokens
+            > f64::from(model.context_window) * f64::from(config.compact_at_percent) / 100.0
+    }
+
+    /// Where the summary ends: before the current turn when that turn alone fits comfortably (the
+    /// user's latest message stays verbatim), else at the end of history. `None` when there is
+    /// nothing a summary would replace.
+    fn compaction_point(&self) -> Option<usize> {
+        let config = &self.app.config;
+        let model = &config.providers[self.provider_index].models[self.model_index];
+        let budget = f64::from(model.context_window) * f64::from(config.compact_at_percent) / 200.0;
+        let tail_bytes: usize = self.history[self.turn_start.min(self.history.len())..]
+            .iter()
+            .map(|m| serde_json::to_string(m).map_or(0, |t| t.len()))
+            .sum();
+        let through = if (tail_bytes as f64 / self.bytes_per_token) < budget {
+            self.turn_start.min(self.history.len())
+        } else {
+            self.history.len()
+        };
+        let already_summarized = latest_compaction(&self.history).map_or(0, |(at, _, _)| at + 1);
+        (through > already_summarized || (through > 0 && already_summarized == 0))
+            .then_some(through)
+    }
+
+    /// Asks the model (with the compaction prompt, no tools) to summarize `history[..through]`.
+    fn start_compaction(&mut self, through: usize, then: AfterCompaction) {
+        let number = latest_compaction(&self.history).map_or(1, |(_, n, _)| n + 1);
+        tracing::info!(
+            request_id = %self.request_id,
+            conversation_id = %self.conversation_id,
+            through,
+            of = self.history.len(),
+            number,
+            "compacting history"
+        );
+        let mut covered = self.history[..through].to_vec();
+        covered.push(CanonicalMessage::User(UserMessage {
+            origin: Origin::Runtime,
+            text: COMPACTION_REQUEST.to_owned(),
+            client_message_id: String::new(),
+            mode: None,
+            runtime: None,
+        }));
+        let system = self.app.prompts.set(PromptKind::Compaction).system.clone();
+        let body = self.project(&system, &covered, &[]);
+        self.compaction = Some(Compaction {
+            through,
+            number,
+            summary: String::new(),
+            then,
+        });
+        self.send_to_provider(body, Phase::Compacting);
+    }
+
+    fn send_to_provider(&mut self, body: RequestBody, phase: Phase) {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
-        let model = &provider.models[self.model_index];
-        let request = compiler::compile(
-            &self.system,
-            &self.history,
-            model,
-            &self.offered_tools,
-            self.parameters,
-        );
-        let body = projector::project(provider.kind, &request);
+        self.last_body_bytes = body.len();
         self.call_cancel.cancel();
         self.call_cancel = CancellationToken::new();
         self.draft = Draft::default();
         self.batch.clear();
-        self.phase = Phase::Streaming;
+        self.phase = phase;
         self.model_call_id = uuid::Uuid::new_v4().to_string();
         self.provider_calls += 1;
         tracing::debug!(
@@ -461,6 +605,8 @@ impl TurnLoop {
             provider = %provider.name,
             model = %self.model_id,
             call = self.provider_calls,
+            bytes = body.len(),
+            ?phase,
             "provider call"
         );
         self.events = provider::call(
@@ -477,10 +623,73 @@ impl TurnLoop {
         );
     }
 
+    /// A compaction call's stream: its text is the summary (never shown as the assistant's).
+    async fn on_compaction_event(
+        &mut self,
+        event: ResponseEvent,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let Some(compaction) = self.compaction.as_mut() else {
+            return Ok(LoopStep::Continue);
+        };
+        match event {
+            ResponseEvent::TextDelta(text) => compaction.summary.push_str(&text),
+            ResponseEvent::Usage(usage) => self.usage.accumulate(&usage),
+            // No tools are offered and reasoning is not part of the summary.
+            ResponseEvent::ReasoningDelta(_)
+            | ResponseEvent::Replay(_)
+            | ResponseEvent::ToolCallStart { .. }
+            | ResponseEvent::ToolArgsDelta { .. } => {}
+            ResponseEvent::Finished(_) => return self.finish_compaction(out).await,
+        }
+        Ok(LoopStep::Continue)
+    }
+
+    /// Stores the summary (a runtime message: old messages stay), adds it to the checkpoint's
+    /// roots, and goes on.
+    async fn finish_compaction(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        let Some(compaction) = self.compaction.take() else {
+            return Ok(LoopStep::Continue);
+        };
+        let summary = compaction.summary.trim();
+        if summary.is_empty() {
+            return Err(ProviderError::Decode {
+                provider: self.provider_name(),
+                message: "the compaction call returned no summary".to_owned(),
+            }
+            .into());
+        }
+        let tag = compiler::compaction_tag(compaction.number, compaction.through, summary);
+        let appended = messages::append_with_tags(
+            &self.app.store,
+            &self.conversation_id,
+            &self.request_id,
+            &[],
+            &[],
+            std::slice::from_ref(&tag),
+        )
+        .await?;
+        self.history.extend(appended);
+        self.compactions = compaction.number;
+        self.checkpoints
+            .runtime_messages(&self.app.store, std::slice::from_ref(&tag.text), out)
+            .await?;
+        match compaction.then {
+            AfterCompaction::ProviderCall => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+            AfterCompaction::EndTurn => {
+                self.phase = Phase::Tools;
+                Ok(LoopStep::TurnComplete { usage: self.usage })
+            }
+        }
+    }
+
     /// The next event of the streaming provider call; never resolves while tools run. `Err` with
     /// a truncation means the adapter stopped without a terminal event.
     pub async fn next_event(&mut self) -> Result<ResponseEvent, ProviderError> {
-        if self.phase != Phase::Streaming {
+        if !matches!(self.phase, Phase::Streaming | Phase::Compacting) {
             return std::future::pending().await;
         }
         match self.events.recv().await {
@@ -506,6 +715,9 @@ impl TurnLoop {
         event: ResponseEvent,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
+        if self.phase == Phase::Compacting {
+            return self.on_compaction_event(event, out).await;
+        }
         match event {
             ResponseEvent::ReasoningDelta(text) => {
                 if self.draft.thinking_since.is_none() {
@@ -621,6 +833,10 @@ impl TurnLoop {
     async fn complete_call(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
         let draft = std::mem::take(&mut self.draft);
         if let Some(usage) = &draft.usage {
+            if let Some(input_tokens) = usage.input_tokens.filter(|t| *t > 0) {
+                self.bytes_per_token =
+                    (self.last_body_bytes as f64 / input_tokens as f64).clamp(1.0, 16.0);
+            }
             self.last_call_usage = Some(*usage);
             self.usage.accumulate(usage);
         }
@@ -949,6 +1165,7 @@ impl TurnLoop {
         }
         self.append(&imported).await?;
         self.history = messages::load(&self.app.store, &self.conversation_id).await?;
+        self.turn_start = self.history.len();
         let committed = commit_user_message(
             &self.app,
             &self.conversation_id,
@@ -1003,6 +1220,7 @@ impl TurnLoop {
         ));
         StateDetails {
             subagent_runs,
+            summaries: self.compactions,
             pending_tool_calls,
             todos: self.tool_env.todos.clone(),
             mode: Some(self.mode),
