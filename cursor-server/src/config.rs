@@ -21,6 +21,7 @@ pub const DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
+pub const DEFAULT_WEB_SEARCH_RESULTS: u32 = 5;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
@@ -196,6 +197,8 @@ pub struct Config {
     /// History is summarized (compacted) before a provider call whose prompt would fill more than
     /// this share of the model's context window (100 = never).
     pub compact_at_percent: u8,
+    /// The search backend behind WebSearch (`None`: WebSearch is not offered).
+    pub web_search: Option<WebSearchConfig>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -272,6 +275,7 @@ struct FileConfig {
     provider_retry_base_delay_ms: Option<u64>,
     prompt_dir: Option<PathBuf>,
     compact_at_percent: Option<u8>,
+    web_search: Option<FileWebSearch>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -413,6 +417,7 @@ impl FileConfig {
             )?,
             tool_output_max_bytes,
             compact_at_percent,
+            web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
             heartbeat_interval: match self
                 .heartbeat_interval_ms
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS)
@@ -468,6 +473,119 @@ fn positive_secs(
     }
 }
 
+/// `api_key` or the variable `api_key_env` names (never both); `None` when neither is set.
+fn resolve_key(
+    owner: &str,
+    api_key: Option<String>,
+    api_key_env: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Secret>, ConfigError> {
+    match (api_key, api_key_env) {
+        (Some(_), Some(_)) => Err(ConfigError::AmbiguousKey {
+            provider: owner.to_owned(),
+        }),
+        (Some(key), None) if !key.is_empty() => Ok(Some(Secret::new(key))),
+        (Some(_), None) => Err(ConfigError::MissingKey {
+            provider: owner.to_owned(),
+        }),
+        (None, None) => Ok(None),
+        (None, Some(var)) => match env(&var) {
+            Some(key) if !key.is_empty() => Ok(Some(Secret::new(key))),
+            _ => Err(ConfigError::MissingKeyEnv {
+                provider: owner.to_owned(),
+                var,
+            }),
+        },
+    }
+}
+
+/// The server-side search backend WebSearch uses; without one the tool is not offered.
+#[derive(Debug, Clone)]
+pub struct WebSearchConfig {
+    pub kind: WebSearchKind,
+    /// Up to the API root (`https://api.tavily.com`, `https://api.search.brave.com/res/v1`, a
+    /// SearXNG instance).
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    pub max_results: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebSearchKind {
+    /// A SearXNG instance's JSON API (`GET {base_url}/search?format=json`); no key.
+    Searxng,
+    /// Tavily (`POST {base_url}/search`, bearer key).
+    Tavily,
+    /// Brave Search (`GET {base_url}/web/search`, `X-Subscription-Token`).
+    Brave,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileWebSearch {
+    kind: String,
+    base_url: Option<String>,
+    api_key: Option<String>,
+    api_key_env: Option<String>,
+    max_results: Option<u32>,
+}
+
+impl FileWebSearch {
+    fn validate(
+        self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<WebSearchConfig, ConfigError> {
+        const OWNER: &str = "web_search";
+        let (kind, default_url) = match self.kind.as_str() {
+            "searxng" => (WebSearchKind::Searxng, None),
+            "tavily" => (WebSearchKind::Tavily, Some("https://api.tavily.com")),
+            "brave" => (
+                WebSearchKind::Brave,
+                Some("https://api.search.brave.com/res/v1"),
+            ),
+            other => {
+                return Err(ConfigError::UnknownKind {
+                    provider: OWNER.to_owned(),
+                    kind: format!("{other} (web_search kinds: searxng, tavily, brave)"),
+                });
+            }
+        };
+        let base_url = self
+            .base_url
+            .or(default_url.map(str::to_owned))
+            .ok_or_else(|| ConfigError::BaseUrl {
+                provider: OWNER.to_owned(),
+                value: "(missing: a SearXNG instance needs base_url)".to_owned(),
+            })?
+            .trim_end_matches('/')
+            .to_owned();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(ConfigError::BaseUrl {
+                provider: OWNER.to_owned(),
+                value: base_url,
+            });
+        }
+        let api_key = resolve_key(OWNER, self.api_key, self.api_key_env, env)?;
+        if api_key.is_none() && kind != WebSearchKind::Searxng {
+            return Err(ConfigError::MissingKey {
+                provider: OWNER.to_owned(),
+            });
+        }
+        let max_results = self.max_results.unwrap_or(DEFAULT_WEB_SEARCH_RESULTS);
+        if max_results == 0 {
+            return Err(ConfigError::Zero {
+                field: "web_search.max_results",
+            });
+        }
+        Ok(WebSearchConfig {
+            kind,
+            base_url,
+            api_key,
+            max_results,
+        })
+    }
+}
+
 impl FileProvider {
     fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<ProviderConfig, ConfigError> {
         let kind = ProviderKind::parse(&self.kind).ok_or_else(|| ConfigError::UnknownKind {
@@ -480,27 +598,10 @@ impl FileProvider {
                 value: self.base_url,
             });
         }
-        let api_key = match (self.api_key, self.api_key_env) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::AmbiguousKey {
-                    provider: self.name,
-                });
-            }
-            (Some(key), None) if !key.is_empty() => Secret::new(key),
-            (Some(_), None) | (None, None) => {
-                return Err(ConfigError::MissingKey {
-                    provider: self.name,
-                });
-            }
-            (None, Some(var)) => match env(&var) {
-                Some(key) if !key.is_empty() => Secret::new(key),
-                _ => {
-                    return Err(ConfigError::MissingKeyEnv {
-                        provider: self.name,
-                        var,
-                    });
-                }
-            },
+        let Some(api_key) = resolve_key(&self.name, self.api_key, self.api_key_env, env)? else {
+            return Err(ConfigError::MissingKey {
+                provider: self.name,
+            });
         };
         if self.models.is_empty() {
             return Err(ConfigError::NoModels {

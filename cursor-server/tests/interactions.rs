@@ -1,7 +1,9 @@
 //! Tools the user decides (`interaction_query` ↔ `interaction_response`): AskQuestion answered and
 //! declined, CreatePlan accepted in Plan mode, SwitchMode approved (the run continues in the new
 //! mode) and rejected, WebFetch approved (then fetched by the client and read as Markdown),
-//! rejected and switched off by the client, and a response of the wrong kind.
+//! rejected and switched off by the client, WebSearch approved (run by the server's search
+//! backend), rejected, failing, and not offered without a backend, and a response of the wrong
+//! kind.
 //!
 //! A file of its own (not `tool_loop.rs`) because these tools travel on the interaction transport,
 //! not as client execs: their cards, ids and failure modes differ.
@@ -524,5 +526,174 @@ async fn web_fetch_is_not_offered_when_the_client_switched_it_off() {
     assert!(offered_tools(&requests[0]).contains(&"WebFetch".to_owned()));
     let without = offered_tools(&requests[1]);
     assert!(!without.contains(&"WebFetch".to_owned()), "{without:?}");
+    assert!(
+        !offered_tools(&requests[0]).contains(&"WebSearch".to_owned()),
+        "no search backend is configured"
+    );
     assert!(without.contains(&"Read".to_owned()));
+}
+
+/// A model asking for one WebSearch, a server whose search backend is a second fake endpoint.
+struct SearchHarness {
+    provider: FakeProvider,
+    search: FakeProvider,
+    _server: TestServer,
+    cursor: FakeCursor,
+}
+
+impl SearchHarness {
+    async fn new(backend_reply: Option<Reply>) -> SearchHarness {
+        let provider = FakeProvider::start().await;
+        provider.push(Reply::sse(tool_call_events(
+            None,
+            &[(
+                "call_s",
+                "WebSearch",
+                r#"{"search_term":"rust 1.95 release notes"}"#,
+            )],
+            (10, 1, 0),
+        )));
+        provider.push(Reply::sse(text_events(&["Done."], (20, 2, 0))));
+        let search = FakeProvider::start().await;
+        if let Some(reply) = backend_reply {
+            search.push(reply);
+        }
+        let server = TestServer::start_in(
+            &provider.base_url(),
+            tempfile::tempdir().unwrap(),
+            &format!(
+                "[web_search]\nkind = \"tavily\"\nbase_url = \"{}\"\napi_key = \"search-key\"\nmax_results = 2",
+                search.base_url()
+            ),
+        )
+        .await;
+        let cursor = FakeCursor::new(server.addr);
+        SearchHarness {
+            provider,
+            search,
+            _server: server,
+            cursor,
+        }
+    }
+}
+
+fn web_search_response(approved: bool) -> interaction_response::Result {
+    use pb::web_search_request_response::{Approved, Rejected, Result as W};
+    interaction_response::Result::WebSearchRequestResponse(pb::WebSearchRequestResponse {
+        result: Some(if approved {
+            W::Approved(Approved {})
+        } else {
+            W::Rejected(Rejected {
+                reason: String::new(),
+            })
+        }),
+    })
+}
+
+#[tokio::test]
+async fn an_approved_web_search_runs_on_the_server_backend_and_the_model_reads_the_hits() {
+    let h = SearchHarness::new(Some(Reply::Status {
+        status: 200,
+        body: serde_json::json!({"results": [
+            {"title": "Announcing Rust 1.95", "url": "https://blog.rust-lang.org/1.95", "content": "Rust 1.95 stabilizes if-let chains."},
+            {"title": "Release notes", "url": "https://doc.rust-lang.org/releases.html", "content": "Version 1.95.0"},
+            {"title": "Third", "url": "https://example.com/3", "content": "cut by max_results"}
+        ]})
+        .to_string(),
+    }))
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-ws",
+        &run_request_in_mode("conv-ws", "what is new in rust?", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    let Some(interaction_query::Query::WebSearchRequestQuery(ask)) = &query.query else {
+        panic!("expected a search approval, got {query:?}");
+    };
+    assert_eq!(
+        ask.args.as_ref().unwrap().search_term,
+        "rust 1.95 release notes"
+    );
+    turn.send(&respond(query.id, web_search_response(true)))
+        .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(
+        !transcript.kinds().contains(&"exec_server_message"),
+        "the server searched itself"
+    );
+    let backend = h.search.requests();
+    assert_eq!(backend.len(), 1);
+    assert_eq!(backend[0]["query"], "rust 1.95 release notes");
+    assert_eq!(backend[0]["max_results"], 2);
+    assert_eq!(h.search.authorizations()[0], "Bearer search-key");
+    let tool_call::Tool::WebSearchToolCall(card) = completed_card(&transcript) else {
+        panic!("a WebSearch card");
+    };
+    let Some(pb::web_search_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+    else {
+        panic!("a successful search");
+    };
+    assert_eq!(success.references.len(), 2);
+    assert_eq!(success.references[0].url, "https://blog.rust-lang.org/1.95");
+    let requests = h.provider.requests();
+    assert!(offered_tools(&requests[0]).contains(&"WebSearch".to_owned()));
+    assert_eq!(
+        tool_result_text(&requests[1]),
+        "Web results for \"rust 1.95 release notes\":\n\n1. Announcing Rust 1.95\nhttps://blog.rust-lang.org/1.95\nRust 1.95 stabilizes if-let chains.\n\n2. Release notes\nhttps://doc.rust-lang.org/releases.html\nVersion 1.95.0"
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_web_search_searches_nothing() {
+    let h = SearchHarness::new(None).await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-ws-no",
+        &run_request_in_mode("conv-ws-no", "search it", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(query.id, web_search_response(false)))
+        .await;
+    assert!(turn.finish().await.is_success());
+    assert!(h.search.requests().is_empty());
+    assert_eq!(
+        tool_result_text(&h.provider.requests()[1]),
+        "The user rejected searching the web for \"rust 1.95 release notes\"."
+    );
+}
+
+#[tokio::test]
+async fn a_failing_search_backend_is_an_error_result_not_a_failed_run() {
+    let h = SearchHarness::new(Some(Reply::Status {
+        status: 401,
+        body: r#"{"detail":"invalid api key"}"#.into(),
+    }))
+    .await;
+    let mut turn = Session::start(
+        &h.cursor,
+        "req-ws-err",
+        &run_request_in_mode("conv-ws-err", "search it", AgentMode::Agent),
+    )
+    .await;
+    let query = turn.next_query().await;
+    turn.send(&respond(query.id, web_search_response(true)))
+        .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let tool_call::Tool::WebSearchToolCall(card) = completed_card(&transcript) else {
+        panic!("a WebSearch card");
+    };
+    assert!(matches!(
+        card.result.and_then(|r| r.result),
+        Some(pb::web_search_result::Result::Error(_))
+    ));
+    let seen = tool_result_text(&h.provider.requests()[1]);
+    assert!(
+        seen.contains("HTTP 401") && seen.contains("invalid api key"),
+        "{seen}"
+    );
 }

@@ -135,6 +135,8 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                     let context_part = action.request_context.as_ref();
                     let mut tools = ToolOptions {
                         web_fetch: context_part.is_none_or(|c| c.web_fetch_enabled != Some(false)),
+                        web_search: context_part
+                            .is_none_or(|c| c.web_search_enabled != Some(false)),
                         mcp: mcp_tools(
                             &request.mcp_tools,
                             [

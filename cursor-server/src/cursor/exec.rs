@@ -284,7 +284,8 @@ pub fn first_request(input: &ToolInput, call_id: &str, env: &ToolEnv) -> Option<
         | ToolInput::AskQuestion(_)
         | ToolInput::SwitchMode(_)
         | ToolInput::CreatePlan(_)
-        | ToolInput::WebFetch(_) => return None,
+        | ToolInput::WebFetch(_)
+        | ToolInput::WebSearch(_) => return None,
         ToolInput::ListMcpResources(list) => {
             A::ListMcpResourcesExecArgs(list_mcp_resources_args(list))
         }

@@ -8,8 +8,10 @@ use super::proto::agent::{self as pb, exec_client_message, tool_call};
 use super::tools::{
     AskQuestionInput, CreatePlanInput, FetchMcpResourceInput, GrepMode, McpInput, SwitchModeInput,
     TaskInput, TodoWriteInput, ToolEnv, ToolInput, ToolKind, ToolStep, WebFetchInput,
+    WebSearchInput,
 };
 use crate::prompting::derived_state::{self, Todo, TodoStatus, TodoUpdate};
+use crate::provider::web_search::SearchHit;
 
 /// The end of one tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -261,6 +263,12 @@ fn with_result(input: &ToolInput, call_id: &str, result: Option<ResultPart>) -> 
                 result: part!(result, WebFetch),
             }))
         }
+        (ToolInput::WebSearch(search), result) => {
+            card(Tool::WebSearchToolCall(pb::WebSearchToolCall {
+                args: Some(web_search_args(search, call_id)),
+                result: part!(result, WebSearch),
+            }))
+        }
         (ToolInput::ListMcpResources(list), result) => card(Tool::ListMcpResourcesToolCall(
             pb::ListMcpResourcesToolCall {
                 args: Some(exec::list_mcp_resources_args(list)),
@@ -302,6 +310,13 @@ fn task_args(task: &TaskInput) -> pb::TaskArgs {
         attachments: task.attachments.clone(),
         environment: pb::SubagentExecutionEnvironment::Local as i32,
         ..pb::TaskArgs::default()
+    }
+}
+
+fn web_search_args(search: &WebSearchInput, call_id: &str) -> pb::WebSearchArgs {
+    pb::WebSearchArgs {
+        search_term: search.search_term.clone(),
+        tool_call_id: call_id.to_owned(),
     }
 }
 
@@ -382,6 +397,9 @@ pub fn query(input: &ToolInput, call_id: &str) -> Option<QueryRequest> {
             args: Some(create_plan_args(plan)),
             tool_call_id: call_id.to_owned(),
         }),
+        ToolInput::WebSearch(search) => Query::WebSearchRequestQuery(pb::WebSearchRequestQuery {
+            args: Some(web_search_args(search, call_id)),
+        }),
         ToolInput::WebFetch(fetch) => Query::WebFetchRequestQuery(pb::WebFetchRequestQuery {
             args: Some(web_fetch_args(fetch, call_id)),
             skip_approval: false,
@@ -404,6 +422,34 @@ pub fn on_response(
 ) -> ToolStep {
     use pb::interaction_response::Result as R;
     let (part, model_text, is_error) = match (input, *payload.0) {
+        (ToolInput::WebSearch(search), R::WebSearchRequestResponse(response)) => {
+            use pb::web_search_request_response::Result as W;
+            match response.result {
+                Some(W::Approved(_)) => return ToolStep::Search(search.search_term.clone()),
+                Some(W::Rejected(rejected)) => (
+                    ResultPart::WebSearch(pb::WebSearchResult {
+                        result: Some(pb::web_search_result::Result::Rejected(
+                            pb::WebSearchRejected {
+                                reason: rejected.reason.clone(),
+                            },
+                        )),
+                    }),
+                    format!(
+                        "The user rejected searching the web for {:?}{}.",
+                        search.search_term,
+                        reason_suffix(&rejected.reason)
+                    ),
+                    true,
+                ),
+                None => {
+                    return ToolStep::Done(failed(
+                        input,
+                        call_id,
+                        "the client sent an empty response to the search request",
+                    ));
+                }
+            }
+        }
         (ToolInput::WebFetch(fetch), R::WebFetchRequestResponse(response)) => {
             use pb::web_fetch_request_response::Result as W;
             match response.result {
@@ -605,6 +651,7 @@ enum ResultPart {
     SwitchMode(pb::SwitchModeResult),
     Plan(pb::CreatePlanResult),
     WebFetch(pb::WebFetchResult),
+    WebSearch(pb::WebSearchResult),
     McpResources(pb::ListMcpResourcesExecResult),
     McpResource(pb::ReadMcpResourceExecResult),
     Mcp(pb::McpToolResult),
@@ -750,6 +797,13 @@ fn set_error(card: &mut pb::ToolCall, message: &str) {
                 result: Some(pb::mcp_tool_result::Result::Error(pb::McpToolError {
                     error,
                     ..pb::McpToolError::default()
+                })),
+            })
+        }
+        Tool::WebSearchToolCall(c) => {
+            c.result = Some(pb::WebSearchResult {
+                result: Some(pb::web_search_result::Result::Error(pb::WebSearchError {
+                    error,
                 })),
             })
         }
@@ -1176,6 +1230,65 @@ fn mcp_resource_outcome(
         ResultPart::McpResource(result),
         text,
         is_error,
+    )
+}
+
+/// The search backend's hits as the card's references and the model's numbered list.
+pub fn search_outcome(
+    input: &ToolInput,
+    call_id: &str,
+    hits: Result<Vec<SearchHit>, String>,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    let ToolInput::WebSearch(search) = input else {
+        return failed(
+            input,
+            call_id,
+            "internal error: search results for another tool",
+        );
+    };
+    let hits = match hits {
+        Ok(hits) => hits,
+        Err(message) => {
+            return failed(
+                input,
+                call_id,
+                &format!(
+                    "searching the web for {:?} failed: {message}",
+                    search.search_term
+                ),
+            );
+        }
+    };
+    let mut text = if hits.is_empty() {
+        format!("No web results for {:?}.", search.search_term)
+    } else {
+        format!("Web results for {:?}:", search.search_term)
+    };
+    for (n, hit) in hits.iter().enumerate() {
+        let _ = write!(text, "\n\n{}. {}\n{}", n + 1, hit.title, hit.url);
+        if !hit.snippet.trim().is_empty() {
+            let _ = write!(text, "\n{}", hit.snippet.trim());
+        }
+    }
+    let references = hits
+        .into_iter()
+        .map(|hit| pb::WebSearchReference {
+            title: hit.title,
+            url: hit.url,
+            chunk: hit.snippet,
+        })
+        .collect();
+    outcome(
+        input,
+        call_id,
+        ResultPart::WebSearch(pb::WebSearchResult {
+            result: Some(pb::web_search_result::Result::Success(
+                pb::WebSearchSuccess { references },
+            )),
+        }),
+        truncate_for_model(&text, env.max_output_bytes, 0),
+        false,
     )
 }
 

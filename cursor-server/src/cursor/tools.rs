@@ -30,6 +30,7 @@ pub enum ToolKind {
     SwitchMode,
     CreatePlan,
     WebFetch,
+    WebSearch,
     ListMcpResources,
     FetchMcpResource,
     Task,
@@ -50,7 +51,7 @@ pub enum Transport {
 
 impl ToolKind {
     /// The tools with a fixed model-facing name (MCP tools are named by the request).
-    pub const ALL: [ToolKind; 17] = [
+    pub const ALL: [ToolKind; 18] = [
         ToolKind::Read,
         ToolKind::Write,
         ToolKind::StrReplace,
@@ -65,6 +66,7 @@ impl ToolKind {
         ToolKind::SwitchMode,
         ToolKind::CreatePlan,
         ToolKind::WebFetch,
+        ToolKind::WebSearch,
         ToolKind::ListMcpResources,
         ToolKind::FetchMcpResource,
         ToolKind::Task,
@@ -86,6 +88,7 @@ impl ToolKind {
             ToolKind::SwitchMode => "SwitchMode",
             ToolKind::CreatePlan => "CreatePlan",
             ToolKind::WebFetch => "WebFetch",
+            ToolKind::WebSearch => "WebSearch",
             ToolKind::ListMcpResources => "ListMcpResources",
             ToolKind::FetchMcpResource => "FetchMcpResource",
             ToolKind::Task => "Task",
@@ -103,10 +106,12 @@ impl ToolKind {
         match self {
             ToolKind::TodoWrite => Transport::Local,
             // WebFetch asks first; once approved the same call becomes a `fetch_args` exec.
+            // WebSearch asks first; once approved the server's search backend runs it.
             ToolKind::AskQuestion
             | ToolKind::SwitchMode
             | ToolKind::CreatePlan
-            | ToolKind::WebFetch => Transport::Interaction,
+            | ToolKind::WebFetch
+            | ToolKind::WebSearch => Transport::Interaction,
             _ => Transport::Exec,
         }
     }
@@ -140,6 +145,9 @@ impl ToolKind {
             }
             ToolKind::WebFetch => {
                 tool_call::Tool::WebFetchToolCall(pb::WebFetchToolCall::default())
+            }
+            ToolKind::WebSearch => {
+                tool_call::Tool::WebSearchToolCall(pb::WebSearchToolCall::default())
             }
             ToolKind::ListMcpResources => {
                 tool_call::Tool::ListMcpResourcesToolCall(pb::ListMcpResourcesToolCall::default())
@@ -199,6 +207,7 @@ impl ToolKind {
                 ("todos", false),
             ],
             ToolKind::WebFetch => &[("url", true)],
+            ToolKind::WebSearch => &[("search_term", true)],
             ToolKind::ListMcpResources => &[("server", false)],
             ToolKind::FetchMcpResource => &[("server", true), ("uri", true)],
             ToolKind::Task => &[
@@ -535,6 +544,11 @@ pub struct WebFetchInput {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct WebSearchInput {
+    pub search_term: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ListMcpResourcesInput {
     pub server: Option<String>,
 }
@@ -679,6 +693,7 @@ pub enum ToolInput {
     SwitchMode(SwitchModeInput),
     CreatePlan(CreatePlanInput),
     WebFetch(WebFetchInput),
+    WebSearch(WebSearchInput),
     ListMcpResources(ListMcpResourcesInput),
     FetchMcpResource(FetchMcpResourceInput),
     Task(TaskInput),
@@ -841,6 +856,11 @@ pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String>
             }
             ToolInput::WebFetch(input)
         }
+        ToolKind::WebSearch => {
+            let input: WebSearchInput = de(kind, text)?;
+            non_empty("search_term", &input.search_term)?;
+            ToolInput::WebSearch(input)
+        }
         ToolKind::ListMcpResources => ToolInput::ListMcpResources(de(kind, text)?),
         ToolKind::FetchMcpResource => {
             let input: FetchMcpResourceInput = de(kind, text)?;
@@ -898,6 +918,9 @@ pub struct ToolOptions {
     /// `request_context.web_fetch_enabled` (absent = enabled; every fetch is still approved by
     /// the user before it happens).
     pub web_fetch: bool,
+    /// `request_context.web_search_enabled` (absent = enabled) — and the server has a search
+    /// backend (`Config::web_search`), which the run checks.
+    pub web_search: bool,
     /// The user's MCP tools (`run_request.mcp_tools`).
     pub mcp: Vec<McpTool>,
     /// MCP servers the client reported (tools or instructions): resources can be listed and read.
@@ -911,6 +934,7 @@ impl ToolOptions {
     pub fn without_context(mcp: Vec<McpTool>) -> Self {
         let mut options = ToolOptions {
             web_fetch: true,
+            web_search: true,
             mcp,
             mcp_servers: Vec::new(),
             only: None,
@@ -950,6 +974,7 @@ impl ToolOptions {
         }
         match kind {
             ToolKind::WebFetch => self.web_fetch,
+            ToolKind::WebSearch => self.web_search,
             ToolKind::ListMcpResources | ToolKind::FetchMcpResource => !self.mcp_servers.is_empty(),
             _ => true,
         }
@@ -989,6 +1014,8 @@ pub enum ToolStep {
     Exec(ExecRequest),
     /// Ask the user (`interaction_query`) and route the response back here.
     Query(QueryRequest),
+    /// Run this query on the server's search backend and route the hits back here.
+    Search(String),
     /// Show this live update on the card (shell output).
     Delta(pb::ToolCallDelta),
     /// The call is over.
@@ -1113,6 +1140,15 @@ impl ToolRun {
     /// or the exec an approval leads to.
     pub fn on_response(&mut self, payload: QueryPayload, env: &ToolEnv) -> ToolStep {
         tool_result::on_response(&self.input, &self.call_id, payload, env)
+    }
+
+    /// The search backend's answer to this call's `ToolStep::Search`.
+    pub fn on_search(
+        &mut self,
+        hits: Result<Vec<crate::provider::web_search::SearchHit>, String>,
+        env: &ToolEnv,
+    ) -> ToolOutcome {
+        tool_result::search_outcome(&self.input, &self.call_id, hits, env)
     }
 
     /// The mode this call moved the conversation to, if it is a SwitchMode the user approved.

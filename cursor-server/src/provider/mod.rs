@@ -5,6 +5,7 @@ pub mod anthropic;
 pub mod event;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod web_search;
 
 use std::time::Duration;
 

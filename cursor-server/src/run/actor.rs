@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::command::{ClientInput, ProtocolError, RunCommand};
 use super::inbox::{Accepted, Inbox};
 use super::lifecycle::{self, RunEnd};
-use super::loop_engine::{LoopStep, TurnLoop};
+use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use crate::app::AppState;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::error::ServerError;
@@ -292,12 +292,9 @@ impl RunActor {
                         return end;
                     }
                 }
-                event = next_provider_event(&mut self.state) => {
+                event = next_loop_event(&mut self.state) => {
                     let State::Running(turn) = &mut self.state else { continue };
-                    let step = match event {
-                        Ok(event) => turn.on_event(event, &mut self.downlink).await,
-                        Err(error) => Err(error.into()),
-                    };
+                    let step = turn.on_loop_event(event, &mut self.downlink).await;
                     match step {
                         Ok(LoopStep::Continue) => {}
                         Ok(LoopStep::TurnComplete { usage }) => return RunEnd::Success { usage },
@@ -514,9 +511,7 @@ fn step_end(step: Result<LoopStep, ServerError>) -> Option<RunEnd> {
     }
 }
 
-async fn next_provider_event(
-    state: &mut State,
-) -> Result<crate::provider::ResponseEvent, crate::provider::ProviderError> {
+async fn next_loop_event(state: &mut State) -> LoopEvent {
     match state {
         State::Running(turn) => turn.next_event().await,
         State::AwaitingRunRequest => std::future::pending().await,

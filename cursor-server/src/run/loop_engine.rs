@@ -35,12 +35,29 @@ use crate::model::usage::Usage;
 use crate::prompting::assets::PromptKind;
 use crate::prompting::compiler::{self, RequestParameters};
 use crate::prompting::{derived_state, projector};
+use crate::provider::web_search::{self, SearchHit};
 use crate::provider::{
     self, CallLimits, EventReceiver, FinishReason, ProviderError, RequestBody, ResponseEvent,
 };
 use crate::store::blobs::BlobId;
 use crate::store::{messages, runs};
 use std::collections::HashMap;
+
+/// What the loop waits for besides client input.
+#[derive(Debug)]
+pub enum LoopEvent {
+    /// The streaming provider call's next event (or how it failed).
+    Provider(Result<ResponseEvent, ProviderError>),
+    /// A web search the server ran for an approved WebSearch call.
+    SearchDone(SearchDone),
+}
+
+#[derive(Debug)]
+pub struct SearchDone {
+    slot: usize,
+    call_id: String,
+    hits: Result<Vec<SearchHit>, String>,
+}
 
 /// What the loop wants after an event.
 #[derive(Debug)]
@@ -188,6 +205,11 @@ pub struct TurnLoop {
     /// The size of the last request sent, and bytes per prompt token as the last usage showed.
     last_body_bytes: usize,
     bytes_per_token: f64,
+    /// Server-side searches report back here (the sender is cloned into each search task).
+    searches: (
+        tokio::sync::mpsc::Sender<SearchDone>,
+        tokio::sync::mpsc::Receiver<SearchDone>,
+    ),
     provider_calls: u32,
 }
 
@@ -373,7 +395,9 @@ impl TurnLoop {
         };
         let (system, mode_tools) =
             compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
-        let offered_tools = tools::offered_tools(mode_tools, &input.tools);
+        let mut tool_options = input.tools.clone();
+        tool_options.web_search &= app.config.web_search.is_some();
+        let offered_tools = tools::offered_tools(mode_tools, &tool_options);
         let subagent_runs = fold_subagent_runs(&history, []);
         let turn_start = turn_start.unwrap_or(history.len());
         let compactions = latest_compaction(&history).map_or(0, |(_, n, _)| n);
@@ -410,7 +434,7 @@ impl TurnLoop {
             mode,
             system,
             offered_tools,
-            tool_options: input.tools,
+            tool_options,
             subagent: input.subagent,
             subagent_runs,
             turn_start,
@@ -418,6 +442,7 @@ impl TurnLoop {
             compactions,
             last_body_bytes: 0,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+            searches: tokio::sync::mpsc::channel(4),
             provider_calls: 0,
             app,
         };
@@ -686,19 +711,85 @@ impl TurnLoop {
         }
     }
 
-    /// The next event of the streaming provider call; never resolves while tools run. `Err` with
-    /// a truncation means the adapter stopped without a terminal event.
-    pub async fn next_event(&mut self) -> Result<ResponseEvent, ProviderError> {
-        if !matches!(self.phase, Phase::Streaming | Phase::Compacting) {
-            return std::future::pending().await;
-        }
-        match self.events.recv().await {
-            Some(event) => event,
-            None => Err(ProviderError::Truncated {
-                provider: self.app.config.providers[self.provider_index].name.clone(),
+    /// The next provider event or finished server-side search.
+    pub async fn next_event(&mut self) -> LoopEvent {
+        let streaming = matches!(self.phase, Phase::Streaming | Phase::Compacting);
+        let (events, searches) = (&mut self.events, &mut self.searches.1);
+        let provider_event = tokio::select! {
+            Some(done) = searches.recv() => return LoopEvent::SearchDone(done),
+            event = events.recv(), if streaming => event,
+        };
+        LoopEvent::Provider(provider_event.unwrap_or_else(|| {
+            Err(ProviderError::Truncated {
+                provider: self.provider_name(),
                 missing: "terminal event",
-            }),
+            })
+        }))
+    }
+
+    /// Routes what `next_event` returned.
+    pub async fn on_loop_event(
+        &mut self,
+        event: LoopEvent,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        match event {
+            LoopEvent::Provider(Ok(event)) => self.on_event(event, out).await,
+            LoopEvent::Provider(Err(error)) => Err(error.into()),
+            LoopEvent::SearchDone(done) => self.on_search_done(done, out).await,
         }
+    }
+
+    /// A search result for a call still waiting on it; anything else (a batch that ended) is
+    /// dropped.
+    async fn on_search_done(
+        &mut self,
+        done: SearchDone,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let Some(slot) = self.batch.get_mut(done.slot) else {
+            return Ok(LoopStep::Continue);
+        };
+        if slot.call.call_id != done.call_id {
+            return Ok(LoopStep::Continue);
+        }
+        let Some(run) = slot.run.as_mut() else {
+            return Ok(LoopStep::Continue);
+        };
+        let outcome = run.on_search(done.hits, &self.tool_env);
+        self.apply_step(done.slot, ToolStep::Done(outcome), out)
+            .await?;
+        self.after_completion()
+    }
+
+    /// Runs an approved search on the configured backend, off the actor's task.
+    fn start_search(&self, slot: usize, query: String) {
+        let sender = self.searches.0.clone();
+        let call_id = self.batch[slot].call.call_id.clone();
+        let http = self.app.http.clone();
+        let backend = self.app.config.web_search.clone();
+        let cancel = self.call_cancel.clone();
+        tokio::spawn(async move {
+            let search = async {
+                match &backend {
+                    Some(backend) => web_search::search(&http, backend, &query)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Err("no web search backend is configured".to_owned()),
+                }
+            };
+            let hits = tokio::select! {
+                _ = cancel.cancelled() => return,
+                hits = search => hits,
+            };
+            let _ = sender
+                .send(SearchDone {
+                    slot,
+                    call_id,
+                    hits,
+                })
+                .await;
+        });
     }
 
     pub fn provider_calls(&self) -> u32 {
@@ -939,6 +1030,7 @@ impl TurnLoop {
                 let id = self.pending.register_query(slot, &request);
                 out.send_message(&request.into_server_message(id)).await;
             }
+            ToolStep::Search(query) => self.start_search(slot, query),
             ToolStep::Delta(delta) => {
                 let call_id = &self.batch[slot].call.call_id;
                 out.send_message(&interaction::tool_call_delta(

@@ -74,6 +74,8 @@ impl FakeProvider {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(chat))
             .route("/v1/messages", post(chat))
+            // A Tavily-style search backend (WebSearch), answered like any other scripted call.
+            .route("/v1/search", post(chat))
             .with_state(Arc::clone(&shared));
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
