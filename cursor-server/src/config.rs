@@ -22,6 +22,8 @@ pub const DEFAULT_RUN_REQUEST_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
 pub const DEFAULT_WEB_SEARCH_RESULTS: u32 = 5;
+pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 10_000;
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT_SECS: u64 = 600;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
@@ -197,6 +199,12 @@ pub struct Config {
     /// History is summarized (compacted) before a provider call whose prompt would fill more than
     /// this share of the model's context window (100 = never).
     pub compact_at_percent: u8,
+    /// A run whose RunSSE dropped waits this long for the client to reconnect (same request id)
+    /// before it is canceled; zero cancels at once.
+    pub reconnect_grace: Duration,
+    /// A run waiting on the client (tools, questions) that hears nothing from it (not even a
+    /// heartbeat) for this long is canceled.
+    pub client_idle_timeout: Duration,
     /// The search backend behind WebSearch (`None`: WebSearch is not offered).
     pub web_search: Option<WebSearchConfig>,
     pub providers: Vec<ProviderConfig>,
@@ -276,6 +284,8 @@ struct FileConfig {
     prompt_dir: Option<PathBuf>,
     compact_at_percent: Option<u8>,
     web_search: Option<FileWebSearch>,
+    reconnect_grace_ms: Option<u64>,
+    client_idle_timeout_secs: Option<u64>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -418,6 +428,15 @@ impl FileConfig {
             tool_output_max_bytes,
             compact_at_percent,
             web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
+            reconnect_grace: Duration::from_millis(
+                self.reconnect_grace_ms
+                    .unwrap_or(DEFAULT_RECONNECT_GRACE_MS),
+            ),
+            client_idle_timeout: positive_secs(
+                self.client_idle_timeout_secs,
+                DEFAULT_CLIENT_IDLE_TIMEOUT_SECS,
+                "client_idle_timeout_secs",
+            )?,
             heartbeat_interval: match self
                 .heartbeat_interval_ms
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS)

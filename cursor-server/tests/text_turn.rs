@@ -426,68 +426,6 @@ async fn a_slow_provider_is_covered_by_heartbeats() {
 }
 
 #[tokio::test]
-async fn dropping_the_run_sse_connection_cancels_the_provider_call() {
-    let provider = FakeProvider::start().await;
-    // Long enough that the provider is still streaming when the client goes away.
-    let parts: Vec<String> = (0..300).map(|i| format!("part {i} ")).collect();
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-    provider.push(Reply::Sse {
-        events: text_events(&parts, (5, 300, 0)),
-        gap: std::time::Duration::from_millis(30),
-    });
-    let server = TestServer::start(&provider.base_url()).await;
-    let cursor = FakeCursor::new(server.addr);
-
-    // A client of its own, so that dropping it closes the connection rather than pooling it.
-    let own_client = FakeCursor::new(server.addr);
-    let sse = own_client.open_run_sse("req-drop").await;
-    assert_eq!(
-        cursor
-            .append(
-                "req-drop",
-                0,
-                &run_request("conv-drop", "long answer please")
-            )
-            .await
-            .status(),
-        200
-    );
-    let mut stream = sse.bytes_stream();
-    use futures_util::StreamExt as _;
-    let first = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
-        .await
-        .expect("a first frame");
-    assert!(first.is_some());
-    // Go away only once the provider is answering (the first frames are KV writes, which may
-    // come before the provider call has even connected).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while provider.requests().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no provider call");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    drop(stream);
-    drop(own_client);
-
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
-    while provider.disconnects() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the provider never saw the disconnect"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
-        .await
-        .expect("reopen");
-    let record = runs::get(&store, "req-drop")
-        .await
-        .expect("query")
-        .expect("run");
-    assert_eq!(record.outcome.status, RunStatus::Canceled);
-}
-
-#[tokio::test]
 async fn the_success_tail_is_turn_ended_transitional_final_final_again_then_end_of_stream() {
     let provider = FakeProvider::start().await;
     provider.push(Reply::sse(text_events(&["Done."], (30, 3, 0))));

@@ -9,8 +9,8 @@ mod fake_provider;
 mod fixtures;
 
 use cursor_server::cursor::proto::agent::{
-    self as pb, agent_server_message, exec_client_message as result, exec_server_message as args,
-    interaction_update, tool_call,
+    self as pb, exec_client_message as result, exec_server_message as args, interaction_update,
+    tool_call,
 };
 use fake_cursor::{FakeCursor, Session, Transcript};
 use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
@@ -1003,43 +1003,6 @@ async fn todo_write_is_answered_locally_and_merges_with_the_list_folded_from_his
         text.contains("[x] Write code (1)") && text.contains("[ ] Test (2)"),
         "{text}"
     );
-}
-
-#[tokio::test]
-async fn canceling_during_a_running_shell_aborts_it_and_completes_its_card() {
-    let h = Harness::new(vec![tool_call_events(
-        None,
-        &[("call_long", "Shell", r#"{"command":"sleep 100"}"#)],
-        (10, 3, 0),
-    )])
-    .await;
-    let mut session = h.session("req-cancel", "wait").await;
-    let exec = session.next_exec().await;
-    session.send(&cancel()).await;
-    let transcript = session.finish().await;
-
-    assert_eq!(transcript.error_code(), Some("canceled"));
-    assert!(!transcript.kinds().contains(&"turn_ended"));
-    let aborted = transcript.messages.iter().any(|m| {
-        matches!(&m.message, Some(agent_server_message::Message::ExecServerControlMessage(c))
-            if matches!(&c.message, Some(pb::exec_server_control_message::Message::Abort(a)) if a.id == exec.id))
-    });
-    assert!(aborted, "the running exec is aborted");
-    assert_eq!(completed(&transcript).len(), 1);
-    assert_every_completed_card_has_a_typed_result(&transcript);
-}
-
-fn cancel() -> pb::AgentClientMessage {
-    pb::AgentClientMessage {
-        message: Some(pb::agent_client_message::Message::ConversationAction(
-            pb::ConversationAction {
-                action: Some(pb::conversation_action::Action::CancelAction(
-                    pb::CancelAction::default(),
-                )),
-                ..Default::default()
-            },
-        )),
-    }
 }
 
 /// The main scenario (reasoning, a Read call, its result, a final answer) on every endpoint, with the

@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt as _;
-use tokio::sync::mpsc;
 
 use super::bidi_append;
 use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError};
@@ -19,7 +18,7 @@ use super::proto::aiserver::{
     AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, ai_service_routes,
     available_models_response, bidi_service_routes,
 };
-use super::run_sse::{self, DOWNLINK_BUFFER};
+use super::run_sse;
 use crate::app::AppState;
 use crate::run::command::{ProtocolError, RunCommand};
 use crate::run::registry::{RegistryError, RunHandle, RunRegistry};
@@ -207,8 +206,8 @@ async fn run_bidi(State(state): State<Arc<AppState>>, request: Request) -> Respo
             ));
         }
     };
-    let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
-    if handle.send(RunCommand::AttachDownlink(tx)).await.is_err() {
+    let (sink, body) = run_sse::downlink_channel();
+    if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return run_sse::stream_error(&ConnectError::new(
             ConnectCode::Internal,
             "the run ended before it started",
@@ -216,7 +215,7 @@ async fn run_bidi(State(state): State<Arc<AppState>>, request: Request) -> Respo
     }
     let max = state.config.max_frame_bytes;
     tokio::spawn(forward_uplink(request.into_body(), handle, encoding, max));
-    run_sse::stream_response(rx)
+    run_sse::stream_response(body)
 }
 
 /// Reads the `Run` request stream and hands each message to the run, until the run ends.

@@ -111,6 +111,11 @@ impl PendingExecs {
     }
 
     /// Whether exec `id` answers with a stream of results (it ends on a terminal one).
+    /// Whether anything (exec or question) still waits on the client.
+    pub fn has_active(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     pub fn is_streaming(&self, id: u32) -> bool {
         self.pending.get(&id).is_some_and(|p| p.streaming)
     }

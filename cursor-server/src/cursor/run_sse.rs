@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::connect::{self, ConnectCode, ConnectError, Encoding};
@@ -22,9 +22,66 @@ use crate::run::registry::{RegistryError, RunRegistry};
 /// Frames buffered between a run's actor and a slow client before the actor waits.
 pub const DOWNLINK_BUFFER: usize = 256;
 
-/// A 200 `application/connect+proto` response streaming the frames sent into `rx`.
-pub fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+/// The run's end of one response body: frames go in through `frames`; if the client goes away,
+/// the frames it never read come back on `returned` (so a reconnecting client loses none).
+#[derive(Debug)]
+pub struct DownlinkSink {
+    pub frames: mpsc::Sender<Bytes>,
+    pub returned: oneshot::Receiver<Vec<Bytes>>,
+}
+
+/// The response body's end: streams the frames and, when dropped before the end, hands back what
+/// was still queued.
+pub struct DownlinkBody {
+    frames: ReceiverStream<Bytes>,
+    returned: Option<oneshot::Sender<Vec<Bytes>>>,
+}
+
+impl futures_util::Stream for DownlinkBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.frames.poll_next_unpin(cx).map(|frame| frame.map(Ok))
+    }
+}
+
+impl Drop for DownlinkBody {
+    fn drop(&mut self) {
+        let Some(returned) = self.returned.take() else {
+            return;
+        };
+        let receiver = self.frames.as_mut();
+        receiver.close();
+        let mut unread = Vec::new();
+        while let Ok(frame) = receiver.try_recv() {
+            unread.push(frame);
+        }
+        let _ = returned.send(unread);
+    }
+}
+
+/// A connected sink/body pair.
+pub fn downlink_channel() -> (DownlinkSink, DownlinkBody) {
+    let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
+    let (returned_tx, returned_rx) = oneshot::channel();
+    (
+        DownlinkSink {
+            frames: tx,
+            returned: returned_rx,
+        },
+        DownlinkBody {
+            frames: ReceiverStream::new(rx),
+            returned: Some(returned_tx),
+        },
+    )
+}
+
+/// A 200 `application/connect+proto` response streaming the run's frames.
+pub fn stream_response(body: DownlinkBody) -> Response {
+    let body = Body::from_stream(body);
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)],
@@ -89,12 +146,12 @@ pub async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Re
             ));
         }
     };
-    let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
-    if handle.send(RunCommand::AttachDownlink(tx)).await.is_err() {
+    let (sink, body) = downlink_channel();
+    if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return stream_error(&ConnectError::new(
             ConnectCode::NotFound,
             format!("request {request_id} has already finished"),
         ));
     }
-    stream_response(rx)
+    stream_response(body)
 }

@@ -15,21 +15,31 @@ use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use crate::app::AppState;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
+use crate::cursor::run_sse::DownlinkSink;
 use crate::error::ServerError;
 use crate::model::usage::Usage;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
-/// The run's outgoing frames. Frames produced before a RunSSE attaches are kept and replayed to it
-/// in order; after `end` nothing more is sent.
+/// How long a new run waits for the run it interrupts to end.
+const SUPERSEDE_WAIT: Duration = Duration::from_secs(5);
+
+/// The run's outgoing frames. Frames produced while no RunSSE is attached (before the first one,
+/// or after a client dropped and until it reconnects) are kept and replayed to the next one in
+/// order — including those the dropped body had queued but never delivered; after `end` nothing
+/// more is sent.
 #[derive(Debug)]
 pub struct Downlink {
-    sink: Option<mpsc::Sender<Bytes>>,
+    sink: Option<DownlinkSink>,
     backlog: Vec<Bytes>,
     ended: bool,
-    client_gone: bool,
+    /// A RunSSE was attached once (so a missing one means the client went away).
+    ever_attached: bool,
     /// When the last frame went out (for heartbeats while nothing else does).
     last_sent: Instant,
 }
+
+/// How long a dropped body gets to hand back its unread frames.
+const RETURN_WAIT: Duration = Duration::from_secs(1);
 
 impl Default for Downlink {
     fn default() -> Self {
@@ -37,34 +47,27 @@ impl Default for Downlink {
             sink: None,
             backlog: Vec::new(),
             ended: false,
-            client_gone: false,
+            ever_attached: false,
             last_sent: Instant::now(),
         }
     }
 }
 
 impl Downlink {
-    pub fn attached(sink: mpsc::Sender<Bytes>) -> Self {
-        Downlink {
-            sink: Some(sink),
-            ..Downlink::default()
-        }
-    }
-
     pub fn is_attached(&self) -> bool {
         self.sink.is_some()
     }
 
     /// Attaches a RunSSE body and flushes the backlog into it.
-    async fn attach(&mut self, sink: mpsc::Sender<Bytes>) {
-        for frame in self.backlog.drain(..) {
-            if sink.send(frame).await.is_err() {
-                self.client_gone = true;
-                return;
-            }
+    async fn attach(&mut self, sink: DownlinkSink) {
+        let backlog = std::mem::take(&mut self.backlog);
+        self.sink = Some(sink);
+        self.ever_attached = true;
+        for frame in backlog {
+            self.send_frame(frame).await;
         }
-        if !self.ended {
-            self.sink = Some(sink);
+        if self.ended && self.backlog.is_empty() {
+            self.sink = None;
         }
     }
 
@@ -77,37 +80,63 @@ impl Downlink {
             tracing::error!("frame after end-of-stream dropped");
             return;
         }
-        match &self.sink {
-            Some(sink) => {
-                if sink.send(frame).await.is_err() {
-                    self.client_gone = true;
-                    self.sink = None;
-                }
-                self.last_sent = Instant::now();
+        self.send_frame(frame).await;
+    }
+
+    async fn send_frame(&mut self, frame: Bytes) {
+        let Some(sink) = &self.sink else {
+            self.backlog.push(frame);
+            return;
+        };
+        match sink.frames.send(frame).await {
+            Ok(()) => self.last_sent = Instant::now(),
+            Err(mpsc::error::SendError(frame)) => {
+                self.detach().await;
+                self.backlog.push(frame);
             }
-            None if self.client_gone => {}
-            None => self.backlog.push(frame),
         }
+    }
+
+    /// The attached client went away: what its body never delivered goes back to the backlog.
+    async fn detach(&mut self) {
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        let unread = tokio::time::timeout(RETURN_WAIT, sink.returned)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        if !unread.is_empty() {
+            tracing::debug!(
+                frames = unread.len(),
+                "kept frames a dropped client never read"
+            );
+        }
+        let later = std::mem::replace(&mut self.backlog, unread);
+        self.backlog.extend(later);
     }
 
     /// Sends the end-of-stream frame and closes the downlink.
     pub async fn end(&mut self, end_frame: Bytes) {
         self.send(end_frame).await;
         self.ended = true;
-        self.sink = None;
+        if self.backlog.is_empty() {
+            self.sink = None;
+        }
     }
 
     /// Resolves when an attached client has gone away (RunSSE closed, HTTP/2 stream reset).
     async fn closed(&self) {
         match &self.sink {
-            Some(sink) => sink.closed().await,
+            Some(sink) => sink.frames.closed().await,
             None => std::future::pending().await,
         }
     }
 
     /// Whether frames are still waiting for a RunSSE that never came.
     fn has_undelivered(&self) -> bool {
-        !self.backlog.is_empty() && !self.client_gone
+        !self.backlog.is_empty()
     }
 }
 
@@ -237,7 +266,7 @@ impl RunActor {
                         ConnectCode::NotFound,
                         format!("request {} has already finished", self.request_id),
                     );
-                    let _ = sink.try_send(connect::end_stream_error(&error));
+                    let _ = sink.frames.try_send(connect::end_stream_error(&error));
                 }
                 other => {
                     tracing::debug!(request_id = %self.request_id, "dropped after the run ended: {other:?}")
@@ -273,21 +302,61 @@ impl RunActor {
         let heartbeat_every = self.app.config.heartbeat_interval;
         let mut resend = tokio::time::interval(self.app.config.kv_retry_after);
         resend.reset();
+        let grace = self.app.config.reconnect_grace;
+        let idle_timeout = self.app.config.client_idle_timeout;
+        let mut reconnect_deadline: Option<Instant> = None;
+        let mut last_client_traffic = Instant::now();
         loop {
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
+            // A client that dropped its RunSSE has `grace` to come back for the rest.
+            match (self.downlink.is_attached(), self.downlink.ever_attached) {
+                (true, _) => reconnect_deadline = None,
+                (false, true) if reconnect_deadline.is_none() => {
+                    if grace.is_zero() {
+                        return RunEnd::Canceled {
+                            reason: "the client disconnected".to_owned(),
+                        };
+                    }
+                    tracing::info!(request_id = %self.request_id, grace_ms = grace.as_millis() as u64, "the client disconnected; waiting for it to reconnect");
+                    reconnect_deadline = Some(Instant::now() + grace);
+                }
+                _ => {}
+            }
+            let waiting_on_client = match &self.state {
+                State::Running(turn) => turn.waiting_on_client(),
+                State::AwaitingRunRequest => false,
+            };
+            let idle_deadline = last_client_traffic + idle_timeout;
             let heartbeat_due = self.downlink.last_sent + heartbeat_every;
             let beating = !awaiting && self.downlink.is_attached();
             tokio::select! {
                 _ = self.app.shutdown.cancelled() => {
                     return RunEnd::Canceled { reason: "the server is shutting down".to_owned() };
                 }
-                _ = self.downlink.closed() => {
-                    return RunEnd::Canceled { reason: "the client disconnected".to_owned() };
+                _ = self.downlink.closed() => self.downlink.detach().await,
+                _ = sleep_until_some(reconnect_deadline) => {
+                    return RunEnd::Canceled {
+                        reason: format!(
+                            "the client disconnected and did not reconnect within {} ms",
+                            grace.as_millis()
+                        ),
+                    };
+                }
+                _ = tokio::time::sleep_until(idle_deadline), if waiting_on_client => {
+                    return RunEnd::Canceled {
+                        reason: format!(
+                            "no message from the client for {} s while waiting on it",
+                            idle_timeout.as_secs()
+                        ),
+                    };
                 }
                 command = self.commands.recv() => {
                     let Some(command) = command else {
                         return RunEnd::Canceled { reason: "the run was dropped".to_owned() };
                     };
+                    if matches!(command, RunCommand::Ordered(_) | RunCommand::Appended { .. }) {
+                        last_client_traffic = Instant::now();
+                    }
                     if let Some(end) = self.handle_command(command).await {
                         return end;
                     }
@@ -357,13 +426,16 @@ impl RunActor {
                             self.request_id
                         ),
                     );
-                    let _ = sink.send(connect::end_stream_error(&error)).await;
+                    let _ = sink.frames.send(connect::end_stream_error(&error)).await;
                 } else {
                     self.downlink.attach(sink).await;
                 }
                 None
             }
             RunCommand::UplinkFailed(error) => Some(RunEnd::Failed(error.into())),
+            RunCommand::Superseded { by } => Some(RunEnd::Canceled {
+                reason: format!("interrupted by a new run ({by}) on the same conversation"),
+            }),
         }
     }
 
@@ -375,6 +447,7 @@ impl RunActor {
                     return protocol(ProtocolError::DuplicateRunRequest);
                 }
                 tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
+                self.take_over_conversation(&request.conversation_id).await;
                 self.recorded = true;
                 match TurnLoop::start(
                     Arc::clone(&self.app),
@@ -434,6 +507,27 @@ impl RunActor {
         }
     }
 
+    /// Stops the run that still works on `conversation_id` (the user sent a new message while it
+    /// ran) and waits for it to end, so the two never write the same history at once.
+    async fn take_over_conversation(&mut self, conversation_id: &str) {
+        let Some((previous, handle)) = self
+            .app
+            .runs
+            .claim_conversation(conversation_id, &self.request_id)
+        else {
+            return;
+        };
+        tracing::info!(request_id = %self.request_id, conversation_id, previous = %previous, "interrupting the conversation's running request");
+        let by = self.request_id.clone();
+        if handle.send(RunCommand::Superseded { by }).await.is_ok()
+            && tokio::time::timeout(SUPERSEDE_WAIT, handle.done().cancelled())
+                .await
+                .is_err()
+        {
+            tracing::warn!(request_id = %self.request_id, previous = %previous, "the interrupted run did not end in time; going on");
+        }
+    }
+
     /// A run can end before its RunSSE arrives (a fast failure); keep its frames for a while so the
     /// client still sees how it ended.
     async fn deliver_backlog(&mut self) {
@@ -488,6 +582,8 @@ async fn settle_checkpoints(
                     }
                 }
                 Some(RunCommand::AttachDownlink(sink)) => downlink.attach(sink).await,
+                // A new run owns the conversation now: stop waiting, it must not be held up.
+                Some(RunCommand::Superseded { .. }) => return false,
                 Some(other) => tracing::debug!(request_id, "ignored after turn_ended: {other:?}"),
                 None => return false,
             },
@@ -508,6 +604,13 @@ fn step_end(step: Result<LoopStep, ServerError>) -> Option<RunEnd> {
         Ok(LoopStep::Continue) => None,
         Ok(LoopStep::TurnComplete { usage }) => Some(RunEnd::Success { usage }),
         Err(error) => Some(RunEnd::Failed(error)),
+    }
+}
+
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,12 +1,10 @@
 //! What the transports tell a run: client inputs (already translated from protobuf by `cursor/`),
 //! downlink attachment, and transport-level failures.
 
-use bytes::Bytes;
-use tokio::sync::mpsc;
-
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::BackgroundCompletion;
@@ -94,9 +92,11 @@ pub enum RunCommand {
     /// A client message from `BidiAppend`, to be ordered by its `append_seqno`.
     Appended { seqno: i64, input: ClientInput },
     /// A RunSSE response body wants the run's downlink frames.
-    AttachDownlink(mpsc::Sender<Bytes>),
+    AttachDownlink(DownlinkSink),
     /// The uplink broke (malformed frame); the run ends with this protocol error.
     UplinkFailed(ProtocolError),
+    /// A new run (`by`) took over this run's conversation: this one stops (`canceled`).
+    Superseded { by: String },
 }
 
 /// A client that broke the protocol at run time.

@@ -792,6 +792,16 @@ impl TurnLoop {
         });
     }
 
+    /// Whether the run is waiting on the client (tool results, answers, blobs) rather than on the
+    /// provider or a server-side search.
+    pub fn waiting_on_client(&self) -> bool {
+        match self.phase {
+            Phase::Importing => true,
+            Phase::Tools => self.pending.has_active(),
+            Phase::Streaming | Phase::Compacting => false,
+        }
+    }
+
     pub fn provider_calls(&self) -> u32 {
         self.provider_calls
     }

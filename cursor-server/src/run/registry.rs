@@ -55,6 +55,9 @@ pub struct RunRegistry {
 #[derive(Default)]
 struct Inner {
     active: HashMap<String, RunHandle>,
+    /// The run that owns each conversation now (conversation id → request id), and the reverse.
+    conversation_owner: HashMap<String, String>,
+    run_conversation: HashMap<String, String>,
     finished: HashSet<String>,
     finished_order: VecDeque<String>,
 }
@@ -111,9 +114,41 @@ impl RunRegistry {
         Ok(handle)
     }
 
+    /// Makes `request_id` the run of `conversation_id` and returns the run it takes over from, if
+    /// one is still active (it must be stopped before the new run touches the conversation).
+    pub fn claim_conversation(
+        &self,
+        conversation_id: &str,
+        request_id: &str,
+    ) -> Option<(String, RunHandle)> {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = inner
+            .conversation_owner
+            .insert(conversation_id.to_owned(), request_id.to_owned());
+        inner
+            .run_conversation
+            .insert(request_id.to_owned(), conversation_id.to_owned());
+        let previous = previous.filter(|p| p != request_id)?;
+        inner.run_conversation.remove(&previous);
+        inner
+            .active
+            .get(&previous)
+            .cloned()
+            .map(|handle| (previous, handle))
+    }
+
     fn mark_finished(&self, request_id: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.active.remove(request_id);
+        if let Some(conversation) = inner.run_conversation.remove(request_id)
+            && inner
+                .conversation_owner
+                .get(&conversation)
+                .map(String::as_str)
+                == Some(request_id)
+        {
+            inner.conversation_owner.remove(&conversation);
+        }
         if inner.finished.insert(request_id.to_owned()) {
             inner.finished_order.push_back(request_id.to_owned());
         }

@@ -310,6 +310,34 @@ impl<'a> Session<'a> {
         session
     }
 
+    /// Opens a new RunSSE for a run this client already talks to (a reconnect), continuing its
+    /// append sequence at `seqno`.
+    pub async fn reattach(cursor: &'a FakeCursor, request_id: &str, seqno: i64) -> Session<'a> {
+        let response = cursor.open_run_sse(request_id).await;
+        assert_eq!(response.status(), 200);
+        Session {
+            cursor,
+            request_id: request_id.to_owned(),
+            seqno,
+            blobs: std::collections::HashMap::new(),
+            withhold_acks: false,
+            withhold_matching: None,
+            withheld: Vec::new(),
+            stream: response.bytes_stream().boxed(),
+            decoder: FrameDecoder::new(64 * 1024 * 1024),
+            transcript: Transcript {
+                messages: Vec::new(),
+                end: None,
+                end_frame: None,
+            },
+        }
+    }
+
+    /// The next append sequence number this session would use.
+    pub fn seqno(&self) -> i64 {
+        self.seqno
+    }
+
     pub async fn send(&mut self, message: &AgentClientMessage) {
         let response = self
             .cursor

@@ -88,6 +88,12 @@ pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &s
     } else {
         "checkpoint_ack_timeout_ms = 200"
     };
+    // A dropped RunSSE is given a short grace to come back, unless a test says otherwise.
+    let grace = if extra.contains("reconnect_grace_ms") {
+        ""
+    } else {
+        "reconnect_grace_ms = 300"
+    };
     let text = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -95,6 +101,7 @@ database_url = "sqlite://{db}"
 provider_idle_timeout_secs = 5
 provider_retry_base_delay_ms = 10
 {ack_timeout}
+{grace}
 {extra}
 
 [[providers]]

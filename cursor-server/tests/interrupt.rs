@@ -1,0 +1,378 @@
+//! Stop and interrupt: a new run on the same conversation interrupts the running one (which ends
+//! `canceled`; nothing it would still have produced reaches the new run), the user's stop during a
+//! running shell aborts it, a dropped RunSSE cancels the provider call once the reconnect grace is
+//! over — and a RunSSE that reconnects in time gets the rest of the stream exactly once — and a
+//! run waiting on a silent client is canceled after the idle timeout.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::time::Duration;
+
+use cursor_server::cursor::proto::agent::{
+    self as pb, agent_server_message, exec_server_message as args, interaction_update,
+};
+use cursor_server::store::Store;
+use cursor_server::store::runs::{self, RunStatus};
+use fake_cursor::{FakeCursor, Session, Transcript};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, read_success, run_request, run_request_with_env};
+
+fn cancel() -> pb::AgentClientMessage {
+    pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(pb::conversation_action::Action::CancelAction(
+                    pb::CancelAction::default(),
+                )),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+fn aborted(transcript: &Transcript, exec_id: u32) -> bool {
+    transcript.messages.iter().any(|m| {
+        matches!(&m.message, Some(agent_server_message::Message::ExecServerControlMessage(c))
+            if matches!(&c.message, Some(pb::exec_server_control_message::Message::Abort(a)) if a.id == exec_id))
+    })
+}
+
+fn completed_cards(transcript: &Transcript) -> Vec<&pb::ToolCallCompletedUpdate> {
+    transcript
+        .updates()
+        .filter_map(|u| match u {
+            interaction_update::Message::ToolCallCompleted(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A slow answer: `n` parts, `gap` apart.
+fn slow_text(n: usize, gap: Duration) -> Reply {
+    let parts: Vec<String> = (0..n).map(|i| format!("p{i} ")).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    Reply::Sse {
+        events: text_events(&parts, (5, n as u64, 0)),
+        gap,
+    }
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_new_run_interrupts_a_streaming_one_and_nothing_late_reaches_the_new_revision() {
+    let provider = FakeProvider::start().await;
+    provider.push(slow_text(200, Duration::from_millis(20)));
+    provider.push(Reply::sse(text_events(&["second answer"], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut old = Session::start(&cursor, "req-old", &run_request("conv-int", "first")).await;
+    // Wait until the old run is streaming its answer.
+    while let Some(message) = old.next().await {
+        if matches!(&message.message, Some(agent_server_message::Message::InteractionUpdate(u))
+            if matches!(u.message, Some(interaction_update::Message::TextDelta(_))))
+        {
+            break;
+        }
+    }
+    let new = Session::start(&cursor, "req-new", &run_request("conv-int", "second")).await;
+    let old = old.finish().await;
+    assert_eq!(old.error_code(), Some("canceled"), "{:?}", old.end);
+    assert!(old.error_message().unwrap().contains("req-new"));
+    assert!(!old.kinds().contains(&"turn_ended"));
+    let new = new.finish().await;
+    assert!(new.is_success(), "{:?}", new.end);
+    assert_eq!(new.text(), "second answer");
+    wait_for("the old provider call to be dropped", || {
+        provider.disconnects() > 0
+    })
+    .await;
+
+    // The new revision has both user messages and nothing of the interrupted answer.
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].to_string();
+    assert!(messages.contains("first") && messages.contains("second"));
+    assert!(!messages.contains("p0 "), "{messages}");
+    // Both runs are recorded with their endings.
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .unwrap();
+    let old_run = runs::get(&store, "req-old").await.unwrap().unwrap();
+    assert_eq!(old_run.outcome.status, RunStatus::Canceled);
+    let new_run = runs::get(&store, "req-new").await.unwrap().unwrap();
+    assert_eq!(new_run.outcome.status, RunStatus::Succeeded);
+}
+
+#[tokio::test]
+async fn a_late_exec_result_of_an_interrupted_run_is_refused_and_never_stored() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_r", "Read", r#"{"path":"src/lib.rs"}"#)],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["fresh start"], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    let mut old = Session::start(
+        &cursor,
+        "req-tool-old",
+        &run_request_with_env("conv-late", "read lib"),
+    )
+    .await;
+    let exec = old.next_exec().await;
+    assert!(matches!(exec.message, Some(args::Message::ReadArgs(_))));
+    let seqno = old.seqno();
+    let new = Session::start(
+        &cursor,
+        "req-tool-new",
+        &run_request("conv-late", "never mind"),
+    )
+    .await;
+    let old = old.finish().await;
+    assert_eq!(old.error_code(), Some("canceled"));
+    assert!(aborted(&old, exec.id), "the running read is aborted");
+    assert_eq!(
+        completed_cards(&old).len(),
+        1,
+        "its card reaches a terminal state"
+    );
+    // The client's answer arrives after all: the finished run refuses it.
+    let late = cursor
+        .append(
+            "req-tool-old",
+            seqno,
+            &exec_result(exec.id, read_success("src/lib.rs", "LATE CONTENT")),
+        )
+        .await;
+    assert_ne!(late.status(), 200);
+    let new = new.finish().await;
+    assert!(new.is_success(), "{:?}", new.end);
+    let requests = provider.requests();
+    let messages = requests.last().unwrap()["messages"].to_string();
+    assert!(!messages.contains("LATE CONTENT"));
+    assert!(
+        !messages.contains("call_r"),
+        "an unanswered call is not replayed: {messages}"
+    );
+}
+
+#[tokio::test]
+async fn cancel_during_a_running_shell_aborts_it_keeps_the_finished_read_and_ends_canceled() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_read", "Read", r#"{"path":"README.md"}"#),
+            ("call_long", "Shell", r#"{"command":"sleep 100"}"#),
+        ],
+        (10, 3, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["after the stop"], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-cancel",
+        &run_request_with_env("conv-cancel", "read and wait"),
+    )
+    .await;
+    let mut read_id = None;
+    let mut shell_id = None;
+    while read_id.is_none() || shell_id.is_none() {
+        let exec = session.next_exec().await;
+        match exec.message {
+            Some(args::Message::ReadArgs(_)) => read_id = Some(exec.id),
+            Some(args::Message::ShellStreamArgs(_)) => shell_id = Some(exec.id),
+            other => panic!("unexpected exec {other:?}"),
+        }
+    }
+    session
+        .send(&exec_result(
+            read_id.unwrap(),
+            read_success("README.md", "# Kept\n"),
+        ))
+        .await;
+    session.send(&cancel()).await;
+    let transcript = session.finish().await;
+    assert_eq!(transcript.error_code(), Some("canceled"));
+    assert!(!transcript.kinds().contains(&"turn_ended"));
+    assert!(
+        aborted(&transcript, shell_id.unwrap()),
+        "the running shell is aborted"
+    );
+    assert!(
+        !aborted(&transcript, read_id.unwrap()),
+        "the finished read is not"
+    );
+    assert_eq!(completed_cards(&transcript).len(), 2);
+
+    // The completed read is history; the aborted shell is not.
+    let next = Session::start(&cursor, "req-after", &run_request("conv-cancel", "go on"))
+        .await
+        .finish()
+        .await;
+    assert!(next.is_success());
+    let messages = provider.requests()[1]["messages"].to_string();
+    assert!(messages.contains("# Kept"), "{messages}");
+    assert!(!messages.contains("sleep 100"), "{messages}");
+}
+
+#[tokio::test]
+async fn a_run_sse_that_reconnects_within_the_grace_gets_the_rest_of_the_stream_exactly_once() {
+    let provider = FakeProvider::start().await;
+    provider.push(slow_text(6, Duration::from_millis(300)));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 5000",
+    )
+    .await;
+    // The first connection on a client of its own, so dropping it really closes it.
+    let first_client = FakeCursor::new(server.addr);
+    let mut first = Session::start(&first_client, "req-re", &run_request("conv-re", "count")).await;
+    let mut seen_text = 0;
+    while seen_text < 2 {
+        let message = first.next().await.expect("the stream goes on");
+        if matches!(&message.message, Some(agent_server_message::Message::InteractionUpdate(u))
+            if matches!(u.message, Some(interaction_update::Message::TextDelta(_))))
+        {
+            seen_text += 1;
+        }
+    }
+    let seqno = first.seqno();
+    let before = first.transcript.text();
+    drop(first);
+    drop(first_client);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let cursor = FakeCursor::new(server.addr);
+    let rest = Session::reattach(&cursor, "req-re", seqno)
+        .await
+        .finish()
+        .await;
+    assert!(rest.is_success(), "{:?}", rest.end);
+    assert_eq!(format!("{before}{}", rest.text()), "p0 p1 p2 p3 p4 p5 ");
+    assert_eq!(
+        provider.disconnects(),
+        0,
+        "the provider call was never dropped"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_run_sse_connection_cancels_the_provider_call_after_the_grace() {
+    let provider = FakeProvider::start().await;
+    // Long enough that the provider is still streaming when the client goes away.
+    let parts: Vec<String> = (0..300).map(|i| format!("part {i} ")).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    provider.push(Reply::Sse {
+        events: text_events(&parts, (5, 300, 0)),
+        gap: std::time::Duration::from_millis(30),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    // A client of its own, so that dropping it closes the connection rather than pooling it.
+    let own_client = FakeCursor::new(server.addr);
+    let sse = own_client.open_run_sse("req-drop").await;
+    assert_eq!(
+        cursor
+            .append(
+                "req-drop",
+                0,
+                &run_request("conv-drop", "long answer please")
+            )
+            .await
+            .status(),
+        200
+    );
+    let mut stream = sse.bytes_stream();
+    use futures_util::StreamExt as _;
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
+        .await
+        .expect("a first frame");
+    assert!(first.is_some());
+    // Go away only once the provider is answering (the first frames are KV writes, which may
+    // come before the provider call has even connected).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while provider.requests().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no provider call");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(stream);
+    drop(own_client);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    while provider.disconnects() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider never saw the disconnect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .expect("reopen");
+    let record = runs::get(&store, "req-drop")
+        .await
+        .expect("query")
+        .expect("run");
+    assert_eq!(record.outcome.status, RunStatus::Canceled);
+}
+
+#[tokio::test]
+async fn a_run_waiting_on_a_silent_client_is_canceled_after_the_idle_timeout() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_r", "Read", r#"{"path":"a.txt"}"#)],
+        (10, 1, 0),
+    )));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "client_idle_timeout_secs = 1\nheartbeat_interval_ms = 200",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-idle",
+        &run_request_with_env("conv-idle", "read"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    let started = std::time::Instant::now();
+    let transcript = session.finish().await;
+    assert_eq!(transcript.error_code(), Some("canceled"));
+    assert!(
+        transcript
+            .error_message()
+            .unwrap()
+            .contains("no message from the client"),
+        "{:?}",
+        transcript.end
+    );
+    assert!(aborted(&transcript, exec.id));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
