@@ -20,6 +20,9 @@ pub struct AppState {
     pub store: Store,
     /// The single HTTP client for every provider call (connection pooling, TLS sessions).
     pub http: reqwest::Client,
+    /// The client for pass-through to Cursor's backend (its own proxy setting, no redirects
+    /// followed, bodies never decoded), when pass-through is on.
+    pub upstream: Option<reqwest::Client>,
     pub runs: RunRegistry,
     /// Every mode's system prompt, tools and reminders, validated once at start-up.
     pub prompts: PromptAssets,
@@ -45,6 +48,27 @@ impl App {
             .connect_timeout(config.provider_connect_timeout)
             .build()
             .map_err(|e| ServerError::HttpClient(e.to_string()))?;
+        let upstream = match &config.upstream {
+            None => None,
+            Some(upstream) => {
+                let mut builder = reqwest::Client::builder()
+                    .connect_timeout(config.provider_connect_timeout)
+                    .redirect(reqwest::redirect::Policy::none());
+                if let Some(proxy) = &upstream.proxy {
+                    // The proxy URL may carry credentials: it is never printed.
+                    builder = builder.proxy(reqwest::Proxy::all(proxy).map_err(|e| {
+                        ServerError::HttpClient(format!(
+                            "upstream_proxy is not a usable proxy URL: {e}"
+                        ))
+                    })?);
+                }
+                Some(
+                    builder
+                        .build()
+                        .map_err(|e| ServerError::HttpClient(e.to_string()))?,
+                )
+            }
+        };
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -56,6 +80,7 @@ impl App {
             config: Arc::new(config),
             store,
             http,
+            upstream,
             runs: RunRegistry::default(),
             prompts,
             shutdown: CancellationToken::new(),

@@ -23,6 +23,8 @@ pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
 pub const DEFAULT_WEB_SEARCH_RESULTS: u32 = 5;
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 10_000;
+/// Cursor's official backend, where routes this server does not implement are forwarded.
+pub const DEFAULT_UPSTREAM_URL: &str = "https://api2.cursor.sh";
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT_SECS: u64 = 600;
 pub const DEFAULT_PROVIDER_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
@@ -205,6 +207,9 @@ pub struct Config {
     /// A run waiting on the client (tools, questions) that hears nothing from it (not even a
     /// heartbeat) for this long is canceled.
     pub client_idle_timeout: Duration,
+    /// Where routes this server does not implement go (`None`: pass-through is off and they get
+    /// `unimplemented`), and the proxy to reach it through, if any.
+    pub upstream: Option<UpstreamConfig>,
     /// The search backend behind WebSearch (`None`: WebSearch is not offered).
     pub web_search: Option<WebSearchConfig>,
     pub providers: Vec<ProviderConfig>,
@@ -285,6 +290,9 @@ struct FileConfig {
     compact_at_percent: Option<u8>,
     web_search: Option<FileWebSearch>,
     reconnect_grace_ms: Option<u64>,
+    pass_through: Option<bool>,
+    upstream_url: Option<String>,
+    upstream_proxy: Option<String>,
     client_idle_timeout_secs: Option<u64>,
     #[serde(default)]
     providers: Vec<FileProvider>,
@@ -428,6 +436,26 @@ impl FileConfig {
             tool_output_max_bytes,
             compact_at_percent,
             web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
+            upstream: match self.pass_through.unwrap_or(true) {
+                false => None,
+                true => {
+                    let url = self
+                        .upstream_url
+                        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
+                        .trim_end_matches('/')
+                        .to_owned();
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(ConfigError::BaseUrl {
+                            provider: "upstream_url".to_owned(),
+                            value: url,
+                        });
+                    }
+                    Some(UpstreamConfig {
+                        url,
+                        proxy: self.upstream_proxy.filter(|p| !p.trim().is_empty()),
+                    })
+                }
+            },
             reconnect_grace: Duration::from_millis(
                 self.reconnect_grace_ms
                     .unwrap_or(DEFAULT_RECONNECT_GRACE_MS),
@@ -516,6 +544,15 @@ fn resolve_key(
             }),
         },
     }
+}
+
+/// Cursor's official backend for pass-through.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Scheme and host (and optional path prefix), without a trailing slash.
+    pub url: String,
+    /// An outbound proxy URL for upstream calls (`http://`, `https://` or `socks5://`).
+    pub proxy: Option<String>,
 }
 
 /// The server-side search backend WebSearch uses; without one the tool is not offered.

@@ -61,11 +61,92 @@ fn invalid(message: impl Into<String>) -> Response {
     unary_error(&ConnectError::new(ConnectCode::InvalidArgument, message))
 }
 
-async fn unknown_route(request: Request) -> Response {
-    unary_error(&ConnectError::new(
-        ConnectCode::Unimplemented,
-        format!("{} is not served by cursor-server", request.uri().path()),
-    ))
+/// Every route this server does not implement: streamed unchanged to Cursor's backend (the
+/// user's own credentials travel with it), or — with pass-through off — `unimplemented`.
+async fn unknown_route(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (Some(client), Some(upstream)) = (&state.upstream, &state.config.upstream) else {
+        return unary_error(&ConnectError::new(
+            ConnectCode::Unimplemented,
+            format!(
+                "{} is not served by cursor-server (pass-through is off)",
+                request.uri().path()
+            ),
+        ));
+    };
+    let (parts, body) = request.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let hop_by_hop = hop_by_hop_headers(&parts.headers);
+    let mut outbound = client
+        .request(parts.method.clone(), format!("{}{path}", upstream.url))
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    for (name, value) in &parts.headers {
+        if !hop_by_hop.contains(name) {
+            outbound = outbound.header(name, value);
+        }
+    }
+    let response = match outbound.send().await {
+        Ok(response) => response,
+        Err(e) => {
+            let e = e.without_url();
+            tracing::warn!(method = %parts.method, path = %parts.uri.path(), "pass-through failed: {e}");
+            return unary_error(&ConnectError::new(
+                ConnectCode::Unavailable,
+                format!(
+                    "{} could not be forwarded to {}: {}",
+                    parts.uri.path(),
+                    upstream.url,
+                    e
+                ),
+            ));
+        }
+    };
+    tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = response.status().as_u16(), "passed through");
+    let status = response.status();
+    let hop_by_hop = hop_by_hop_headers(response.headers());
+    let mut reply = Response::builder().status(status);
+    for (name, value) in response.headers() {
+        if !hop_by_hop.contains(name) {
+            reply = reply.header(name, value);
+        }
+    }
+    reply
+        .body(Body::from_stream(response.bytes_stream()))
+        .unwrap_or_else(|e| {
+            unary_error(&ConnectError::new(
+                ConnectCode::Internal,
+                format!("building the forwarded response: {e}"),
+            ))
+        })
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1): never forwarded.
+fn hop_by_hop_headers(headers: &HeaderMap) -> Vec<header::HeaderName> {
+    let mut names = vec![
+        header::CONNECTION,
+        header::HOST,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::HeaderName::from_static("keep-alive"),
+        header::HeaderName::from_static("proxy-connection"),
+    ];
+    // Whatever `Connection` names is hop-by-hop too.
+    for value in headers.get_all(header::CONNECTION) {
+        if let Ok(list) = value.to_str() {
+            names
+                .extend(list.split(',').filter_map(|name| {
+                    header::HeaderName::from_bytes(name.trim().as_bytes()).ok()
+                }));
+        }
+    }
+    names
 }
 
 /// `POST /aiserver.v1.BidiService/BidiAppend`: one client message for a RunSSE run.

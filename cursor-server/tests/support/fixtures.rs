@@ -94,6 +94,12 @@ pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &s
     } else {
         "reconnect_grace_ms = 300"
     };
+    // Tests never reach Cursor's real backend: pass-through is off unless a test names an upstream.
+    let pass_through = if extra.contains("upstream_url") {
+        ""
+    } else {
+        "pass_through = false"
+    };
     let text = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -102,6 +108,7 @@ provider_idle_timeout_secs = 5
 provider_retry_base_delay_ms = 10
 {ack_timeout}
 {grace}
+{pass_through}
 {extra}
 
 [[providers]]
