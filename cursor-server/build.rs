@@ -38,6 +38,8 @@ const AISERVER_ROOTS: &[&str] = &[
 const AISERVER_SERVED_METHODS: &[(&str, &str)] = &[
     ("BidiService", "BidiAppend"),
     ("AiService", "AvailableModels"),
+    ("AiService", "GetUsableModels"),
+    ("AiService", "GetDefaultModelForCli"),
 ];
 
 fn main() {

@@ -215,11 +215,14 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
 }
 
-/// A configured model together with the provider that serves it.
-#[derive(Debug, Clone, Copy)]
-pub struct ResolvedModel<'a> {
-    pub provider: &'a ProviderConfig,
-    pub model: &'a ModelConfig,
+/// A configured model Cursor's id resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelChoice {
+    /// Indexes into `Config::providers` and that provider's `models`.
+    pub provider: usize,
+    pub model: usize,
+    /// Parameters the id implied (`-high` → reasoning effort high).
+    pub implied: Vec<(String, String)>,
 }
 
 impl Config {
@@ -253,20 +256,48 @@ impl Config {
         Ok(config)
     }
 
+    /// The configured model Cursor's `model_id` names: exactly, or with a reasoning-effort or
+    /// mode suffix Cursor's picker adds (`-high`, `-thinking`, `-fast`, ...), which becomes a
+    /// request parameter.
+    pub fn resolve_model(&self, model_id: &str) -> Option<ModelChoice> {
+        let find = |id: &str| {
+            self.providers
+                .iter()
+                .enumerate()
+                .find_map(|(i, p)| p.models.iter().position(|m| m.id == id).map(|j| (i, j)))
+        };
+        if let Some((provider, model)) = find(model_id) {
+            return Some(ModelChoice {
+                provider,
+                model,
+                implied: Vec::new(),
+            });
+        }
+        const SUFFIXES: [(&str, &str, &str); 8] = [
+            ("-thinking", "reasoning_effort", "medium"),
+            ("-minimal", "reasoning_effort", "minimal"),
+            ("-low", "reasoning_effort", "low"),
+            ("-medium", "reasoning_effort", "medium"),
+            ("-high", "reasoning_effort", "high"),
+            ("-xhigh", "reasoning_effort", "max"),
+            ("-max", "reasoning_effort", "max"),
+            ("-fast", "fast", "true"),
+        ];
+        SUFFIXES.iter().find_map(|(suffix, parameter, value)| {
+            let base = model_id.strip_suffix(suffix)?;
+            let (provider, model) = find(base)?;
+            Some(ModelChoice {
+                provider,
+                model,
+                implied: vec![((*parameter).to_owned(), (*value).to_owned())],
+            })
+        })
+    }
+
     pub fn model_ids(&self) -> impl Iterator<Item = &str> {
         self.providers
             .iter()
             .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
-    }
-
-    pub fn resolve_model(&self, id: &str) -> Option<ResolvedModel<'_>> {
-        self.providers.iter().find_map(|provider| {
-            provider
-                .models
-                .iter()
-                .find(|m| m.id == id)
-                .map(|model| ResolvedModel { provider, model })
-        })
     }
 }
 

@@ -13,7 +13,11 @@ use futures_util::StreamExt as _;
 
 use super::bidi_append;
 use super::connect::{self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError};
-use super::proto::agent::{AgentClientMessage, agent_service_routes};
+use super::proto::agent::{
+    AgentClientMessage, GetDefaultModelForCliRequest, GetDefaultModelForCliResponse,
+    GetUsableModelsRequest, GetUsableModelsResponse, ModelDetails, ThinkingDetails,
+    agent_service_routes,
+};
 use super::proto::aiserver::{
     AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, ai_service_routes,
     available_models_response, bidi_service_routes,
@@ -40,6 +44,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             ai_service_routes::AVAILABLE_MODELS,
             post(available_models_route),
+        )
+        // The two services declare the same messages (aiserver's are copies of agent.v1's).
+        .route(
+            ai_service_routes::GET_USABLE_MODELS,
+            post(usable_models_route),
+        )
+        .route(
+            agent_service_routes::GET_USABLE_MODELS,
+            post(usable_models_route),
+        )
+        .route(
+            ai_service_routes::GET_DEFAULT_MODEL_FOR_CLI,
+            post(default_model_route),
+        )
+        .route(
+            agent_service_routes::GET_DEFAULT_MODEL_FOR_CLI,
+            post(default_model_route),
         )
         .fallback(unknown_route)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -185,8 +206,10 @@ async fn bidi_append_route(
     unary_ok(&BidiAppendResponse {})
 }
 
-/// `POST /aiserver.v1.AiService/AvailableModels`: the configured models, for Cursor's picker. Runs
-/// of every model come to this server, so the list is this server's own.
+/// `POST /aiserver.v1.AiService/AvailableModels`: the configured models for Cursor's picker —
+/// merged into Cursor's own list when the user is signed in and the backend answers, on their own
+/// otherwise. Every run comes to this server, so a model it does not configure fails with a clear
+/// `not_found` naming the configured ones.
 async fn available_models_route(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -202,7 +225,160 @@ async fn available_models_route(
     {
         return invalid(format!("AvailableModels: {e}"));
     }
-    unary_ok(&available_models(&state.config))
+    let ours = available_models(&state.config);
+    let upstream = upstream_unary::<AvailableModelsResponse>(
+        &state,
+        ai_service_routes::AVAILABLE_MODELS,
+        &headers,
+        &body,
+    )
+    .await;
+    unary_ok(&match upstream {
+        Some(theirs) => merge_available_models(ours, theirs),
+        None => ours,
+    })
+}
+
+/// `GetUsableModels` (both services): the configured models, then Cursor's own when signed in.
+async fn usable_models_route(
+    State(state): State<Arc<AppState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) =
+        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
+            connect::decode_message::<GetUsableModelsRequest>(
+                &payload,
+                "agent.v1.GetUsableModelsRequest",
+            )
+        })
+    {
+        return invalid(format!("GetUsableModels: {e}"));
+    }
+    let mut models: Vec<ModelDetails> = configured_models(&state.config).collect();
+    if let Some(theirs) =
+        upstream_unary::<GetUsableModelsResponse>(&state, uri.path(), &headers, &body).await
+    {
+        let ours: Vec<String> = models.iter().map(|m| m.model_id.clone()).collect();
+        models.extend(
+            theirs
+                .models
+                .into_iter()
+                .filter(|m| !ours.contains(&m.model_id)),
+        );
+    }
+    unary_ok(&GetUsableModelsResponse { models })
+}
+
+/// `GetDefaultModelForCli` (both services): the configured default model.
+async fn default_model_route(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) =
+        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
+            connect::decode_message::<GetDefaultModelForCliRequest>(
+                &payload,
+                "agent.v1.GetDefaultModelForCliRequest",
+            )
+        })
+    {
+        return invalid(format!("GetDefaultModelForCli: {e}"));
+    }
+    let default =
+        configured_models(&state.config).find(|m| m.model_id == state.config.default_model);
+    unary_ok(&GetDefaultModelForCliResponse { model: default })
+}
+
+/// How long the picker waits for Cursor's own list before answering with the configured models.
+const CATALOG_UPSTREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Asks Cursor's backend the same unary question with the user's own headers, if pass-through is
+/// on and the user is signed in (`authorization`); `None` when it cannot answer in time.
+async fn upstream_unary<M: prost::Message + Default>(
+    state: &AppState,
+    path: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Option<M> {
+    let (client, upstream) = (state.upstream.as_ref()?, state.config.upstream.as_ref()?);
+    headers.get(header::AUTHORIZATION)?;
+    let hop_by_hop = hop_by_hop_headers(headers);
+    let mut request = client
+        .post(format!("{}{path}", upstream.url))
+        .timeout(CATALOG_UPSTREAM_TIMEOUT)
+        .body(body.clone());
+    for (name, value) in headers {
+        if !hop_by_hop.contains(name) {
+            request = request.header(name, value);
+        }
+    }
+    let answer = async {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("HTTP {}", response.status()));
+        }
+        let response_headers = response.headers().clone();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let payload = unary_payload(&response_headers, &bytes, state.config.max_frame_bytes)
+            .map_err(|e| e.to_string())?;
+        M::decode(payload).map_err(|e| e.to_string())
+    };
+    match answer.await {
+        Ok(message) => Some(message),
+        Err(e) => {
+            tracing::info!(
+                path,
+                "Cursor's model list is unavailable ({e}); answering with the configured models only"
+            );
+            None
+        }
+    }
+}
+
+/// The configured models first (they are what this server runs), then Cursor's other models;
+/// Cursor's other settings (feature model configs, ...) are kept, with our default model.
+fn merge_available_models(
+    ours: AvailableModelsResponse,
+    mut theirs: AvailableModelsResponse,
+) -> AvailableModelsResponse {
+    let mut models = ours.models;
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    models.extend(
+        theirs
+            .models
+            .into_iter()
+            .filter(|m| !names.contains(&m.name)),
+    );
+    theirs.model_names = models.iter().map(|m| m.name.clone()).collect();
+    theirs.models = models;
+    theirs.composer_model_config = ours.composer_model_config;
+    theirs
+}
+
+/// The configured models as the CLI's `ModelDetails`.
+fn configured_models(config: &crate::config::Config) -> impl Iterator<Item = ModelDetails> + '_ {
+    config
+        .providers
+        .iter()
+        .flat_map(|provider| provider.models.iter())
+        .map(|model| ModelDetails {
+            model_id: model.id.clone(),
+            display_model_id: model.id.clone(),
+            display_name: model.display_name.clone(),
+            display_name_short: model.display_name.clone(),
+            thinking_details: model.reasoning.then(ThinkingDetails::default),
+            max_mode: Some(false),
+            ..ModelDetails::default()
+        })
 }
 
 /// The protobuf payload of a unary request, whatever its `content-encoding` and framing.

@@ -226,23 +226,16 @@ impl TurnLoop {
             .model_id
             .clone()
             .unwrap_or_else(|| config.default_model.clone());
-        let (provider_index, model_index) = config
-            .providers
-            .iter()
-            .enumerate()
-            .find_map(|(i, p)| {
-                p.models
-                    .iter()
-                    .position(|m| m.id == model_id)
-                    .map(|j| (i, j))
-            })
-            .ok_or_else(|| {
-                ServerError::NotFound(format!(
-                    "model {model_id:?} is not configured (configured models: {})",
-                    config.model_ids().collect::<Vec<_>>().join(", ")
-                ))
-            })?;
-
+        let choice = config.resolve_model(&model_id).ok_or_else(|| {
+            ServerError::NotFound(format!(
+                "model {model_id:?} is not configured (configured models: {})",
+                config.model_ids().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        // A suffix in the id (`-high`) counts unless Cursor also sent the parameter explicitly.
+        let (provider_index, model_index) = (choice.provider, choice.model);
+        let mut parameter_pairs = choice.implied;
+        parameter_pairs.extend(input.parameters.iter().cloned());
         runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
         let mut import = None;
         let mut background_already_told = false;
@@ -417,7 +410,7 @@ impl TurnLoop {
             model_id,
             provider_index,
             model_index,
-            parameters: RequestParameters::from_pairs(&input.parameters),
+            parameters: RequestParameters::from_pairs(&parameter_pairs),
             history,
             events: tokio::sync::mpsc::channel(1).1,
             call_cancel: CancellationToken::new(),
