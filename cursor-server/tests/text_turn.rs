@@ -469,3 +469,53 @@ async fn the_success_tail_is_turn_ended_transitional_final_final_again_then_end_
         "then end-of-stream {{}}"
     );
 }
+
+#[tokio::test]
+async fn each_provider_call_is_recorded_once_with_its_timing_usage_and_ending() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Hello", " there"], (12, 3, 4))));
+    provider.push(Reply::Status {
+        status: 400,
+        body: r#"{"error":{"message":"context too long"}}"#.into(),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    assert!(
+        sse_turn(&cursor, "req-rec-1", "conv-rec", "hi")
+            .await
+            .is_success()
+    );
+    let failed = sse_turn(&cursor, "req-rec-2", "conv-rec", "again").await;
+    assert_eq!(failed.error_code(), Some("unavailable"));
+
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .expect("reopen");
+    let ok = runs::provider_calls(&store, "req-rec-1").await.unwrap();
+    assert_eq!(ok.len(), 1);
+    let call = &ok[0];
+    assert_eq!(call.purpose, runs::CallPurpose::Turn);
+    assert_eq!(call.conversation_id, "conv-rec");
+    assert_eq!(call.model_id, fixtures::MODEL);
+    assert_eq!(call.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(call.usage.input_tokens, Some(12));
+    assert_eq!(call.usage.output_tokens, Some(3));
+    assert_eq!(call.usage.cache_read_tokens, Some(4));
+    assert!(
+        call.request_bytes > 1000,
+        "the system prompt alone is larger"
+    );
+    let first = call.first_event_ms.expect("time to first event");
+    assert!(first <= call.total_ms);
+    assert!(call.error.is_none());
+
+    let bad = runs::provider_calls(&store, "req-rec-2").await.unwrap();
+    assert_eq!(bad.len(), 1);
+    assert!(bad[0].finish_reason.is_none());
+    let error = bad[0].error.as_deref().unwrap();
+    assert!(
+        error.contains("400") && error.contains("context too long"),
+        "{error}"
+    );
+}

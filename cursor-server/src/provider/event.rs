@@ -36,3 +36,16 @@ pub enum FinishReason {
     /// A value the adapter does not know, kept for logs.
     Other(String),
 }
+
+impl FinishReason {
+    /// The reason as recorded (`stop`, `length`, `tool_calls`, `content_filter`, or the provider's).
+    pub fn as_str(&self) -> &str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Other(other) => other,
+        }
+    }
+}

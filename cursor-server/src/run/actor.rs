@@ -446,6 +446,8 @@ impl RunActor {
                 if matches!(self.state, State::Running(_)) {
                     return protocol(ProtocolError::DuplicateRunRequest);
                 }
+                tracing::Span::current()
+                    .record("conversation_id", request.conversation_id.as_str());
                 tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
                 self.take_over_conversation(&request.conversation_id).await;
                 self.recorded = true;

@@ -40,6 +40,7 @@ use crate::provider::{
     self, CallLimits, EventReceiver, FinishReason, ProviderError, RequestBody, ResponseEvent,
 };
 use crate::store::blobs::BlobId;
+use crate::store::runs::CallPurpose;
 use crate::store::{messages, runs};
 use std::collections::HashMap;
 
@@ -162,6 +163,16 @@ enum AfterCompaction {
 const COMPACTION_REQUEST: &str =
     "Summarize the conversation above now, as your instructions say. Reply with the summary only.";
 
+/// The timing of the provider call in flight.
+#[derive(Debug)]
+struct CallTiming {
+    purpose: CallPurpose,
+    request_bytes: usize,
+    started: Instant,
+    started_at_ms: i64,
+    first_event: Option<std::time::Duration>,
+}
+
 /// Bytes of projected request per token before a provider call has reported its real usage.
 const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 
@@ -205,6 +216,10 @@ pub struct TurnLoop {
     /// The size of the last request sent, and bytes per prompt token as the last usage showed.
     last_body_bytes: usize,
     bytes_per_token: f64,
+    /// The provider call in flight, for its record.
+    call: Option<CallTiming>,
+    /// The usage the compaction call in flight reported.
+    compaction_usage: Option<Usage>,
     /// Server-side searches report back here (the sender is cloned into each search task).
     searches: (
         tokio::sync::mpsc::Sender<SearchDone>,
@@ -436,6 +451,8 @@ impl TurnLoop {
             last_body_bytes: 0,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             searches: tokio::sync::mpsc::channel(4),
+            call: None,
+            compaction_usage: None,
             provider_calls: 0,
             app,
         };
@@ -586,6 +603,7 @@ impl TurnLoop {
             number,
             "compacting history"
         );
+        self.compaction_usage = None;
         let mut covered = self.history[..through].to_vec();
         covered.push(CanonicalMessage::User(UserMessage {
             origin: Origin::Runtime,
@@ -609,12 +627,23 @@ impl TurnLoop {
         let config = &self.app.config;
         let provider = &config.providers[self.provider_index];
         self.last_body_bytes = body.len();
+        self.call = Some(CallTiming {
+            purpose: match phase {
+                Phase::Compacting => CallPurpose::Compaction,
+                _ => CallPurpose::Turn,
+            },
+            request_bytes: body.len(),
+            started: Instant::now(),
+            started_at_ms: crate::store::now_ms(),
+            first_event: None,
+        });
         self.call_cancel.cancel();
         self.call_cancel = CancellationToken::new();
         self.draft = Draft::default();
         self.batch.clear();
         self.phase = phase;
         self.model_call_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("model_call_id", self.model_call_id.as_str());
         self.provider_calls += 1;
         tracing::debug!(
             request_id = %self.request_id,
@@ -652,7 +681,10 @@ impl TurnLoop {
         };
         match event {
             ResponseEvent::TextDelta(text) => compaction.summary.push_str(&text),
-            ResponseEvent::Usage(usage) => self.usage.accumulate(&usage),
+            ResponseEvent::Usage(usage) => {
+                self.usage.accumulate(&usage);
+                self.compaction_usage = Some(usage);
+            }
             // No tools are offered and reasoning is not part of the summary.
             ResponseEvent::ReasoningDelta(_)
             | ResponseEvent::Replay(_)
@@ -727,9 +759,71 @@ impl TurnLoop {
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
         match event {
-            LoopEvent::Provider(Ok(event)) => self.on_event(event, out).await,
-            LoopEvent::Provider(Err(error)) => Err(error.into()),
+            LoopEvent::Provider(Ok(event)) => {
+                if let Some(call) = self.call.as_mut()
+                    && call.first_event.is_none()
+                {
+                    call.first_event = Some(call.started.elapsed());
+                }
+                if let ResponseEvent::Finished(reason) = &event {
+                    let usage = match self.phase {
+                        Phase::Compacting => self.compaction_usage,
+                        _ => self.draft.usage,
+                    };
+                    self.record_call(usage, Some(reason.as_str().to_owned()), None)
+                        .await;
+                }
+                self.on_event(event, out).await
+            }
+            LoopEvent::Provider(Err(error)) => {
+                self.record_call(None, None, Some(error.to_string())).await;
+                Err(error.into())
+            }
             LoopEvent::SearchDone(done) => self.on_search_done(done, out).await,
+        }
+    }
+
+    /// Stores the record of the call in flight (once per call, when it ends).
+    async fn record_call(
+        &mut self,
+        usage: Option<Usage>,
+        finish_reason: Option<String>,
+        error: Option<String>,
+    ) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let record = runs::ProviderCallRecord {
+            model_call_id: self.model_call_id.clone(),
+            request_id: self.request_id.clone(),
+            conversation_id: self.conversation_id.clone(),
+            provider: self.provider_name(),
+            model_id: self.model_id.clone(),
+            purpose: call.purpose,
+            request_bytes: call.request_bytes as u64,
+            started_at_ms: call.started_at_ms,
+            first_event_ms: call.first_event.map(millis),
+            total_ms: millis(call.started.elapsed()),
+            usage: usage.unwrap_or_default(),
+            finish_reason,
+            error,
+        };
+        tracing::info!(
+            request_id = %record.request_id,
+            conversation_id = %record.conversation_id,
+            model_call_id = %record.model_call_id,
+            purpose = record.purpose.as_str(),
+            first_event_ms = record.first_event_ms,
+            total_ms = record.total_ms,
+            input_tokens = record.usage.input_tokens,
+            output_tokens = record.usage.output_tokens,
+            finish_reason = record.finish_reason.as_deref(),
+            error = record.error.as_deref(),
+            "provider call ended"
+        );
+        if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {
+            tracing::warn!(request_id = %self.request_id, "recording a provider call: {e}");
         }
     }
 
@@ -1453,6 +1547,10 @@ impl TurnLoop {
     /// The run is ending early: abort running execs and bring every drawn card to a terminal
     /// (error) state. Completed tools stay in history; nothing unfinished is persisted.
     pub async fn abandon(&mut self, reason: &str, out: &mut Downlink) {
+        if matches!(self.phase, Phase::Streaming | Phase::Compacting) {
+            self.record_call(self.draft.usage, None, Some(format!("abandoned: {reason}")))
+                .await;
+        }
         for (id, _) in self.pending.running() {
             out.send_message(&exec::abort(id)).await;
             self.pending.finish(id);

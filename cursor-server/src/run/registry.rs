@@ -105,7 +105,17 @@ impl RunRegistry {
         let request_id = request_id.to_owned();
         tokio::spawn(async move {
             // The actor runs on its own task so that even a panic marks the run finished.
-            if let Err(panic) = tokio::spawn(actor.run()).await {
+            // Every log line of the run carries its ids (conversation and model call are filled
+            // in as they become known).
+            let span = tracing::info_span!(
+                "run",
+                request_id = %request_id,
+                conversation_id = tracing::field::Empty,
+                model_call_id = tracing::field::Empty,
+            );
+            if let Err(panic) =
+                tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await
+            {
                 tracing::error!(request_id = %request_id, "run actor panicked: {panic}");
             }
             app.runs.mark_finished(&request_id);

@@ -1,4 +1,5 @@
-//! Run records: one row per request id with its status, provider call count, usage and error.
+//! Run records: one row per request id with its status, provider call count, usage and error; and
+//! one row per provider call of a run (timing, usage, finish reason or error).
 
 use sqlx::Row;
 
@@ -150,4 +151,130 @@ pub async fn get(store: &Store, request_id: &str) -> Result<Option<RunRecord>, S
             },
         }
     }))
+}
+
+/// What a provider call was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallPurpose {
+    /// The model's answer in a turn.
+    Turn,
+    /// A summary of older history.
+    Compaction,
+}
+
+impl CallPurpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallPurpose::Turn => "turn",
+            CallPurpose::Compaction => "compaction",
+        }
+    }
+}
+
+/// One provider call as recorded when it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderCallRecord {
+    pub model_call_id: String,
+    pub request_id: String,
+    pub conversation_id: String,
+    pub provider: String,
+    pub model_id: String,
+    pub purpose: CallPurpose,
+    pub request_bytes: u64,
+    pub started_at_ms: i64,
+    /// Milliseconds from the request to the first streamed event, if one came.
+    pub first_event_ms: Option<u64>,
+    pub total_ms: u64,
+    pub usage: Usage,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+}
+
+pub async fn record_provider_call(
+    store: &Store,
+    call: &ProviderCallRecord,
+) -> Result<(), StoreError> {
+    let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    sqlx::query(
+        "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
+             purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
+             output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
+             error)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&call.model_call_id)
+    .bind(&call.request_id)
+    .bind(&call.conversation_id)
+    .bind(&call.provider)
+    .bind(&call.model_id)
+    .bind(call.purpose.as_str())
+    .bind(as_i64(Some(call.request_bytes)))
+    .bind(call.started_at_ms)
+    .bind(as_i64(call.first_event_ms))
+    .bind(as_i64(Some(call.total_ms)))
+    .bind(as_i64(call.usage.input_tokens))
+    .bind(as_i64(call.usage.output_tokens))
+    .bind(as_i64(call.usage.cache_read_tokens))
+    .bind(as_i64(call.usage.cache_write_tokens))
+    .bind(as_i64(call.usage.reasoning_tokens))
+    .bind(&call.finish_reason)
+    .bind(&call.error)
+    .execute(store.pool())
+    .await
+    .context("recording a provider call")?;
+    Ok(())
+}
+
+/// The provider calls of a run, in the order they started.
+pub async fn provider_calls(
+    store: &Store,
+    request_id: &str,
+) -> Result<Vec<ProviderCallRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM provider_calls WHERE request_id = ? ORDER BY started_at_ms, rowid",
+    )
+    .bind(request_id)
+    .fetch_all(store.pool())
+    .await
+    .context("reading provider calls")?;
+    let count = |row: &sqlx::sqlite::SqliteRow, name: &str| {
+        row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64)
+    };
+    rows.iter()
+        .map(|row| {
+            let purpose: String = row.get("purpose");
+            let purpose = match purpose.as_str() {
+                "turn" => CallPurpose::Turn,
+                "compaction" => CallPurpose::Compaction,
+                // The schema's CHECK constraint allows only these: anything else is corrupt.
+                _ => {
+                    return Err(StoreError::CorruptRun {
+                        request_id: request_id.to_owned(),
+                        status: format!("provider call purpose {purpose:?}"),
+                    });
+                }
+            };
+            Ok(ProviderCallRecord {
+                model_call_id: row.get("model_call_id"),
+                request_id: row.get("request_id"),
+                conversation_id: row.get("conversation_id"),
+                provider: row.get("provider"),
+                model_id: row.get("model_id"),
+                purpose,
+                request_bytes: count(row, "request_bytes").unwrap_or(0),
+                started_at_ms: row.get("started_at_ms"),
+                first_event_ms: count(row, "first_event_ms"),
+                total_ms: count(row, "total_ms").unwrap_or(0),
+                usage: Usage {
+                    input_tokens: count(row, "input_tokens"),
+                    output_tokens: count(row, "output_tokens"),
+                    cache_read_tokens: count(row, "cache_read_tokens"),
+                    cache_write_tokens: count(row, "cache_write_tokens"),
+                    reasoning_tokens: count(row, "reasoning_tokens"),
+                },
+                finish_reason: row.get("finish_reason"),
+                error: row.get("error"),
+            })
+        })
+        .collect()
 }
