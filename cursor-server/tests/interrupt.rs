@@ -376,3 +376,38 @@ async fn a_run_waiting_on_a_silent_client_is_canceled_after_the_idle_timeout() {
     assert!(aborted(&transcript, exec.id));
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn resetting_the_http2_run_stream_cancels_the_provider_call_at_once() {
+    let provider = FakeProvider::start().await;
+    provider.push(slow_text(300, Duration::from_millis(20)));
+    // A long grace: an HTTP/2 Run stream cannot be reopened, so it must not apply.
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 60000",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let (uplink, response) = cursor.open_run_h2("req-h2-reset").await;
+    uplink
+        .send(run_request("conv-h2-reset", "talk a lot"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    wait_for("the provider call", || !provider.requests().is_empty()).await;
+    drop(response);
+    drop(uplink);
+    let started = std::time::Instant::now();
+    wait_for("the provider to see the disconnect", || {
+        provider.disconnects() > 0
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let db = server.stop().await;
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .unwrap();
+    let run = runs::get(&store, "req-h2-reset").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, RunStatus::Canceled);
+}

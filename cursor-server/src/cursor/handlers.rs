@@ -463,7 +463,7 @@ async fn run_bidi(State(state): State<Arc<AppState>>, request: Request) -> Respo
             ));
         }
     };
-    let (sink, body) = run_sse::downlink_channel();
+    let (sink, body) = run_sse::downlink_channel(false);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return run_sse::stream_error(&ConnectError::new(
             ConnectCode::Internal,

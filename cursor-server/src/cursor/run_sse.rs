@@ -28,6 +28,9 @@ pub const DOWNLINK_BUFFER: usize = 256;
 pub struct DownlinkSink {
     pub frames: mpsc::Sender<Bytes>,
     pub returned: oneshot::Receiver<Vec<Bytes>>,
+    /// Whether a client can come back for the rest (RunSSE: a new RunSSE with the same request
+    /// id). An HTTP/2 `Run` stream cannot be reopened: when it goes, the run is over.
+    pub resumable: bool,
 }
 
 /// The response body's end: streams the frames and, when dropped before the end, hands back what
@@ -64,13 +67,14 @@ impl Drop for DownlinkBody {
 }
 
 /// A connected sink/body pair.
-pub fn downlink_channel() -> (DownlinkSink, DownlinkBody) {
+pub fn downlink_channel(resumable: bool) -> (DownlinkSink, DownlinkBody) {
     let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
     let (returned_tx, returned_rx) = oneshot::channel();
     (
         DownlinkSink {
             frames: tx,
             returned: returned_rx,
+            resumable,
         },
         DownlinkBody {
             frames: ReceiverStream::new(rx),
@@ -146,7 +150,7 @@ pub async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Re
             ));
         }
     };
-    let (sink, body) = downlink_channel();
+    let (sink, body) = downlink_channel(true);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return stream_error(&ConnectError::new(
             ConnectCode::NotFound,

@@ -34,6 +34,8 @@ pub struct Downlink {
     ended: bool,
     /// A RunSSE was attached once (so a missing one means the client went away).
     ever_attached: bool,
+    /// Whether the client that went away can come back for the rest (RunSSE, not HTTP/2 `Run`).
+    resumable: bool,
     /// When the last frame went out (for heartbeats while nothing else does).
     last_sent: Instant,
 }
@@ -48,6 +50,7 @@ impl Default for Downlink {
             backlog: Vec::new(),
             ended: false,
             ever_attached: false,
+            resumable: true,
             last_sent: Instant::now(),
         }
     }
@@ -61,6 +64,7 @@ impl Downlink {
     /// Attaches a RunSSE body and flushes the backlog into it.
     async fn attach(&mut self, sink: DownlinkSink) {
         let backlog = std::mem::take(&mut self.backlog);
+        self.resumable = sink.resumable;
         self.sink = Some(sink);
         self.ever_attached = true;
         for frame in backlog {
@@ -312,7 +316,7 @@ impl RunActor {
             match (self.downlink.is_attached(), self.downlink.ever_attached) {
                 (true, _) => reconnect_deadline = None,
                 (false, true) if reconnect_deadline.is_none() => {
-                    if grace.is_zero() {
+                    if grace.is_zero() || !self.downlink.resumable {
                         return RunEnd::Canceled {
                             reason: "the client disconnected".to_owned(),
                         };
