@@ -833,4 +833,23 @@ mod tests {
         .expect("the shipped example config must validate");
         assert!(config.resolve_model(&config.default_model).is_some());
     }
+    #[test]
+    fn every_example_configuration_in_the_provider_docs_loads() {
+        let docs = include_str!("../../docs/providers.md");
+        let blocks: Vec<&str> = docs
+            .split("```toml\n")
+            .skip(1)
+            .map(|rest| rest.split("```").next().unwrap_or_default())
+            .collect();
+        assert!(blocks.len() >= 8, "one example per provider kind");
+        for block in blocks {
+            let env = |name: &str| {
+                name.ends_with("_API_KEY")
+                    .then(|| "key-from-env".to_owned())
+            };
+            let config = Config::from_toml(block, Path::new("docs.toml"), &env)
+                .unwrap_or_else(|e| panic!("{e} in:\n{block}"));
+            assert!(!config.providers[0].models.is_empty());
+        }
+    }
 }
