@@ -409,5 +409,5 @@ async fn resetting_the_http2_run_stream_cancels_the_provider_call_at_once() {
         .await
         .unwrap();
     let run = runs::get(&store, "req-h2-reset").await.unwrap().unwrap();
-    assert_eq!(run.outcome.status, RunStatus::Canceled);
+    assert_eq!(run.outcome.status, RunStatus::Canceled, "{:?}", run.outcome);
 }

@@ -491,7 +491,13 @@ async fn forward_uplink(body: Body, handle: RunHandle, encoding: Encoding, max_f
                 Ok(()) => return,
                 Err(e) => e.to_string(),
             },
-            Some(Err(e)) => format!("reading the request stream: {e}"),
+            Some(Err(e)) => {
+                // The stream was reset or the connection dropped: the client is gone, which is a
+                // cancellation, not a protocol error.
+                tracing::debug!("the Run request stream broke: {e}");
+                let _ = handle.send(RunCommand::ClientGone).await;
+                return;
+            }
             Some(Ok(bytes)) => {
                 decoder.push(&bytes);
                 match drain_frames(&mut decoder, &handle, encoding, max_frame_bytes).await {

@@ -437,6 +437,9 @@ impl RunActor {
                 None
             }
             RunCommand::UplinkFailed(error) => Some(RunEnd::Failed(error.into())),
+            RunCommand::ClientGone => Some(RunEnd::Canceled {
+                reason: "the client disconnected".to_owned(),
+            }),
             RunCommand::Superseded { by } => Some(RunEnd::Canceled {
                 reason: format!("interrupted by a new run ({by}) on the same conversation"),
             }),

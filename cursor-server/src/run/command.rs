@@ -95,6 +95,8 @@ pub enum RunCommand {
     AttachDownlink(DownlinkSink),
     /// The uplink broke (malformed frame); the run ends with this protocol error.
     UplinkFailed(ProtocolError),
+    /// The client's request stream broke (HTTP/2 reset, dropped connection): the run is canceled.
+    ClientGone,
     /// A new run (`by`) took over this run's conversation: this one stops (`canceled`).
     Superseded { by: String },
 }
