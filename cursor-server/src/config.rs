@@ -204,8 +204,8 @@ pub struct Config {
     /// A run whose RunSSE dropped waits this long for the client to reconnect (same request id)
     /// before it is canceled; zero cancels at once.
     pub reconnect_grace: Duration,
-    /// A run waiting on the client (tools, questions) that hears nothing from it (not even a
-    /// heartbeat) for this long is canceled.
+    /// A run waiting on a client tool that hears nothing from the client (not even a heartbeat)
+    /// for this long is canceled (questions to the user are not timed).
     pub client_idle_timeout: Duration,
     /// Where routes this server does not implement go (`None`: pass-through is off and they get
     /// `unimplemented`), and the proxy to reach it through, if any.

@@ -111,9 +111,10 @@ impl PendingExecs {
     }
 
     /// Whether exec `id` answers with a stream of results (it ends on a terminal one).
-    /// Whether anything (exec or question) still waits on the client.
-    pub fn has_active(&self) -> bool {
-        !self.pending.is_empty()
+    /// Whether a client exec is still running (questions to the user do not count: people take
+    /// their time).
+    pub fn has_running_exec(&self) -> bool {
+        self.pending.values().any(|p| !p.query)
     }
 
     pub fn is_streaming(&self, id: u32) -> bool {

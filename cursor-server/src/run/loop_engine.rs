@@ -879,12 +879,12 @@ impl TurnLoop {
         });
     }
 
-    /// Whether the run is waiting on the client (tool results, answers, blobs) rather than on the
-    /// provider or a server-side search.
+    /// Whether the run is waiting on the client's machine (tool results, blobs) rather than on the
+    /// provider, a server-side search or the user's answer to a question.
     pub fn waiting_on_client(&self) -> bool {
         match self.phase {
             Phase::Importing => true,
-            Phase::Tools => self.pending.has_active(),
+            Phase::Tools => self.pending.has_running_exec(),
             Phase::Streaming | Phase::Compacting => false,
         }
     }
