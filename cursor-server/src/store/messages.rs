@@ -228,7 +228,9 @@ mod tests {
         )
         .await;
         assert!(duplicate.is_err());
-        drop(tx);
+        // Rolled back explicitly: a dropped transaction is rolled back lazily, and its write lock
+        // could still be held when the next statement runs on another pooled connection.
+        tx.rollback().await.unwrap();
         // Another conversation has its own events.
         let other = append_with_tags(&store, "d", "req-1", &[reminder], &[], &[])
             .await
