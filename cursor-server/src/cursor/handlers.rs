@@ -100,15 +100,10 @@ async fn unknown_route(State(state): State<Arc<AppState>>, request: Request) -> 
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let hop_by_hop = hop_by_hop_headers(&parts.headers);
-    let mut outbound = client
+    let outbound = client
         .request(parts.method.clone(), format!("{}{path}", upstream.url))
+        .headers(end_to_end_headers(&parts.headers))
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
-    for (name, value) in &parts.headers {
-        if !hop_by_hop.contains(name) {
-            outbound = outbound.header(name, value);
-        }
-    }
     let response = match outbound.send().await {
         Ok(response) => response,
         Err(e) => {
@@ -127,24 +122,25 @@ async fn unknown_route(State(state): State<Arc<AppState>>, request: Request) -> 
     };
     tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = response.status().as_u16(), "passed through");
     let status = response.status();
-    let hop_by_hop = hop_by_hop_headers(response.headers());
-    let mut reply = Response::builder().status(status);
-    for (name, value) in response.headers() {
-        if !hop_by_hop.contains(name) {
-            reply = reply.header(name, value);
-        }
-    }
+    let headers = end_to_end_headers(response.headers());
+    let mut reply = Body::from_stream(response.bytes_stream()).into_response();
+    *reply.status_mut() = status;
+    *reply.headers_mut() = headers;
     reply
-        .body(Body::from_stream(response.bytes_stream()))
-        .unwrap_or_else(|e| {
-            unary_error(&ConnectError::new(
-                ConnectCode::Internal,
-                format!("building the forwarded response: {e}"),
-            ))
-        })
 }
 
-/// Headers that belong to one connection, not to the message (RFC 9110 §7.6.1): never forwarded.
+/// `headers` without those that belong to one connection rather than to the message (RFC 9110
+/// §7.6.1): what is forwarded between the client and Cursor's backend, both ways.
+fn end_to_end_headers(headers: &HeaderMap) -> HeaderMap {
+    let hop_by_hop = hop_by_hop_headers(headers);
+    let mut forwarded = headers.clone();
+    for name in &hop_by_hop {
+        forwarded.remove(name);
+    }
+    forwarded
+}
+
+/// Headers that belong to one connection, not to the message: never forwarded.
 fn hop_by_hop_headers(headers: &HeaderMap) -> Vec<header::HeaderName> {
     let mut names = vec![
         header::CONNECTION,
@@ -215,14 +211,12 @@ async fn available_models_route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) =
-        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
-            connect::decode_message::<AvailableModelsRequest>(
-                &payload,
-                "aiserver.v1.AvailableModelsRequest",
-            )
-        })
-    {
+    if let Err(e) = decode_unary::<AvailableModelsRequest>(
+        &headers,
+        &body,
+        state.config.max_frame_bytes,
+        "aiserver.v1.AvailableModelsRequest",
+    ) {
         return invalid(format!("AvailableModels: {e}"));
     }
     let ours = available_models(&state.config);
@@ -246,14 +240,12 @@ async fn usable_models_route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) =
-        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
-            connect::decode_message::<GetUsableModelsRequest>(
-                &payload,
-                "agent.v1.GetUsableModelsRequest",
-            )
-        })
-    {
+    if let Err(e) = decode_unary::<GetUsableModelsRequest>(
+        &headers,
+        &body,
+        state.config.max_frame_bytes,
+        "agent.v1.GetUsableModelsRequest",
+    ) {
         return invalid(format!("GetUsableModels: {e}"));
     }
     let mut models: Vec<ModelDetails> = configured_models(&state.config).collect();
@@ -277,14 +269,12 @@ async fn default_model_route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) =
-        unary_payload(&headers, &body, state.config.max_frame_bytes).and_then(|payload| {
-            connect::decode_message::<GetDefaultModelForCliRequest>(
-                &payload,
-                "agent.v1.GetDefaultModelForCliRequest",
-            )
-        })
-    {
+    if let Err(e) = decode_unary::<GetDefaultModelForCliRequest>(
+        &headers,
+        &body,
+        state.config.max_frame_bytes,
+        "agent.v1.GetDefaultModelForCliRequest",
+    ) {
         return invalid(format!("GetDefaultModelForCli: {e}"));
     }
     let default =
@@ -305,16 +295,11 @@ async fn upstream_unary<M: prost::Message + Default>(
 ) -> Option<M> {
     let (client, upstream) = (state.upstream.as_ref()?, state.config.upstream.as_ref()?);
     headers.get(header::AUTHORIZATION)?;
-    let hop_by_hop = hop_by_hop_headers(headers);
-    let mut request = client
+    let request = client
         .post(format!("{}{path}", upstream.url))
         .timeout(CATALOG_UPSTREAM_TIMEOUT)
+        .headers(end_to_end_headers(headers))
         .body(body.clone());
-    for (name, value) in headers {
-        if !hop_by_hop.contains(name) {
-            request = request.header(name, value);
-        }
-    }
     let answer = async {
         let response = request
             .send()
@@ -379,6 +364,17 @@ fn configured_models(config: &crate::config::Config) -> impl Iterator<Item = Mod
             max_mode: Some(false),
             ..ModelDetails::default()
         })
+}
+
+/// A unary request's message, whatever its `content-encoding` and framing.
+fn decode_unary<M: prost::Message + Default>(
+    headers: &HeaderMap,
+    body: &[u8],
+    max_bytes: usize,
+    name: &'static str,
+) -> Result<M, WireError> {
+    unary_payload(headers, body, max_bytes)
+        .and_then(|payload| connect::decode_message(&payload, name))
 }
 
 /// The protobuf payload of a unary request, whatever its `content-encoding` and framing.
