@@ -17,12 +17,11 @@ mod fixtures;
 
 use cursor_server::cursor::proto::agent::{
     self as pb, AgentClientMessage, AgentMode, agent_client_message, interaction_query,
-    interaction_response, interaction_update, tool_call,
+    interaction_response, tool_call,
 };
 use fake_cursor::{FakeCursor, Session, Transcript};
 use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
-use fixtures::{TestServer, exec_result, offered_tools, run_request_in_mode};
-use serde_json::Value;
+use fixtures::{TestServer, exec_result, offered_tools, run_request_in_mode, tool_result_text};
 
 fn respond(id: u32, result: interaction_response::Result) -> AgentClientMessage {
     AgentClientMessage {
@@ -38,26 +37,11 @@ fn respond(id: u32, result: interaction_response::Result) -> AgentClientMessage 
 /// The final card of the transcript's only tool call.
 fn completed_card(transcript: &Transcript) -> tool_call::Tool {
     transcript
-        .updates()
-        .find_map(|u| match u {
-            interaction_update::Message::ToolCallCompleted(done) => {
-                done.tool_call.clone().and_then(|c| c.tool)
-            }
-            _ => None,
-        })
+        .completed_cards()
+        .first()
+        .and_then(|done| done.tool_call.clone())
+        .and_then(|c| c.tool)
         .expect("a completed tool card")
-}
-
-/// The tool message the model got back for its call.
-fn tool_result_text(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .and_then(|m| m["content"].as_str())
-        .expect("a tool result")
-        .to_owned()
 }
 
 struct Harness {

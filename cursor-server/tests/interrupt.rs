@@ -42,16 +42,6 @@ fn aborted(transcript: &Transcript, exec_id: u32) -> bool {
     })
 }
 
-fn completed_cards(transcript: &Transcript) -> Vec<&pb::ToolCallCompletedUpdate> {
-    transcript
-        .updates()
-        .filter_map(|u| match u {
-            interaction_update::Message::ToolCallCompleted(c) => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A slow answer: `n` parts, `gap` apart.
 fn slow_text(n: usize, gap: Duration) -> Reply {
     let parts: Vec<String> = (0..n).map(|i| format!("p{i} ")).collect();
@@ -151,7 +141,7 @@ async fn a_late_exec_result_of_an_interrupted_run_is_refused_and_never_stored() 
     assert_eq!(old.error_code(), Some("canceled"));
     assert!(aborted(&old, exec.id), "the running read is aborted");
     assert_eq!(
-        completed_cards(&old).len(),
+        old.completed_cards().len(),
         1,
         "its card reaches a terminal state"
     );
@@ -223,7 +213,7 @@ async fn cancel_during_a_running_shell_aborts_it_keeps_the_finished_read_and_end
         !aborted(&transcript, read_id.unwrap()),
         "the finished read is not"
     );
-    assert_eq!(completed_cards(&transcript).len(), 2);
+    assert_eq!(transcript.completed_cards().len(), 2);
 
     // The completed read is history; the aborted shell is not.
     let next = Session::start(&cursor, "req-after", &run_request("conv-cancel", "go on"))

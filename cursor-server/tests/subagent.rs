@@ -16,37 +16,23 @@ mod fixtures;
 
 use cursor_server::cursor::proto::agent::{
     self as pb, AgentClientMessage, agent_client_message, conversation_action, exec_client_message,
-    exec_server_message, interaction_update, tool_call,
+    exec_server_message, tool_call,
 };
 use fake_cursor::{FakeCursor, Session, Transcript};
 use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
-use fixtures::{MODEL, TestServer, exec_result, offered_tools, run_request_with_env};
-use serde_json::Value;
+use fixtures::{
+    MODEL, TestServer, exec_result, offered_tools, run_request_with_env, tool_result_text,
+};
 
 fn task_card(transcript: &Transcript) -> pb::TaskToolCall {
     transcript
-        .updates()
-        .find_map(|u| match u {
-            interaction_update::Message::ToolCallCompleted(done) => {
-                match done.tool_call.clone().and_then(|c| c.tool) {
-                    Some(tool_call::Tool::TaskToolCall(card)) => Some(card),
-                    _ => None,
-                }
-            }
+        .completed_cards()
+        .into_iter()
+        .find_map(|done| match done.tool_call.clone().and_then(|c| c.tool) {
+            Some(tool_call::Tool::TaskToolCall(card)) => Some(card),
             _ => None,
         })
         .expect("a completed Task card")
-}
-
-fn tool_result_text(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .and_then(|m| m["content"].as_str())
-        .expect("a tool result")
-        .to_owned()
 }
 
 fn subagent_success(

@@ -60,19 +60,9 @@ fn shell_event(event: pb::shell_stream::Event) -> result::Message {
     result::Message::ShellStream(pb::ShellStream { event: Some(event) })
 }
 
-fn completed(transcript: &Transcript) -> Vec<&pb::ToolCallCompletedUpdate> {
-    transcript
-        .updates()
-        .filter_map(|u| match u {
-            interaction_update::Message::ToolCallCompleted(c) => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Every terminal card must carry a typed result, or Cursor spins it forever.
 fn assert_every_completed_card_has_a_typed_result(transcript: &Transcript) {
-    for card in completed(transcript) {
+    for card in transcript.completed_cards() {
         let tool = card
             .tool_call
             .as_ref()
@@ -180,7 +170,7 @@ async fn a_read_tool_call_runs_on_the_client_and_its_result_reaches_the_next_req
     assert!(position("tool_call_completed") < position("text_delta"));
     assert_eq!(kinds.last(), Some(&"turn_ended"));
     assert_every_completed_card_has_a_typed_result(&transcript);
-    let cards = completed(&transcript);
+    let cards = transcript.completed_cards();
     assert_eq!(cards.len(), 1);
     assert!(!cards[0].model_call_id.is_empty());
     let Some(tool_call::Tool::ReadToolCall(card)) =
@@ -313,7 +303,7 @@ async fn three_parallel_calls_completed_in_reverse_order_are_replayed_in_call_or
 
     assert!(transcript.is_success(), "{:?}", transcript.end);
     assert_every_completed_card_has_a_typed_result(&transcript);
-    assert_eq!(completed(&transcript).len(), 3);
+    assert_eq!(transcript.completed_cards().len(), 3);
     let second = h.request_messages(1);
     let assistant: Vec<&Value> = second.iter().filter(|m| m["role"] == "assistant").collect();
     assert_eq!(assistant.len(), 1);
@@ -410,7 +400,7 @@ async fn a_shell_streams_stdout_then_exits_non_zero() {
     assert_eq!(deltas.len(), 2, "stdout and stderr deltas");
     assert!(deltas.iter().all(|d| !d.model_call_id.is_empty()));
     assert_every_completed_card_has_a_typed_result(&transcript);
-    let Some(tool_call::Tool::ShellToolCall(card)) = completed(&transcript)[0]
+    let Some(tool_call::Tool::ShellToolCall(card)) = transcript.completed_cards()[0]
         .tool_call
         .as_ref()
         .and_then(|t| t.tool.as_ref())
@@ -530,7 +520,7 @@ async fn an_unknown_tool_and_invalid_arguments_become_errors_the_model_can_fix()
     assert!(transcript.is_success(), "{:?}", transcript.end);
     assert!(!transcript.kinds().contains(&"exec"), "nothing is executed");
     // Only the known tool drew a card, and that card reached a terminal state.
-    let cards = completed(&transcript);
+    let cards = transcript.completed_cards();
     assert_eq!(cards.len(), 1);
     assert_every_completed_card_has_a_typed_result(&transcript);
     let messages = h.request_messages(1);
@@ -617,7 +607,7 @@ async fn a_result_of_the_wrong_kind_is_a_protocol_error() {
     );
     assert!(!transcript.kinds().contains(&"turn_ended"));
     // The running card still reached a terminal state.
-    assert_eq!(completed(&transcript).len(), 1);
+    assert_eq!(transcript.completed_cards().len(), 1);
     assert_every_completed_card_has_a_typed_result(&transcript);
 }
 
@@ -695,7 +685,7 @@ async fn str_replace_reads_edits_and_writes_the_file() {
         "{}",
         results[1].1
     );
-    let cards = completed(&transcript);
+    let cards = transcript.completed_cards();
     let edit = cards
         .iter()
         .find_map(
@@ -930,7 +920,8 @@ async fn grep_glob_write_delete_and_read_lints_map_to_their_execs_and_cards() {
         results[3].1
     );
     assert_eq!(results[4].1, "b.rs:9:4: error: unused variable [rustc ]\n");
-    let glob_card = completed(&transcript)
+    let glob_card = transcript
+        .completed_cards()
         .into_iter()
         .find_map(
             |c| match c.tool_call.as_ref().and_then(|t| t.tool.as_ref()) {
@@ -974,7 +965,7 @@ async fn todo_write_is_answered_locally_and_merges_with_the_list_folded_from_his
         "TodoWrite needs no client round trip"
     );
     assert_every_completed_card_has_a_typed_result(&transcript);
-    let cards = completed(&transcript);
+    let cards = transcript.completed_cards();
     let Some(tool_call::Tool::UpdateTodosToolCall(second)) =
         cards[1].tool_call.as_ref().and_then(|t| t.tool.as_ref())
     else {
@@ -1194,7 +1185,7 @@ async fn an_mcp_tool_is_offered_under_a_safe_name_runs_as_mcp_args_and_its_conte
     let transcript = turn.finish().await;
     assert!(transcript.is_success(), "{:?}", transcript.end);
     assert_every_completed_card_has_a_typed_result(&transcript);
-    let cards = completed(&transcript);
+    let cards = transcript.completed_cards();
     assert_eq!(cards.len(), 2);
     let card_of = |id: &str| {
         cards
@@ -1243,10 +1234,9 @@ async fn an_mcp_tool_is_offered_under_a_safe_name_runs_as_mcp_args_and_its_conte
         "resources are offered with MCP servers"
     );
     let messages = h.request_messages(1);
-    let results: Vec<&str> = messages
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap())
+    let results: Vec<&str> = tool_messages(&messages)
+        .into_iter()
+        .map(|(_, content)| content)
         .collect();
     assert_eq!(results[0], "Created issue #42");
     assert!(
@@ -1326,10 +1316,9 @@ async fn mcp_resources_are_listed_and_read_through_the_client() {
     let transcript = turn.finish().await;
     assert!(transcript.is_success(), "{:?}", transcript.end);
     let messages = h.request_messages(1);
-    let results: Vec<&str> = messages
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap())
+    let results: Vec<&str> = tool_messages(&messages)
+        .into_iter()
+        .map(|(_, content)| content)
         .collect();
     assert!(
         results[0].contains("- user-github: repo://readme — README, text/markdown"),
@@ -1338,7 +1327,7 @@ async fn mcp_resources_are_listed_and_read_through_the_client() {
     );
     assert_eq!(results[1], "# Demo\nA demo repository.");
     assert_every_completed_card_has_a_typed_result(&transcript);
-    assert!(completed(&transcript).iter().all(|c| matches!(
+    assert!(transcript.completed_cards().iter().all(|c| matches!(
         c.tool_call.as_ref().and_then(|t| t.tool.as_ref()),
         Some(
             tool_call::Tool::ListMcpResourcesToolCall(_)

@@ -108,16 +108,27 @@ async fn start_upstream() -> (Upstream, SocketAddr) {
     (upstream, addr)
 }
 
-#[tokio::test]
-async fn an_unknown_route_is_streamed_to_the_official_backend_and_back_unchanged() {
-    let (upstream, upstream_addr) = start_upstream().await;
-    let provider = FakeProvider::start().await;
-    let server = TestServer::start_in(
+/// A server whose pass-through goes to `upstream_addr`.
+async fn server_with_upstream(provider: &FakeProvider, upstream_addr: SocketAddr) -> TestServer {
+    TestServer::start_in(
         &provider.base_url(),
         tempfile::tempdir().unwrap(),
         &format!("upstream_url = \"http://{upstream_addr}\""),
     )
-    .await;
+    .await
+}
+
+/// A loopback address nothing listens on.
+async fn unreachable_addr() -> SocketAddr {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    closed.local_addr().unwrap()
+}
+
+#[tokio::test]
+async fn an_unknown_route_is_streamed_to_the_official_backend_and_back_unchanged() {
+    let (upstream, upstream_addr) = start_upstream().await;
+    let provider = FakeProvider::start().await;
+    let server = server_with_upstream(&provider, upstream_addr).await;
     let body: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
     let response = reqwest::Client::new()
         .post(format!(
@@ -184,12 +195,7 @@ async fn an_unknown_route_is_streamed_to_the_official_backend_and_back_unchanged
 async fn the_backends_status_comes_back_and_an_unreachable_backend_is_unavailable() {
     let (_upstream, upstream_addr) = start_upstream().await;
     let provider = FakeProvider::start().await;
-    let server = TestServer::start_in(
-        &provider.base_url(),
-        tempfile::tempdir().unwrap(),
-        &format!("upstream_url = \"http://{upstream_addr}\""),
-    )
-    .await;
+    let server = server_with_upstream(&provider, upstream_addr).await;
     let missing = reqwest::get(format!("http://{}/missing", server.addr))
         .await
         .unwrap();
@@ -197,15 +203,8 @@ async fn the_backends_status_comes_back_and_an_unreachable_backend_is_unavailabl
     assert_eq!(missing.text().await.unwrap(), "no such thing");
 
     // A backend nobody listens on.
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let closed_addr = closed.local_addr().unwrap();
-    drop(closed);
-    let server = TestServer::start_in(
-        &provider.base_url(),
-        tempfile::tempdir().unwrap(),
-        &format!("upstream_url = \"http://{closed_addr}\""),
-    )
-    .await;
+    let closed_addr = unreachable_addr().await;
+    let server = server_with_upstream(&provider, closed_addr).await;
     let response = reqwest::Client::new()
         .post(format!(
             "http://{}/aiserver.v1.AuthService/GetEmail",
@@ -297,12 +296,7 @@ mod catalog {
             .encode_to_vec(),
         );
         let provider = FakeProvider::start().await;
-        let server = TestServer::start_in(
-            &provider.base_url(),
-            tempfile::tempdir().unwrap(),
-            &format!("upstream_url = \"http://{upstream_addr}\""),
-        )
-        .await;
+        let server = server_with_upstream(&provider, upstream_addr).await;
         let merged: AvailableModelsResponse = unary(
             server.addr,
             "/aiserver.v1.AiService/AvailableModels",
@@ -352,16 +346,9 @@ mod catalog {
 
     #[tokio::test]
     async fn without_a_reachable_backend_the_catalog_is_our_own() {
-        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let closed_addr = closed.local_addr().unwrap();
-        drop(closed);
+        let closed_addr = unreachable_addr().await;
         let provider = FakeProvider::start().await;
-        let server = TestServer::start_in(
-            &provider.base_url(),
-            tempfile::tempdir().unwrap(),
-            &format!("upstream_url = \"http://{closed_addr}\""),
-        )
-        .await;
+        let server = server_with_upstream(&provider, closed_addr).await;
         for path in [
             "/aiserver.v1.AiService/GetUsableModels",
             "/agent.v1.AgentService/GetUsableModels",

@@ -88,6 +88,18 @@ impl Transcript {
         })
     }
 
+    /// Every `tool_call_completed` update, in order.
+    pub fn completed_cards(
+        &self,
+    ) -> Vec<&cursor_server::cursor::proto::agent::ToolCallCompletedUpdate> {
+        self.updates()
+            .filter_map(|u| match u {
+                interaction_update::Message::ToolCallCompleted(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn is_success(&self) -> bool {
         self.end
             .as_ref()

@@ -295,6 +295,18 @@ pub fn run_request_in_mode(
     message
 }
 
+/// The first tool message a Chat request carries back to the model.
+pub fn tool_result_text(request: &serde_json::Value) -> String {
+    request["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("a tool result")
+        .to_owned()
+}
+
 /// The names of the tools a Chat request offered.
 pub fn offered_tools(request: &serde_json::Value) -> Vec<String> {
     request["tools"]
