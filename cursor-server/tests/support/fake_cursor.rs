@@ -300,24 +300,7 @@ impl<'a> Session<'a> {
         first: &AgentClientMessage,
         blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
     ) -> Session<'a> {
-        let response = cursor.open_run_sse(request_id).await;
-        assert_eq!(response.status(), 200);
-        let mut session = Session {
-            cursor,
-            request_id: request_id.to_owned(),
-            seqno: 0,
-            blobs,
-            withhold_acks: false,
-            withhold_matching: None,
-            withheld: Vec::new(),
-            stream: response.bytes_stream().boxed(),
-            decoder: FrameDecoder::new(64 * 1024 * 1024),
-            transcript: Transcript {
-                messages: Vec::new(),
-                end: None,
-                end_frame: None,
-            },
-        };
+        let mut session = Self::open(cursor, request_id, 0, blobs).await;
         session.send(first).await;
         session
     }
@@ -325,13 +308,22 @@ impl<'a> Session<'a> {
     /// Opens a new RunSSE for a run this client already talks to (a reconnect), continuing its
     /// append sequence at `seqno`.
     pub async fn reattach(cursor: &'a FakeCursor, request_id: &str, seqno: i64) -> Session<'a> {
+        Self::open(cursor, request_id, seqno, std::collections::HashMap::new()).await
+    }
+
+    async fn open(
+        cursor: &'a FakeCursor,
+        request_id: &str,
+        seqno: i64,
+        blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    ) -> Session<'a> {
         let response = cursor.open_run_sse(request_id).await;
         assert_eq!(response.status(), 200);
         Session {
             cursor,
             request_id: request_id.to_owned(),
             seqno,
-            blobs: std::collections::HashMap::new(),
+            blobs,
             withhold_acks: false,
             withhold_matching: None,
             withheld: Vec::new(),
