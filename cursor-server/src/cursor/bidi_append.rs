@@ -168,55 +168,48 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
                         tools,
                         subagent,
                         parameters,
-                        client_state: client_state.clone(),
-                    }))
-                }
-                Some(conversation_action::Action::BackgroundTaskCompletionAction(action)) => {
-                    let completions = match background_completions(&action) {
-                        Ok(completions) => completions,
-                        Err(message) => return Ok(ClientInput::Unsupported(message)),
-                    };
-                    ClientInput::RunRequest(Box::new(RunRequestInput {
-                        conversation_id,
-                        action: RunAction::BackgroundTasksEnded(completions),
-                        model_id,
-                        terminals_folder: String::new(),
-                        context: None,
-                        mode: Mode::default(),
-                        tools: ToolOptions::without_context(mcp_tools(
-                            &request.mcp_tools,
-                            [request.mcp_file_system_options.as_ref(), None],
-                        )),
-                        subagent: None,
-                        parameters,
                         client_state,
                     }))
                 }
+                // Runs without a new user message (and without a request context).
                 Some(
-                    action @ (conversation_action::Action::ResumeAction(_)
+                    action @ (conversation_action::Action::BackgroundTaskCompletionAction(_)
+                    | conversation_action::Action::ResumeAction(_)
                     | conversation_action::Action::SummarizeAction(_)),
                 ) => {
-                    let subagent = subagent_role(request.subagent_type_name.as_deref(), None);
+                    let (run_action, subagent) = match action {
+                        conversation_action::Action::BackgroundTaskCompletionAction(action) => {
+                            match background_completions(&action) {
+                                Ok(completions) => {
+                                    (RunAction::BackgroundTasksEnded(completions), None)
+                                }
+                                Err(message) => return Ok(ClientInput::Unsupported(message)),
+                            }
+                        }
+                        conversation_action::Action::SummarizeAction(_) => (
+                            RunAction::Summarize,
+                            subagent_role(request.subagent_type_name.as_deref(), None),
+                        ),
+                        _ => (
+                            RunAction::Resume,
+                            subagent_role(request.subagent_type_name.as_deref(), None),
+                        ),
+                    };
+                    let mut tools = ToolOptions::without_context(mcp_tools(
+                        &request.mcp_tools,
+                        [request.mcp_file_system_options.as_ref(), None],
+                    ));
+                    if let Some(role) = &subagent {
+                        tools.restrict_to(role);
+                    }
                     ClientInput::RunRequest(Box::new(RunRequestInput {
                         conversation_id,
-                        action: match action {
-                            conversation_action::Action::SummarizeAction(_) => RunAction::Summarize,
-                            _ => RunAction::Resume,
-                        },
+                        action: run_action,
                         model_id,
                         terminals_folder: String::new(),
                         context: None,
                         mode: Mode::default(),
-                        tools: {
-                            let mut tools = ToolOptions::without_context(mcp_tools(
-                                &request.mcp_tools,
-                                [request.mcp_file_system_options.as_ref(), None],
-                            ));
-                            if let Some(role) = &subagent {
-                                tools.restrict_to(role);
-                            }
-                            tools
-                        },
+                        tools,
                         subagent,
                         parameters,
                         client_state,
