@@ -55,9 +55,8 @@ pub struct RunRegistry {
 #[derive(Default)]
 struct Inner {
     active: HashMap<String, RunHandle>,
-    /// The run that owns each conversation now (conversation id → request id), and the reverse.
+    /// The run that owns each conversation now (conversation id → request id).
     conversation_owner: HashMap<String, String>,
-    run_conversation: HashMap<String, String>,
     finished: HashSet<String>,
     finished_order: VecDeque<String>,
 }
@@ -134,12 +133,8 @@ impl RunRegistry {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = inner
             .conversation_owner
-            .insert(conversation_id.to_owned(), request_id.to_owned());
-        inner
-            .run_conversation
-            .insert(request_id.to_owned(), conversation_id.to_owned());
-        let previous = previous.filter(|p| p != request_id)?;
-        inner.run_conversation.remove(&previous);
+            .insert(conversation_id.to_owned(), request_id.to_owned())
+            .filter(|p| p != request_id)?;
         inner
             .active
             .get(&previous)
@@ -150,15 +145,10 @@ impl RunRegistry {
     fn mark_finished(&self, request_id: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.active.remove(request_id);
-        if let Some(conversation) = inner.run_conversation.remove(request_id)
-            && inner
-                .conversation_owner
-                .get(&conversation)
-                .map(String::as_str)
-                == Some(request_id)
-        {
-            inner.conversation_owner.remove(&conversation);
-        }
+        // A finished run owns nothing (a run that took its conversation over already replaced it).
+        inner
+            .conversation_owner
+            .retain(|_, owner| owner != request_id);
         if inner.finished.insert(request_id.to_owned()) {
             inner.finished_order.push_back(request_id.to_owned());
         }
