@@ -397,7 +397,7 @@ pub fn subagent_args(task: &TaskInput, call_id: &str, env: &ToolEnv) -> pb::Suba
     }
 }
 
-pub fn task_mode(mode: Mode) -> pb::TaskMode {
+fn task_mode(mode: Mode) -> pb::TaskMode {
     match mode {
         Mode::Plan => pb::TaskMode::Plan,
         _ => pb::TaskMode::Agent,

@@ -1348,7 +1348,7 @@ fn fetch_outcome(
 }
 
 /// The page's text as Markdown, decided by its content type (and by a sniff when it has none).
-pub fn page_markdown(content: &str, content_type: &str) -> Result<String, String> {
+fn page_markdown(content: &str, content_type: &str) -> Result<String, String> {
     let mime = content_type
         .split(';')
         .next()
