@@ -403,7 +403,7 @@ impl TurnLoop {
         };
         let (system, mode_tools) =
             compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
-        let mut tool_options = input.tools.clone();
+        let mut tool_options = input.tools;
         tool_options.web_search &= app.config.web_search.is_some();
         let offered_tools = tools::offered_tools(mode_tools, &tool_options);
         let subagent_runs = fold_subagent_runs(&history, []);
@@ -414,7 +414,7 @@ impl TurnLoop {
             max_output_bytes: config.tool_output_max_bytes,
             todos: fold_todos(&history),
             mode,
-            mcp: input.tools.mcp.clone().into(),
+            mcp: tool_options.mcp.clone().into(),
             conversation_id: input.conversation_id.clone(),
             model_id: model_id.clone(),
         };
