@@ -1,0 +1,671 @@
+//! From one JavaScript bundle to a compiled schema.
+//!
+//! Owns the step from what `js.rs` read ([`crate::js::Bundle`]) to descriptors: packages and nesting from the
+//! full names, one `.proto` file per package (well-known types in their usual `google/protobuf/*.proto` files),
+//! map entries, oneofs and proto3 `optional`, imports between files, conflicts between two classes that claim
+//! one name. The result is printed ([`crate::printer`]) and compiled back with protox, so what is returned is
+//! exactly what `protoc` makes of the written files.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{
+    DescriptorProto, EnumDescriptorProto, EnumOptions, EnumValueDescriptorProto,
+    FieldDescriptorProto, FieldOptions, FileDescriptorProto, FileDescriptorSet, MessageOptions,
+    MethodDescriptorProto, MethodOptions, OneofDescriptorProto, ServiceDescriptorProto,
+    field_options::JsType, method_options::IdempotencyLevel,
+};
+
+use crate::js::{self, Bundle, FieldKind, MapValue, MethodKind, Problem, Syntax};
+
+/// Why a bundle gave no schema.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtractError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not JavaScript that parses (line {line}, column {column}: {message}); is it truncated?"
+    )]
+    NotJavaScript {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error(
+        "{path} holds no protobuf-es message classes (no `typeName` with `fields`): not a Cursor bundle with the protocol"
+    )]
+    NoProtobuf { path: PathBuf },
+    #[error("{path}: two classes claim {type_name} with different definitions ({detail})")]
+    Conflict {
+        path: PathBuf,
+        type_name: String,
+        detail: String,
+    },
+    #[error(
+        "{path}: the extracted schema does not compile ({message}); this is an extractor bug, please report it with the bundle's Cursor version"
+    )]
+    Compile { path: PathBuf, message: String },
+    #[error("{0}")]
+    Print(#[from] crate::printer::PrintError),
+}
+
+/// A compiled schema and what was noticed while reading it.
+#[derive(Debug, Clone)]
+pub struct Extraction {
+    /// The compiled descriptors of every written file (well-known types included).
+    pub descriptors: FileDescriptorSet,
+    /// `(file name, .proto text)` for every file, ready for [`crate::write::write_schema`].
+    pub files: Vec<(String, String)>,
+    /// Message, enum and service counts per package.
+    pub counts: BTreeMap<String, Counts>,
+    /// Fields and methods that were left out, each with its reason.
+    pub unresolved: Vec<Unresolved>,
+    /// Identical copies of one class met more than once (real installs bundle some classes twice).
+    pub duplicates: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub messages: usize,
+    pub enums: usize,
+    pub services: usize,
+    pub fields: usize,
+}
+
+/// A field or method the extractor could not read; the rest of the schema does not depend on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    pub type_name: String,
+    pub member: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.member.is_empty() {
+            write!(f, "{}: {}", self.type_name, self.reason)
+        } else {
+            write!(f, "{}.{}: {}", self.type_name, self.member, self.reason)
+        }
+    }
+}
+
+/// Extracts the schema from one bundle on disk.
+pub fn extract_file(path: &Path) -> Result<Extraction, ExtractError> {
+    let source = std::fs::read(path).map_err(|source| ExtractError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let source = String::from_utf8(source).map_err(|_| ExtractError::NotJavaScript {
+        path: path.to_owned(),
+        line: 1,
+        column: 1,
+        message: "not UTF-8 text".to_owned(),
+    })?;
+    extract_source(path, &source)
+}
+
+/// Extracts the schema from a bundle's text; `path` only names it in errors.
+pub fn extract_source(path: &Path, source: &str) -> Result<Extraction, ExtractError> {
+    let bundle = js::read_bundle(source).map_err(|failure| ExtractError::NotJavaScript {
+        path: path.to_owned(),
+        line: failure.line,
+        column: failure.column,
+        message: failure.message,
+    })?;
+    if bundle.messages.is_empty() {
+        return Err(ExtractError::NoProtobuf {
+            path: path.to_owned(),
+        });
+    }
+    let (schema, duplicates) =
+        Schema::from_bundle(bundle).map_err(|(type_name, detail)| ExtractError::Conflict {
+            path: path.to_owned(),
+            type_name,
+            detail,
+        })?;
+    let rough = schema.descriptors();
+    let files = crate::printer::render_set(&rough)?;
+    let descriptors = compile(&files).map_err(|message| ExtractError::Compile {
+        path: path.to_owned(),
+        message,
+    })?;
+    Ok(Extraction {
+        descriptors,
+        files,
+        counts: schema.counts(),
+        unresolved: schema
+            .problems
+            .into_iter()
+            .map(|p| Unresolved {
+                type_name: p.owner,
+                member: p.member,
+                reason: p.reason,
+            })
+            .collect(),
+        duplicates,
+    })
+}
+
+/// Compiles `.proto` texts held in memory (with the well-known types protox carries).
+pub fn compile(files: &[(String, String)]) -> Result<FileDescriptorSet, String> {
+    let resolver = MemoryResolver {
+        files: files.iter().cloned().collect(),
+    };
+    let mut chain = protox::file::ChainFileResolver::new();
+    chain.add(resolver);
+    chain.add(protox::file::GoogleFileResolver::new());
+    let mut compiler = protox::Compiler::with_file_resolver(chain);
+    compiler.include_imports(true);
+    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    compiler.open_files(names).map_err(|e| e.to_string())?;
+    Ok(compiler.file_descriptor_set())
+}
+
+struct MemoryResolver {
+    files: HashMap<String, String>,
+}
+
+impl protox::file::FileResolver for MemoryResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        match self.files.get(name) {
+            Some(source) => protox::file::File::from_source(name, source),
+            None => Err(protox::Error::file_not_found(name)),
+        }
+    }
+}
+
+/// The bundle's declarations, deduplicated, keyed by full name.
+struct Schema {
+    messages: BTreeMap<String, js::RawMessage>,
+    enums: BTreeMap<String, js::RawEnum>,
+    services: BTreeMap<String, js::RawService>,
+    problems: Vec<Problem>,
+}
+
+type Conflict = (String, String);
+
+impl Schema {
+    fn from_bundle(bundle: Bundle) -> Result<(Self, usize), Conflict> {
+        let mut duplicates = 0;
+        let mut messages = BTreeMap::new();
+        for message in bundle.messages {
+            duplicates +=
+                insert_unique(&mut messages, message.full_name.clone(), message, |a, b| {
+                    describe_field_difference(&a.fields, &b.fields)
+                })?;
+        }
+        let mut enums = BTreeMap::new();
+        for value in bundle.enums {
+            duplicates += insert_unique(&mut enums, value.full_name.clone(), value, |a, b| {
+                format!("values {:?} vs {:?}", a.values, b.values)
+            })?;
+        }
+        let mut services = BTreeMap::new();
+        for service in bundle.services {
+            duplicates +=
+                insert_unique(&mut services, service.full_name.clone(), service, |a, b| {
+                    format!("{} vs {} methods", a.methods.len(), b.methods.len())
+                })?;
+        }
+        for name in enums.keys() {
+            if messages.contains_key(name) {
+                return Err((
+                    name.clone(),
+                    "declared both as a message and as an enum".to_owned(),
+                ));
+            }
+        }
+        Ok((
+            Self {
+                messages,
+                enums,
+                services,
+                problems: bundle.problems,
+            },
+            duplicates,
+        ))
+    }
+
+    fn is_message(&self, name: &str) -> bool {
+        self.messages.contains_key(name)
+    }
+
+    /// The package of a full name: what is left once every enclosing message is taken off.
+    fn package_of(&self, full_name: &str) -> String {
+        let segments: Vec<&str> = full_name.split('.').collect();
+        for k in 1..segments.len() {
+            let prefix = segments[..k].join(".");
+            if self.is_message(&prefix) {
+                return segments[..k - 1].join(".");
+            }
+        }
+        // No enclosing message: the package is everything before the last segment.
+        segments[..segments.len() - 1].join(".")
+    }
+
+    /// The enclosing message of a nested type, if any.
+    fn parent_of(&self, full_name: &str) -> Option<String> {
+        let (parent, _) = full_name.rsplit_once('.')?;
+        self.is_message(parent).then(|| parent.to_owned())
+    }
+
+    fn file_of(&self, full_name: &str, syntax: Syntax) -> String {
+        let package = self.package_of(full_name);
+        if package == "google.protobuf" {
+            let top = full_name
+                .trim_start_matches("google.protobuf.")
+                .split('.')
+                .next()
+                .unwrap_or_default();
+            return format!("google/protobuf/{}.proto", well_known_file(top));
+        }
+        let base = package.replace('.', "_");
+        match syntax {
+            Syntax::Proto3 => format!("{base}.proto"),
+            Syntax::Proto2 => format!("{base}_proto2.proto"),
+        }
+    }
+
+    /// The syntax a type's file has: its own for a message, its top-level message's for nested types,
+    /// proto3 for top-level enums and services.
+    fn syntax_of(&self, full_name: &str) -> Syntax {
+        let mut name = full_name.to_owned();
+        let mut found = self.messages.get(&name).map(|m| m.syntax);
+        while let Some(parent) = self.parent_of(&name) {
+            found = self.messages.get(&parent).map(|m| m.syntax).or(found);
+            name = parent;
+        }
+        found.unwrap_or(Syntax::Proto3)
+    }
+
+    fn counts(&self) -> BTreeMap<String, Counts> {
+        let mut counts: BTreeMap<String, Counts> = BTreeMap::new();
+        for (name, message) in &self.messages {
+            let entry = counts.entry(self.package_of(name)).or_default();
+            entry.messages += 1;
+            entry.fields += message.fields.len();
+        }
+        for name in self.enums.keys() {
+            counts.entry(self.package_of(name)).or_default().enums += 1;
+        }
+        for name in self.services.keys() {
+            counts.entry(self.package_of(name)).or_default().services += 1;
+        }
+        counts
+    }
+
+    /// Rough descriptors (not yet compiled): enough for the printer.
+    fn descriptors(&self) -> FileDescriptorSet {
+        let mut built: BTreeMap<String, DescriptorProto> = BTreeMap::new();
+        for (name, message) in &self.messages {
+            built.insert(name.clone(), self.message_descriptor(message));
+        }
+        let mut files: BTreeMap<String, FileDescriptorProto> = BTreeMap::new();
+        let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        // Enums go into their parent message (before it is moved into its own parent) or their file.
+        let mut top_enums: Vec<(String, EnumDescriptorProto)> = Vec::new();
+        for (name, value) in &self.enums {
+            let descriptor = enum_descriptor(name, value);
+            match self.parent_of(name) {
+                Some(parent) => {
+                    if let Some(parent) = built.get_mut(&parent) {
+                        parent.enum_type.push(descriptor);
+                    }
+                }
+                None => top_enums.push((self.file_entry(&mut files, name), descriptor)),
+            }
+        }
+        // Nested messages are moved into their parents, deepest first.
+        let mut names: Vec<String> = built.keys().cloned().collect();
+        names.sort_by_key(|n| std::cmp::Reverse(n.matches('.').count()));
+        for name in names {
+            if let Some(parent) = self.parent_of(&name)
+                && let Some(descriptor) = built.remove(&name)
+                && let Some(parent) = built.get_mut(&parent)
+            {
+                parent.nested_type.push(descriptor);
+                parent.nested_type.sort_by(|a, b| a.name.cmp(&b.name));
+            }
+        }
+        for (name, descriptor) in built {
+            let file = self.file_entry(&mut files, &name);
+            collect_type_refs(&descriptor, &mut |type_name| {
+                deps.entry(file.clone())
+                    .or_default()
+                    .insert(type_name.to_owned());
+            });
+            if let Some(f) = files.get_mut(&file) {
+                f.message_type.push(descriptor);
+            }
+        }
+        for (file, descriptor) in top_enums {
+            if let Some(f) = files.get_mut(&file) {
+                f.enum_type.push(descriptor);
+            }
+        }
+        for (name, service) in &self.services {
+            let file = self.file_entry(&mut files, name);
+            let descriptor = service_descriptor(name, service);
+            for method in &descriptor.method {
+                let d = deps.entry(file.clone()).or_default();
+                d.insert(method.input_type().to_owned());
+                d.insert(method.output_type().to_owned());
+            }
+            if let Some(f) = files.get_mut(&file) {
+                f.service.push(descriptor);
+            }
+        }
+        for (file, type_names) in deps {
+            let mut imports = BTreeSet::new();
+            for type_name in type_names {
+                let full = type_name.trim_start_matches('.');
+                let target = self.file_of(full, self.syntax_of(full));
+                if target != file {
+                    imports.insert(target);
+                }
+            }
+            if let Some(f) = files.get_mut(&file) {
+                f.dependency = imports.into_iter().collect();
+            }
+        }
+        FileDescriptorSet {
+            file: files.into_values().collect(),
+        }
+    }
+
+    /// The file a top-level type goes into, created on first use.
+    fn file_entry(&self, files: &mut BTreeMap<String, FileDescriptorProto>, name: &str) -> String {
+        let syntax = self.syntax_of(name);
+        let file_name = self.file_of(name, syntax);
+        files
+            .entry(file_name.clone())
+            .or_insert_with(|| FileDescriptorProto {
+                name: Some(file_name.clone()),
+                package: Some(self.package_of(name)),
+                syntax: Some(
+                    match syntax {
+                        Syntax::Proto3 => "proto3",
+                        Syntax::Proto2 => "proto2",
+                    }
+                    .to_owned(),
+                ),
+                ..Default::default()
+            });
+        file_name
+    }
+
+    fn message_descriptor(&self, message: &js::RawMessage) -> DescriptorProto {
+        let short = short_name(&message.full_name);
+        let mut descriptor = DescriptorProto {
+            name: Some(short.to_owned()),
+            ..Default::default()
+        };
+        let mut oneofs: Vec<String> = Vec::new();
+        for field in &message.fields {
+            if let Some(oneof) = &field.oneof
+                && !oneofs.contains(oneof)
+            {
+                oneofs.push(oneof.clone());
+            }
+        }
+        let mut synthetic: Vec<String> = Vec::new();
+        let mut fields = Vec::new();
+        for field in &message.fields {
+            let mut out = FieldDescriptorProto {
+                name: Some(field.name.clone()),
+                number: Some(field.number),
+                json_name: field.json_name.clone(),
+                default_value: field.default.clone(),
+                ..Default::default()
+            };
+            let label = if field.repeated {
+                Label::Repeated
+            } else if field.required {
+                Label::Required
+            } else {
+                Label::Optional
+            };
+            out.set_label(label);
+            match &field.kind {
+                FieldKind::Scalar(t) => out.r#type = Some(*t),
+                FieldKind::Message(name) => {
+                    out.set_type(if field.delimited && message.syntax == Syntax::Proto2 {
+                        Type::Group
+                    } else {
+                        Type::Message
+                    });
+                    out.type_name = Some(format!(".{name}"));
+                }
+                FieldKind::Enum(name) => {
+                    out.set_type(Type::Enum);
+                    out.type_name = Some(format!(".{name}"));
+                }
+                FieldKind::Map { key, value } => {
+                    let entry = map_entry_name(&field.name);
+                    descriptor.nested_type.push(map_entry(&entry, *key, value));
+                    out.set_label(Label::Repeated);
+                    out.set_type(Type::Message);
+                    out.type_name = Some(format!(".{}.{entry}", message.full_name));
+                }
+            }
+            let mut options = FieldOptions::default();
+            let mut has_options = false;
+            if let Some(packed) = field.packed {
+                let default_packed = message.syntax == Syntax::Proto3;
+                if packed != default_packed {
+                    options.packed = Some(packed);
+                    has_options = true;
+                }
+            }
+            if field.js_string {
+                options.set_jstype(JsType::JsString);
+                has_options = true;
+            }
+            if has_options {
+                out.options = Some(options);
+            }
+            if let Some(oneof) = &field.oneof {
+                out.oneof_index = oneofs.iter().position(|o| o == oneof).map(|i| i as i32);
+            } else if field.optional && message.syntax == Syntax::Proto3 && !field.repeated {
+                out.proto3_optional = Some(true);
+                synthetic.push(format!("_{}", field.name));
+                out.oneof_index = Some((oneofs.len() + synthetic.len() - 1) as i32);
+            }
+            fields.push(out);
+        }
+        descriptor.field = fields;
+        descriptor.oneof_decl = oneofs
+            .into_iter()
+            .chain(synthetic)
+            .map(|name| OneofDescriptorProto {
+                name: Some(name),
+                options: None,
+            })
+            .collect();
+        descriptor
+    }
+}
+
+/// Inserts `value` under `name`; an identical copy counts as a duplicate, a different one is a conflict.
+fn insert_unique<T: PartialEq>(
+    map: &mut BTreeMap<String, T>,
+    name: String,
+    value: T,
+    describe: impl Fn(&T, &T) -> String,
+) -> Result<usize, Conflict> {
+    match map.get(&name) {
+        None => {
+            map.insert(name, value);
+            Ok(0)
+        }
+        Some(existing) if *existing == value => Ok(1),
+        Some(existing) => {
+            let detail = describe(existing, &value);
+            Err((name, detail))
+        }
+    }
+}
+
+fn describe_field_difference(a: &[js::RawField], b: &[js::RawField]) -> String {
+    let names = |fields: &[js::RawField]| -> BTreeSet<String> {
+        fields
+            .iter()
+            .map(|f| format!("{} = {}", f.name, f.number))
+            .collect()
+    };
+    let (na, nb) = (names(a), names(b));
+    let only_a: Vec<&String> = na.difference(&nb).collect();
+    let only_b: Vec<&String> = nb.difference(&na).collect();
+    if only_a.is_empty() && only_b.is_empty() {
+        "the same fields with different types or labels".to_owned()
+    } else {
+        format!("only in the first: {only_a:?}; only in the second: {only_b:?}")
+    }
+}
+
+fn short_name(full_name: &str) -> &str {
+    full_name.rsplit('.').next().unwrap_or(full_name)
+}
+
+/// protoc's name for a map field's entry type: the field name in CamelCase plus `Entry`.
+fn map_entry_name(field: &str) -> String {
+    let mut out = String::new();
+    let mut upper = true;
+    for c in field.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out.push_str("Entry");
+    out
+}
+
+fn map_entry(name: &str, key: i32, value: &MapValue) -> DescriptorProto {
+    let mut key_field = FieldDescriptorProto {
+        name: Some("key".to_owned()),
+        number: Some(1),
+        r#type: Some(key),
+        ..Default::default()
+    };
+    key_field.set_label(Label::Optional);
+    let mut value_field = FieldDescriptorProto {
+        name: Some("value".to_owned()),
+        number: Some(2),
+        ..Default::default()
+    };
+    value_field.set_label(Label::Optional);
+    match value {
+        MapValue::Scalar(t) => value_field.r#type = Some(*t),
+        MapValue::Message(name) => {
+            value_field.set_type(Type::Message);
+            value_field.type_name = Some(format!(".{name}"));
+        }
+        MapValue::Enum(name) => {
+            value_field.set_type(Type::Enum);
+            value_field.type_name = Some(format!(".{name}"));
+        }
+    }
+    DescriptorProto {
+        name: Some(name.to_owned()),
+        field: vec![key_field, value_field],
+        options: Some(MessageOptions {
+            map_entry: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn enum_descriptor(full_name: &str, value: &js::RawEnum) -> EnumDescriptorProto {
+    let mut numbers = BTreeSet::new();
+    let aliased = value.values.iter().any(|(n, _)| !numbers.insert(*n));
+    EnumDescriptorProto {
+        name: Some(short_name(full_name).to_owned()),
+        value: value
+            .values
+            .iter()
+            .map(|(number, name)| EnumValueDescriptorProto {
+                name: Some(name.clone()),
+                number: Some(*number),
+                options: None,
+            })
+            .collect(),
+        options: aliased.then(|| EnumOptions {
+            allow_alias: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn service_descriptor(full_name: &str, service: &js::RawService) -> ServiceDescriptorProto {
+    ServiceDescriptorProto {
+        name: Some(short_name(full_name).to_owned()),
+        method: service
+            .methods
+            .iter()
+            .map(|method| MethodDescriptorProto {
+                name: Some(method.name.clone()),
+                input_type: Some(format!(".{}", method.input)),
+                output_type: Some(format!(".{}", method.output)),
+                client_streaming: Some(matches!(
+                    method.kind,
+                    MethodKind::ClientStreaming | MethodKind::BiDiStreaming
+                )),
+                server_streaming: Some(matches!(
+                    method.kind,
+                    MethodKind::ServerStreaming | MethodKind::BiDiStreaming
+                )),
+                options: method.idempotency.map(|level| {
+                    let mut options = MethodOptions::default();
+                    options.set_idempotency_level(match level {
+                        js::Idempotency::NoSideEffects => IdempotencyLevel::NoSideEffects,
+                        js::Idempotency::Idempotent => IdempotencyLevel::Idempotent,
+                    });
+                    options
+                }),
+            })
+            .collect(),
+        options: None,
+    }
+}
+
+fn collect_type_refs(descriptor: &DescriptorProto, out: &mut impl FnMut(&str)) {
+    for field in &descriptor.field {
+        if let Some(type_name) = &field.type_name {
+            out(type_name);
+        }
+    }
+    for nested in &descriptor.nested_type {
+        collect_type_refs(nested, out);
+    }
+}
+
+/// The file of a well-known type, as protobuf itself names it.
+fn well_known_file(type_name: &str) -> &'static str {
+    match type_name {
+        "Any" => "any",
+        "Api" | "Method" | "Mixin" => "api",
+        "Duration" => "duration",
+        "Empty" => "empty",
+        "FieldMask" => "field_mask",
+        "SourceContext" => "source_context",
+        "Struct" | "Value" | "ListValue" | "NullValue" => "struct",
+        "Timestamp" => "timestamp",
+        "Type" | "Field" | "Enum" | "EnumValue" | "Option" | "Syntax" => "type",
+        "DoubleValue" | "FloatValue" | "Int64Value" | "UInt64Value" | "Int32Value"
+        | "UInt32Value" | "BoolValue" | "StringValue" | "BytesValue" => "wrappers",
+        _ => "descriptor",
+    }
+}

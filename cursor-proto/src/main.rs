@@ -1,0 +1,135 @@
+//! `cursor-proto`: extract the Cursor schema from an install, and compare two schemas.
+//!
+//! Owns the command line only: finding, extracting, writing and comparing live in the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use cursor_proto::compare::{compare, summary};
+use cursor_proto::extract::{Extraction, extract_file};
+use cursor_proto::fingerprint::fingerprint;
+use cursor_proto::install::{self, Located, load};
+use cursor_proto::write::write_schema;
+
+#[derive(Parser)]
+#[command(
+    name = "cursor-proto",
+    version,
+    about = "Extract the Cursor protobuf schema from your own Cursor install, and compare two schemas"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Extract the schema into `.proto` files (one per package, plus the well-known types they import).
+    Extract {
+        /// A Cursor install (Cursor.app, /usr/share/cursor, /opt/Cursor, an extracted AppImage,
+        /// %LOCALAPPDATA%\Programs\cursor), its `extensions` directory or one `.js` bundle. Default: the
+        /// standard places for this OS, `CURSOR_APP_DIR` first.
+        path: Option<PathBuf>,
+        /// Where to write the schema (replaced atomically).
+        #[arg(long)]
+        out: PathBuf,
+        /// Fail when any field or method could not be resolved, instead of leaving it out with a warning.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// List what differs between two schemas (schema directories, installs or bundles), marking what the
+    /// server uses. Exits 1 when they differ.
+    Diff { old: PathBuf, new: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Extract { path, out, strict } => run_extract(path.as_deref(), &out, strict),
+        Command::Diff { old, new } => run_diff(&old, &new),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("cursor-proto: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_extract(path: Option<&Path>, out: &Path, strict: bool) -> Result<ExitCode, String> {
+    let found = install::locate(path).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let extraction = extract_file(&found.bundle).map_err(|e| e.to_string())?;
+    let took = started.elapsed();
+    print_extraction(&found, &extraction, took.as_secs_f64());
+    if strict && !extraction.unresolved.is_empty() {
+        return Err(format!(
+            "{} fields or methods could not be resolved (--strict); nothing written",
+            extraction.unresolved.len()
+        ));
+    }
+    write_schema(out, &extraction.files).map_err(|e| e.to_string())?;
+    println!(
+        "wrote {} files to {}",
+        extraction.files.len(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_extraction(found: &Located, extraction: &Extraction, seconds: f64) {
+    println!("read {}", found.bundle.display());
+    match &found.version {
+        Some(version) => println!("Cursor version {version}"),
+        None => {
+            println!("Cursor version unknown (no product.json or package.json above the bundle)")
+        }
+    }
+    for (package, counts) in &extraction.counts {
+        println!(
+            "  {package}: {} messages, {} fields, {} enums, {} services",
+            counts.messages, counts.fields, counts.enums, counts.services
+        );
+    }
+    if extraction.duplicates > 0 {
+        println!(
+            "  {} identical duplicate declarations merged",
+            extraction.duplicates
+        );
+    }
+    println!(
+        "fingerprint {} ({seconds:.2} s)",
+        fingerprint(&extraction.descriptors)
+    );
+    if extraction.unresolved.is_empty() {
+        println!("every field and method resolved");
+    } else {
+        eprintln!(
+            "warning: {} fields or methods could not be resolved and were left out:",
+            extraction.unresolved.len()
+        );
+        for unresolved in &extraction.unresolved {
+            eprintln!("  {unresolved}");
+        }
+    }
+}
+
+fn run_diff(old: &Path, new: &Path) -> Result<ExitCode, String> {
+    let old = load(old).map_err(|e| e.to_string())?;
+    let new = load(new).map_err(|e| e.to_string())?;
+    println!("old: {}", old.origin);
+    println!("new: {}", new.origin);
+    let differences = compare(&old.descriptors, &new.descriptors);
+    if differences.is_empty() {
+        println!("the two schemas mean the same");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for difference in &differences {
+        println!("{difference}");
+    }
+    println!("{}", summary(&differences));
+    Ok(ExitCode::from(1))
+}
