@@ -1,23 +1,33 @@
-//! Generates the prost types of the Cursor protocol from a user-supplied schema directory.
+//! Generates the prost types of the Cursor protocol from the user's own Cursor schema.
 //!
-//! The schema is never part of this repository: it is read from `CURSOR_PROTO_DIR`, else from
-//! `../cursor-proto/proto/` (git-ignored; where a user's extraction lands). `agent_v1.proto` is compiled
-//! whole. `aiserver_v1.proto` is far too large to compile (and has Rust name collisions), so its
-//! `FileDescriptorSet` is pruned to the closure of the few messages the server uses before prost sees it.
-//! Route constants for every served method are generated from the service declarations.
+//! The schema is never part of this repository. It is taken, in this order, from `CURSOR_PROTO_DIR` (a
+//! schema directory, or a Cursor install / bundle to extract from), from `../cursor-proto/proto/` (where
+//! `cursor-proto extract` writes by default), or extracted from the Cursor install found in the standard
+//! places (`CURSOR_APP_DIR` first) into `OUT_DIR`, never into the source tree. Without any of them the build
+//! fails with one message naming the places it looked and the command to run.
+//!
+//! The schema is compiled with protox (no protoc needed). An `agent.v1.AgentService` the schema declares
+//! is set aside for the project's own declaration (`cursor-proto/agent_service.proto`: the routes the server
+//! serves), after checking that both agree on the methods they share. `aiserver_v1.proto` is far too large to
+//! compile whole (and has Rust name collisions), so it is pruned to the closure of the few messages the server
+//! uses before prost sees it. Route constants for every served method are generated from the service
+//! declarations. The schema's fingerprint (`cursor_proto::fingerprint`) and its descriptors are handed to
+//! the server (`CURSOR_SCHEMA_FINGERPRINT`, `CURSOR_SCHEMA_SOURCE`, `cursor_schema.fds`) for the start-up log
+//! and `cursor-server schema-check`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::env;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use cursor_proto::install::{self, InstallError};
 use prost::Message as _;
 use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet};
 
 const AGENT_FILE: &str = "agent_v1.proto";
 const AISERVER_FILE: &str = "aiserver_v1.proto";
 const OWN_SERVICES_FILE: &str = "agent_service.proto";
+const AGENT_SERVICE: &str = "agent.v1.AgentService";
 
 /// `aiserver.v1` messages the server uses directly; everything they reference is kept too.
 const AISERVER_ROOTS: &[&str] = &[
@@ -44,22 +54,25 @@ const AISERVER_SERVED_METHODS: &[(&str, &str)] = &[
 
 fn main() {
     if let Err(message) = run() {
-        panic!("\n\ncursor-server build: {message}\n\n");
+        // A plain message and exit status: a panic would bury the message under a backtrace.
+        eprintln!("\ncursor-server build: {message}\n");
+        std::process::exit(1);
     }
+}
+
+/// Where the schema came from, for the warning, the start-up log and `schema-check`.
+struct SchemaSource {
+    dir: PathBuf,
+    description: String,
 }
 
 fn run() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=CURSOR_PROTO_DIR");
+    println!("cargo:rerun-if-env-changed=CURSOR_APP_DIR");
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
     let own_proto_dir = manifest_dir.join("../cursor-proto");
-    let schema_dir = match env::var_os("CURSOR_PROTO_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => own_proto_dir.join("proto"),
-    };
-    check_schema_dir(&schema_dir)?;
-    for file in [AGENT_FILE, AISERVER_FILE] {
-        println!("cargo:rerun-if-changed={}", schema_dir.join(file).display());
-    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let source = find_schema(&manifest_dir, &own_proto_dir, &out_dir)?;
     println!(
         "cargo:rerun-if-changed={}",
         own_proto_dir.join(OWN_SERVICES_FILE).display()
@@ -70,35 +83,25 @@ fn run() -> Result<(), String> {
         manifest_dir.join("../prompt").display()
     );
 
-    let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
-    let descriptor_path = out_dir.join("cursor_full.fds");
-    let protoc =
-        protoc_bin_vendored::protoc_bin_path().map_err(|e| format!("vendored protoc: {e}"))?;
-    let status = Command::new(&protoc)
-        .arg("--include_imports")
-        .arg(format!(
-            "--descriptor_set_out={}",
-            descriptor_path.display()
-        ))
-        .arg(format!("-I{}", schema_dir.display()))
-        .arg(format!("-I{}", own_proto_dir.display()))
-        .arg(AGENT_FILE)
-        .arg(AISERVER_FILE)
-        .arg(OWN_SERVICES_FILE)
-        .status()
-        .map_err(|e| format!("running protoc {}: {e}", protoc.display()))?;
-    if !status.success() {
-        return Err(format!(
-            "protoc rejected the schema in {} (see its messages above)",
-            schema_dir.display()
-        ));
+    let mut schema = install::compile_dir(&source.dir).map_err(|e| e.to_string())?;
+    for file in [AGENT_FILE, AISERVER_FILE] {
+        if !schema.file.iter().any(|f| f.name() == file) {
+            return Err(format!("{} has no {file}", source.description));
+        }
     }
-    let bytes = std::fs::read(&descriptor_path).map_err(|e| e.to_string())?;
-    let mut set = FileDescriptorSet::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
-    prune_aiserver(&mut set)?;
+    let own = compile_own_services(&own_proto_dir, &mut schema)?;
+    let fingerprint = cursor_proto::fingerprint::fingerprint(&schema);
+    std::fs::write(out_dir.join("cursor_schema.fds"), schema.encode_to_vec())
+        .map_err(|e| format!("writing the schema descriptors: {e}"))?;
+    println!("cargo:rustc-env=CURSOR_SCHEMA_FINGERPRINT={fingerprint}");
+    println!(
+        "cargo:rustc-env=CURSOR_SCHEMA_SOURCE={}",
+        source.description.replace('\n', " ")
+    );
 
+    let mut set = own;
+    prune_aiserver(&mut set)?;
     let mut config = prost_build::Config::new();
-    config.protoc_executable(protoc);
     config.service_generator(Box::new(RouteConstants));
     // Ordered maps encode deterministically: the same card or state is the same blob.
     config.btree_map(["."]);
@@ -108,22 +111,156 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-fn check_schema_dir(dir: &Path) -> Result<(), String> {
-    let missing: Vec<&str> = [AGENT_FILE, AISERVER_FILE]
-        .into_iter()
-        .filter(|file| !dir.join(file).is_file())
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
+/// `CURSOR_PROTO_DIR`, else `cursor-proto/proto/`, else an extraction from the Cursor install found.
+fn find_schema(
+    manifest_dir: &Path,
+    own_proto_dir: &Path,
+    out_dir: &Path,
+) -> Result<SchemaSource, String> {
+    let named = env::var_os("CURSOR_PROTO_DIR").map(|dir| manifest_dir.join(dir));
+    let default_dir = own_proto_dir.join("proto");
+    if let Some(dir) = &named {
+        if dir.join(AGENT_FILE).is_file() {
+            return Ok(schema_dir(dir, "CURSOR_PROTO_DIR"));
+        }
+        // A Cursor install or bundle named instead of a schema directory.
+        return extract_into(Some(dir), out_dir).map_err(|e| {
+            format!(
+                "CURSOR_PROTO_DIR={} is neither a schema directory (no {AGENT_FILE}) nor a Cursor install: {e}",
+                dir.display()
+            )
+        });
     }
-    Err(format!(
-        "the Cursor protobuf schema was not found: {} missing in {}.\n\
-         The schema is not shipped with cursor-byok; supply the one extracted from your own Cursor install:\n\
-         \x20 - put agent_v1.proto, aiserver_v1.proto and google/protobuf/*.proto into cursor-proto/proto/, or\n\
-         \x20 - set CURSOR_PROTO_DIR=/path/to/that/directory (e.g. CURSOR_PROTO_DIR=../shared/reference/proto).",
-        missing.join(", "),
-        dir.display()
-    ))
+    if default_dir.join(AGENT_FILE).is_file() {
+        return Ok(schema_dir(&default_dir, "cursor-proto/proto"));
+    }
+    // Watching the folder (not the missing `proto/`, which would rerun this script on every build) picks up
+    // a schema extracted into `cursor-proto/proto/` later.
+    println!("cargo:rerun-if-changed={}", own_proto_dir.display());
+    extract_into(None, out_dir).map_err(|e| match e {
+        InstallError::NotFound { looked } => format!(
+            "the Cursor protobuf schema was not found. Looked at:\n\
+             \x20 - CURSOR_PROTO_DIR (not set)\n\
+             \x20 - {} (no {AGENT_FILE})\n{}\n\
+             Extract it from your Cursor install once:\n\
+             \x20 cargo run --release --manifest-path cursor-proto/Cargo.toml -- extract /path/to/Cursor --out cursor-proto/proto\n\
+             or point the build at the install: CURSOR_APP_DIR=/path/to/Cursor (or a schema directory: CURSOR_PROTO_DIR=DIR).",
+            default_dir.display(),
+            looked
+                .iter()
+                .map(|p| format!("  - {} (no Cursor install)", p.display()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        other => format!("extracting the schema from the Cursor install: {other}"),
+    })
+}
+
+fn schema_dir(dir: &Path, how: &str) -> SchemaSource {
+    for file in [AGENT_FILE, AISERVER_FILE] {
+        println!("cargo:rerun-if-changed={}", dir.join(file).display());
+    }
+    SchemaSource {
+        dir: dir.to_owned(),
+        description: format!("schema directory {} ({how})", dir.display()),
+    }
+}
+
+/// Extracts the schema from a Cursor install (the one named, or the first in the standard places) into
+/// `OUT_DIR/cursor-schema`.
+fn extract_into(path: Option<&Path>, out_dir: &Path) -> Result<SchemaSource, InstallError> {
+    let found = install::locate(path)?;
+    println!("cargo:rerun-if-changed={}", found.bundle.display());
+    let extraction = cursor_proto::extract::extract_file(&found.bundle)?;
+    let dir = out_dir.join("cursor-schema");
+    cursor_proto::write::write_schema(&dir, &extraction.files).map_err(|e| InstallError::Io {
+        path: dir.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let version = found
+        .version
+        .as_deref()
+        .map_or_else(|| "version unknown".to_owned(), |v| format!("Cursor {v}"));
+    let description = format!("extracted from {} ({version})", found.bundle.display());
+    println!("cargo:warning=using the Cursor schema {description}");
+    if !extraction.unresolved.is_empty() {
+        println!(
+            "cargo:warning={} fields or methods of the install's schema could not be resolved and were left out (run `cursor-proto extract` to list them)",
+            extraction.unresolved.len()
+        );
+    }
+    Ok(SchemaSource { dir, description })
+}
+
+/// Sets aside an `agent.v1.AgentService` declared by the schema (warning where it disagrees with the
+/// project's declaration) and compiles `agent_service.proto` against the schema. Returns every file the
+/// server needs: the project's services file and its imports.
+fn compile_own_services(
+    own_proto_dir: &Path,
+    schema: &mut FileDescriptorSet,
+) -> Result<FileDescriptorSet, String> {
+    let theirs = cursor_proto::compare::take_service(schema, AGENT_SERVICE);
+    let mut resolver = protox::file::ChainFileResolver::new();
+    resolver.add(DescriptorResolver {
+        files: schema
+            .file
+            .iter()
+            .map(|f| (f.name().to_owned(), f.clone()))
+            .collect(),
+    });
+    resolver.add(protox::file::IncludeFileResolver::new(
+        own_proto_dir.to_owned(),
+    ));
+    let mut compiler = protox::Compiler::with_file_resolver(resolver);
+    compiler.include_imports(true);
+    compiler
+        .open_file(OWN_SERVICES_FILE)
+        .map_err(|e| format!("compiling {OWN_SERVICES_FILE} against the schema: {e}"))?;
+    let set = compiler.file_descriptor_set();
+    if let Some(theirs) = theirs {
+        let ours = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "agent.v1")
+            .flat_map(|f| &f.service)
+            .find(|s| s.name() == "AgentService");
+        for method in ours.into_iter().flat_map(|s| &s.method) {
+            let Some(their) = theirs.method.iter().find(|m| m.name() == method.name()) else {
+                continue;
+            };
+            let shape = |m: &prost_types::MethodDescriptorProto| {
+                (
+                    m.input_type().to_owned(),
+                    m.output_type().to_owned(),
+                    m.client_streaming(),
+                    m.server_streaming(),
+                )
+            };
+            if shape(method) != shape(their) {
+                println!(
+                    "cargo:warning=Cursor's {AGENT_SERVICE}/{} is {:?}, the server serves {:?}",
+                    method.name(),
+                    shape(their),
+                    shape(method)
+                );
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// Serves already compiled schema files to protox by name.
+struct DescriptorResolver {
+    files: HashMap<String, FileDescriptorProto>,
+}
+
+impl protox::file::FileResolver for DescriptorResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        match self.files.get(name) {
+            Some(file) => Ok(protox::file::File::from_file_descriptor_proto(file.clone())),
+            None => Err(protox::Error::file_not_found(name)),
+        }
+    }
 }
 
 /// Keeps, in `aiserver_v1.proto`, only the top-level messages and enums reachable from

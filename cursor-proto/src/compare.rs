@@ -192,6 +192,21 @@ pub fn reachable(set: &FileDescriptorSet, roots: &[&str]) -> BTreeSet<String> {
     seen
 }
 
+/// Removes the service `full_name` (e.g. `agent.v1.AgentService`) from the schema and returns it. The server
+/// declares the agent service itself, so its builds and `schema-check` compare schemas without it.
+pub fn take_service(
+    set: &mut FileDescriptorSet,
+    full_name: &str,
+) -> Option<ServiceDescriptorProto> {
+    let (package, name) = full_name.rsplit_once('.')?;
+    let file = set
+        .file
+        .iter_mut()
+        .find(|f| f.package() == package && f.service.iter().any(|s| s.name() == name))?;
+    let index = file.service.iter().position(|s| s.name() == name)?;
+    Some(file.service.remove(index))
+}
+
 /// One line of counts: `5 differences, 2 used by the server: 1 message added, 4 field renumbered`.
 pub fn summary(diffs: &[Difference]) -> String {
     if diffs.is_empty() {

@@ -5,6 +5,9 @@
 //! map entries, oneofs and proto3 `optional`, imports between files, conflicts between two classes that claim
 //! one name. The result is printed ([`crate::printer`]) and compiled back with protox, so what is returned is
 //! exactly what `protoc` makes of the written files.
+//!
+//! Before printing, `extract/sound.rs` leaves out (and reports) whatever `protoc` would refuse, so one bad field
+//! costs that field, not the schema.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -17,9 +20,11 @@ use prost_types::{
     field_options::JsType, method_options::IdempotencyLevel,
 };
 
-use crate::js::{self, Bundle, FieldKind, MapValue, MethodKind, Problem, Syntax};
+use crate::js::{self, Bundle, FieldKind, MapValue, MethodKind, Problem, ReadFailure, Syntax};
 
-/// Why a bundle gave no schema.
+mod sound;
+
+/// Why a bundle gave no schema. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ExtractError {
     #[error("reading {path}: {source}")]
@@ -27,14 +32,32 @@ pub enum ExtractError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is not a text file (not UTF-8 at byte {offset}), so not a JavaScript bundle")]
+    NotText { path: PathBuf, offset: usize },
+    #[error("{path} is empty, not a JavaScript bundle")]
+    Empty { path: PathBuf },
     #[error(
-        "{path} is not JavaScript that parses (line {line}, column {column}: {message}); is it truncated?"
+        "{path} is not JavaScript that parses (line {line}, column {column}: {message}){}",
+        ends_early(*.cut_short)
     )]
     NotJavaScript {
         path: PathBuf,
         line: usize,
         column: usize,
         message: String,
+        /// The parser stopped at the end of the text, or the text ends inside a bracket, string or comment:
+        /// the file is likely cut short.
+        cut_short: bool,
+    },
+    #[error(
+        "{path} nests deeper than {limit} levels (line {line}, column {column}); refused before parsing, as \
+         no generated bundle does that"
+    )]
+    TooDeep {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        limit: usize,
     },
     #[error(
         "{path} holds no protobuf-es message classes (no `typeName` with `fields`): not a Cursor bundle with the protocol"
@@ -50,8 +73,23 @@ pub enum ExtractError {
         "{path}: the extracted schema does not compile ({message}); this is an extractor bug, please report it with the bundle's Cursor version"
     )]
     Compile { path: PathBuf, message: String },
-    #[error("{0}")]
-    Print(#[from] crate::printer::PrintError),
+    #[error(
+        "{path}: the extractor failed ({message}); this is an extractor bug, please report it with the bundle's Cursor version"
+    )]
+    Internal { path: PathBuf, message: String },
+    #[error("{path}: {source}")]
+    Print {
+        path: PathBuf,
+        source: crate::printer::PrintError,
+    },
+}
+
+fn ends_early(cut_short: bool) -> &'static str {
+    if cut_short {
+        "; the text ends inside an unclosed bracket, string or comment: is the file truncated?"
+    } else {
+        ""
+    }
 }
 
 /// A compiled schema and what was noticed while reading it.
@@ -101,53 +139,87 @@ pub fn extract_file(path: &Path) -> Result<Extraction, ExtractError> {
         path: path.to_owned(),
         source,
     })?;
-    let source = String::from_utf8(source).map_err(|_| ExtractError::NotJavaScript {
+    let source = String::from_utf8(source).map_err(|e| ExtractError::NotText {
         path: path.to_owned(),
-        line: 1,
-        column: 1,
-        message: "not UTF-8 text".to_owned(),
+        offset: e.utf8_error().valid_up_to(),
     })?;
     extract_source(path, &source)
 }
 
 /// Extracts the schema from a bundle's text; `path` only names it in errors.
 pub fn extract_source(path: &Path, source: &str) -> Result<Extraction, ExtractError> {
-    let bundle = js::read_bundle(source).map_err(|failure| ExtractError::NotJavaScript {
-        path: path.to_owned(),
-        line: failure.line,
-        column: failure.column,
-        message: failure.message,
+    if source.trim().is_empty() {
+        return Err(ExtractError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    let bundle = js::read_bundle(source).map_err(|failure| match failure {
+        ReadFailure::Syntax {
+            line,
+            column,
+            message,
+            cut_short,
+        } => ExtractError::NotJavaScript {
+            path: path.to_owned(),
+            line,
+            column,
+            message,
+            cut_short,
+        },
+        ReadFailure::TooDeep {
+            line,
+            column,
+            limit,
+        } => ExtractError::TooDeep {
+            path: path.to_owned(),
+            line,
+            column,
+            limit,
+        },
+        ReadFailure::Internal(message) => ExtractError::Internal {
+            path: path.to_owned(),
+            message,
+        },
     })?;
     if bundle.messages.is_empty() {
         return Err(ExtractError::NoProtobuf {
             path: path.to_owned(),
         });
     }
-    let (schema, duplicates) =
+    let (mut schema, duplicates) =
         Schema::from_bundle(bundle).map_err(|(type_name, detail)| ExtractError::Conflict {
             path: path.to_owned(),
             type_name,
             detail,
         })?;
+    schema.make_sound();
     let rough = schema.descriptors();
-    let files = crate::printer::render_set(&rough)?;
+    let files = crate::printer::render_set(&rough).map_err(|source| ExtractError::Print {
+        path: path.to_owned(),
+        source,
+    })?;
     let descriptors = compile(&files).map_err(|message| ExtractError::Compile {
         path: path.to_owned(),
         message,
     })?;
+    let counts = schema.counts();
+    // Identical copies of a class report the same problem once.
+    let mut seen = BTreeSet::new();
+    let unresolved = schema
+        .problems
+        .into_iter()
+        .filter(|p| seen.insert((p.owner.clone(), p.member.clone(), p.reason.clone())))
+        .map(|p| Unresolved {
+            type_name: p.owner,
+            member: p.member,
+            reason: p.reason,
+        })
+        .collect();
     Ok(Extraction {
         descriptors,
         files,
-        counts: schema.counts(),
-        unresolved: schema
-            .problems
-            .into_iter()
-            .map(|p| Unresolved {
-                type_name: p.owner,
-                member: p.member,
-                reason: p.reason,
-            })
-            .collect(),
+        counts,
+        unresolved,
         duplicates,
     })
 }
@@ -195,23 +267,48 @@ impl Schema {
         let mut duplicates = 0;
         let mut messages = BTreeMap::new();
         for message in bundle.messages {
-            duplicates +=
-                insert_unique(&mut messages, message.full_name.clone(), message, |a, b| {
-                    describe_field_difference(&a.fields, &b.fields)
-                })?;
+            duplicates += insert_unique(
+                &mut messages,
+                message.full_name.clone(),
+                message,
+                |a, b| {
+                    a.syntax == b.syntax
+                        && sorted(&a.fields, |f| f.number) == sorted(&b.fields, |f| f.number)
+                },
+                |a, b| {
+                    let show = |f: &js::RawField| format!("{} = {}", f.name, f.number);
+                    describe_difference(&a.fields, &b.fields, show, "field")
+                },
+            )?;
         }
         let mut enums = BTreeMap::new();
         for value in bundle.enums {
-            duplicates += insert_unique(&mut enums, value.full_name.clone(), value, |a, b| {
-                format!("values {:?} vs {:?}", a.values, b.values)
-            })?;
+            duplicates += insert_unique(
+                &mut enums,
+                value.full_name.clone(),
+                value,
+                |a, b| sorted(&a.values, |v| v.clone()) == sorted(&b.values, |v| v.clone()),
+                |a, b| {
+                    let show = |(number, name): &(i32, String)| format!("{name} = {number}");
+                    describe_difference(&a.values, &b.values, show, "value")
+                },
+            )?;
         }
         let mut services = BTreeMap::new();
         for service in bundle.services {
-            duplicates +=
-                insert_unique(&mut services, service.full_name.clone(), service, |a, b| {
-                    format!("{} vs {} methods", a.methods.len(), b.methods.len())
-                })?;
+            duplicates += insert_unique(
+                &mut services,
+                service.full_name.clone(),
+                service,
+                |a, b| {
+                    sorted(&a.methods, |m| m.name.clone()) == sorted(&b.methods, |m| m.name.clone())
+                },
+                |a, b| {
+                    let show =
+                        |m: &js::RawMethod| format!("{}({}) → {}", m.name, m.input, m.output);
+                    describe_difference(&a.methods, &b.methods, show, "method")
+                },
+            )?;
         }
         for name in enums.keys() {
             if messages.contains_key(name) {
@@ -492,11 +589,13 @@ impl Schema {
     }
 }
 
-/// Inserts `value` under `name`; an identical copy counts as a duplicate, a different one is a conflict.
-fn insert_unique<T: PartialEq>(
+/// Inserts `value` under `name`; a copy that is the `same` (an identical copy, declaration order aside)
+/// counts as a duplicate, a different one is a conflict, described by `describe`.
+fn insert_unique<T>(
     map: &mut BTreeMap<String, T>,
     name: String,
     value: T,
+    same: impl Fn(&T, &T) -> bool,
     describe: impl Fn(&T, &T) -> String,
 ) -> Result<usize, Conflict> {
     match map.get(&name) {
@@ -504,7 +603,7 @@ fn insert_unique<T: PartialEq>(
             map.insert(name, value);
             Ok(0)
         }
-        Some(existing) if *existing == value => Ok(1),
+        Some(existing) if same(existing, &value) => Ok(1),
         Some(existing) => {
             let detail = describe(existing, &value);
             Err((name, detail))
@@ -512,20 +611,31 @@ fn insert_unique<T: PartialEq>(
     }
 }
 
-fn describe_field_difference(a: &[js::RawField], b: &[js::RawField]) -> String {
-    let names = |fields: &[js::RawField]| -> BTreeSet<String> {
-        fields
-            .iter()
-            .map(|f| format!("{} = {}", f.name, f.number))
-            .collect()
-    };
-    let (na, nb) = (names(a), names(b));
-    let only_a: Vec<&String> = na.difference(&nb).collect();
-    let only_b: Vec<&String> = nb.difference(&na).collect();
-    if only_a.is_empty() && only_b.is_empty() {
-        "the same fields with different types or labels".to_owned()
-    } else {
-        format!("only in the first: {only_a:?}; only in the second: {only_b:?}")
+/// The members in a canonical order, to compare two copies whatever their declaration order.
+fn sorted<T: Clone, K: Ord>(items: &[T], key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut items = items.to_vec();
+    items.sort_by_key(|item| key(item));
+    items
+}
+
+/// Which members two conflicting copies disagree on: those only one has (by `show`), or, when both have the
+/// same ones, the first whose details differ.
+fn describe_difference<T: PartialEq>(
+    a: &[T],
+    b: &[T],
+    show: impl Fn(&T) -> String,
+    noun: &str,
+) -> String {
+    let set = |items: &[T]| -> BTreeSet<String> { items.iter().map(&show).collect() };
+    let (sa, sb) = (set(a), set(b));
+    let only_a: Vec<&String> = sa.difference(&sb).collect();
+    let only_b: Vec<&String> = sb.difference(&sa).collect();
+    if !only_a.is_empty() || !only_b.is_empty() {
+        return format!("only in the first: {only_a:?}; only in the second: {only_b:?}");
+    }
+    match a.iter().find(|x| !b.contains(x)) {
+        Some(x) => format!("{noun} {} differs in type, label or options", show(x)),
+        None => format!("the same {noun}s, some of them repeated"),
     }
 }
 

@@ -1,7 +1,8 @@
 //! fingerprint: a short hash of a schema's meaning, to tell at a glance whether two schemas are the same.
 //!
 //! Owns the canonical form: a copy of the `FileDescriptorSet` with comments (`source_code_info`) and file
-//! options dropped, files sorted by package then name, imports sorted, messages, enums, services and methods
+//! options dropped, and the files of one package merged into one (which file declares a type, and so the
+//! imports, is not meaning: the server compiles the types, not the file layout), messages, enums, services and methods
 //! sorted by name, oneofs by name (field `oneof_index` remapped), fields and extensions by number, enum values by
 //! number then name, reserved ranges and names sorted, and `json_name` cleared where it is the default one. The
 //! canonical set is protobuf-encoded (deterministic in prost) and hashed with SHA-256.
@@ -17,8 +18,24 @@ use crate::printer::default_json_name;
 /// Same meaning → same fingerprint, whatever the declaration order or comments; a field renumbered or
 /// retyped, or any type added or removed, changes it.
 pub fn fingerprint(set: &FileDescriptorSet) -> String {
-    let mut files: Vec<FileDescriptorProto> = set.file.iter().map(canonical_file).collect();
-    files.sort_by(|a, b| (a.package(), a.name()).cmp(&(b.package(), b.name())));
+    let mut packages: std::collections::BTreeMap<(String, String), FileDescriptorProto> =
+        std::collections::BTreeMap::new();
+    for file in &set.file {
+        let key = (file.package().to_owned(), file.syntax().to_owned());
+        let merged = packages.entry(key).or_insert_with(|| FileDescriptorProto {
+            name: Some(file.package().to_owned()),
+            package: file.package.clone(),
+            syntax: file.syntax.clone(),
+            ..Default::default()
+        });
+        merged
+            .message_type
+            .extend(file.message_type.iter().cloned());
+        merged.enum_type.extend(file.enum_type.iter().cloned());
+        merged.service.extend(file.service.iter().cloned());
+        merged.extension.extend(file.extension.iter().cloned());
+    }
+    let files: Vec<FileDescriptorProto> = packages.values().map(canonical_file).collect();
     let digest = Sha256::digest(FileDescriptorSet { file: files }.encode_to_vec());
     digest[..8]
         .iter()

@@ -19,21 +19,33 @@
 //! A message is an owner with a `typeName` string member and a `fields` member; an enum is the first argument of
 //! `setEnumType(X, "name", [...])` (or a `makeEnum` call); a service is an object literal with `typeName` and
 //! `methods`.
+//!
+//! This file holds the collector and the resolution of references; `js/read.rs` reads the metadata once its owner
+//! is known (field, enum value and method entries, literals, the scalar and method-kind tables), and
+//! `js/nesting.rs` refuses text nested deeper than the parser can take before it is parsed. Parsing runs on a
+//! thread with a large stack of its own, so no input can overflow the caller's.
 
 use std::collections::{HashMap, HashSet};
 
 use oxc_allocator::Allocator;
 use oxc_ast::AstKind;
 use oxc_ast::ast::{
-    Argument, ArrayExpression, ArrayExpressionElement, ArrowFunctionBody, AssignmentOperator,
-    AssignmentTarget, BindingPattern, CallExpression, Expression, ObjectExpression,
-    ObjectPropertyKind, Statement, UnaryOperator,
+    Argument, AssignmentOperator, AssignmentTarget, BindingPattern, CallExpression, Expression,
+    ObjectExpression, ObjectPropertyKind,
 };
 use oxc_parser::Parser;
 use oxc_semantic::{AstNodes, Scoping, SemanticBuilder};
 use oxc_span::{GetSpan, SourceType};
 use oxc_syntax::node::NodeId;
 use oxc_syntax::symbol::SymbolId;
+
+use read::{
+    arrow_result, callee_property, descriptor_value, key_name, number_key, object_entries,
+    webpack_export_list,
+};
+
+mod nesting;
+mod read;
 
 /// How deep an expression is followed through aliases and members before giving up (cycles are cut earlier).
 const MAX_DEPTH: u32 = 48;
@@ -133,23 +145,67 @@ pub(crate) enum Idempotency {
 pub(crate) struct Problem {
     /// The message, enum or service it belongs to.
     pub owner: String,
-    /// The field or method (empty for the type itself).
+    /// The field, enum value or method (empty for the type itself).
     pub member: String,
     pub reason: String,
 }
 
-/// The bundle could not be read as JavaScript.
+/// Why a bundle could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ParseFailure {
-    pub line: usize,
-    pub column: usize,
-    pub message: String,
+pub(crate) enum ReadFailure {
+    /// The text is not JavaScript: where the parser stopped, and whether the text looks cut short (the parser
+    /// stopped at its end, or it ends inside a bracket, string or comment).
+    Syntax {
+        line: usize,
+        column: usize,
+        message: String,
+        cut_short: bool,
+    },
+    /// Nested deeper than [`MAX_NESTING`] (estimated before parsing, see `js/nesting.rs`).
+    TooDeep {
+        line: usize,
+        column: usize,
+        limit: usize,
+    },
+    /// The reader itself failed (a bug, or no thread could be started for it).
+    Internal(String),
 }
 
+/// The deepest nesting read (estimated by `js/nesting.rs`); generated bundles stay far below it.
+pub(crate) const MAX_NESTING: usize = 10_000;
+
+/// The reader's stack: oxc takes up to about 4 KiB per level of nesting in a debug build (less than 2 KiB in
+/// release), so this holds [`MAX_NESTING`] several times over. Only the part used is ever touched.
+const READER_STACK: usize = 256 << 20;
+
 /// Parses `source` and reads every protobuf-es declaration in it.
-pub(crate) fn read_bundle(source: &str) -> Result<Bundle, ParseFailure> {
+///
+/// Text nested deeper than [`MAX_NESTING`] is refused before parsing, and parsing runs on a thread of its own
+/// with a [`READER_STACK`]-sized stack, so no input overflows the caller's stack.
+pub(crate) fn read_bundle(source: &str) -> Result<Bundle, ReadFailure> {
+    let shape = nesting::check(source, MAX_NESTING).map_err(|deep| {
+        let (line, column) = line_column(source, deep.offset);
+        ReadFailure::TooDeep {
+            line,
+            column,
+            limit: MAX_NESTING,
+        }
+    })?;
+    std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("cursor-proto-reader".to_owned())
+            .stack_size(READER_STACK)
+            .spawn_scoped(scope, || read_here(source, shape))
+            .map_err(|e| ReadFailure::Internal(format!("no thread for the reader: {e}")))?;
+        reader
+            .join()
+            .unwrap_or_else(|panic| Err(ReadFailure::Internal(panic_text(panic.as_ref()))))
+    })
+}
+
+fn read_here(source: &str, shape: nesting::Shape) -> Result<Bundle, ReadFailure> {
     let allocator = Allocator::default();
-    let parsed = parse(&allocator, source)?;
+    let parsed = parse(&allocator, source, shape)?;
     let semantic = SemanticBuilder::new().with_build_nodes(true).build(parsed);
     let semantic = semantic.semantic;
     let mut collector = Collector::new(source, semantic.scoping(), semantic.nodes());
@@ -157,10 +213,20 @@ pub(crate) fn read_bundle(source: &str) -> Result<Bundle, ParseFailure> {
     Ok(collector.into_bundle())
 }
 
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    format!("the reader panicked: {text}")
+}
+
 fn parse<'a>(
     allocator: &'a Allocator,
     source: &'a str,
-) -> Result<&'a oxc_ast::ast::Program<'a>, ParseFailure> {
+    shape: nesting::Shape,
+) -> Result<&'a oxc_ast::ast::Program<'a>, ReadFailure> {
     // Bundles are scripts (esbuild's cjs, webpack's IIFE); a module is tried when a script does not parse
     // (top-level `import`/`export`).
     let mut first_failure = None;
@@ -173,30 +239,34 @@ fn parse<'a>(
                     .errors()
                     .next()
                     .map(|e| {
-                        let offset = e.labels.first().map_or(0, |label| label.offset());
+                        let offset = e.labels.first().map_or(0, |label| label.offset() as usize);
                         (e.message.to_string(), offset)
                     })
                     .unwrap_or_else(|| ("the parser gave up".to_owned(), 0));
-                let (line, column) = line_column(source, offset as usize);
-                first_failure = Some(ParseFailure {
+                let (line, column) = line_column(source, offset);
+                first_failure = Some(ReadFailure::Syntax {
                     line,
                     column,
                     message,
+                    cut_short: shape.open_at_end || offset >= source.trim_end().len(),
                 });
             }
             continue;
         }
         return Ok(allocator.alloc(ret.program));
     }
-    Err(first_failure.unwrap_or(ParseFailure {
+    Err(first_failure.unwrap_or(ReadFailure::Syntax {
         line: 1,
         column: 1,
         message: "not JavaScript".to_owned(),
+        cut_short: false,
     }))
 }
 
+/// 1-based line and column (in characters) of a byte offset; an offset inside a character counts as that
+/// character.
 fn line_column(source: &str, offset: usize) -> (usize, usize) {
-    let before = &source[..offset.min(source.len())];
+    let before = &source[..source.floor_char_boundary(offset)];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)
@@ -671,10 +741,8 @@ impl<'s, 'a> Collector<'s, 'a> {
                     bundle.messages.push(message);
                 }
                 Def::Enum { name, values } => {
-                    bundle.enums.push(RawEnum {
-                        full_name: (*name).to_owned(),
-                        values: read_enum_values(values),
-                    });
+                    let value = self.read_enum(name, values, &mut bundle.problems);
+                    bundle.enums.push(value);
                 }
             }
         }
@@ -692,449 +760,4 @@ impl<'s, 'a> Collector<'s, 'a> {
             Owner::Symbol(symbol) => self.scoping.symbol_span(symbol).start,
         }
     }
-
-    fn read_message(
-        &self,
-        name: &str,
-        fields: &'a Expression<'a>,
-        runtime: Option<&'a Expression<'a>>,
-        problems: &mut Vec<Problem>,
-    ) -> RawMessage {
-        let syntax = self.syntax(runtime).unwrap_or(Syntax::Proto3);
-        let mut message = RawMessage {
-            full_name: name.to_owned(),
-            syntax,
-            fields: Vec::new(),
-        };
-        let Some(list) = field_array(fields) else {
-            problems.push(Problem {
-                owner: name.to_owned(),
-                member: String::new(),
-                reason: format!("its field list could not be read: {}", self.snippet(fields)),
-            });
-            return message;
-        };
-        for element in &list.elements {
-            let Some(Expression::ObjectExpression(object)) = element.as_expression() else {
-                problems.push(Problem {
-                    owner: name.to_owned(),
-                    member: String::new(),
-                    reason: "a field entry is not an object literal".to_owned(),
-                });
-                continue;
-            };
-            match self.read_field(object) {
-                Ok(field) => message.fields.push(field),
-                Err((member, reason)) => problems.push(Problem {
-                    owner: name.to_owned(),
-                    member,
-                    reason,
-                }),
-            }
-        }
-        message
-    }
-
-    fn read_field(&self, object: &'a ObjectExpression<'a>) -> Result<RawField, (String, String)> {
-        let props: HashMap<&str, &'a Expression<'a>> = object_entries(object).collect();
-        let name = match props.get("name").and_then(|e| literal(e)) {
-            Some(Lit::Str(name)) => name.to_owned(),
-            _ => return Err((String::new(), "a field entry has no name".to_owned())),
-        };
-        let fail = |reason: String| (name.clone(), reason);
-        let number = match props.get("no").and_then(|e| literal(e)) {
-            Some(Lit::Num(n)) if n.fract() == 0.0 && n >= 1.0 && n <= f64::from(i32::MAX) => {
-                n as i32
-            }
-            _ => return Err(fail("no field number (`no`)".to_owned())),
-        };
-        let kind_name = match props.get("kind").and_then(|e| literal(e)) {
-            Some(Lit::Str(kind)) => kind,
-            _ => return Err(fail("no `kind`".to_owned())),
-        };
-        let t = props.get("T").copied();
-        let kind = match kind_name {
-            "scalar" => FieldKind::Scalar(
-                t.and_then(scalar_type)
-                    .ok_or_else(|| fail(self.unreadable("scalar type", t)))?,
-            ),
-            "message" => FieldKind::Message(self.resolve(t).map_err(fail)?),
-            "enum" => FieldKind::Enum(self.resolve(t).map_err(fail)?),
-            "map" => {
-                let key = props
-                    .get("K")
-                    .copied()
-                    .and_then(scalar_type)
-                    .ok_or_else(|| {
-                        fail(self.unreadable("map key type", props.get("K").copied()))
-                    })?;
-                let Some(Expression::ObjectExpression(value)) =
-                    props.get("V").map(|v| v.without_parentheses())
-                else {
-                    return Err(fail("map without a value type (`V`)".to_owned()));
-                };
-                let value: HashMap<&str, &'a Expression<'a>> = object_entries(value).collect();
-                let vt = value.get("T").copied();
-                let value = match value.get("kind").and_then(|e| literal(e)) {
-                    Some(Lit::Str("scalar")) => MapValue::Scalar(
-                        vt.and_then(scalar_type)
-                            .ok_or_else(|| fail(self.unreadable("map value type", vt)))?,
-                    ),
-                    Some(Lit::Str("message")) => MapValue::Message(self.resolve(vt).map_err(fail)?),
-                    Some(Lit::Str("enum")) => MapValue::Enum(self.resolve(vt).map_err(fail)?),
-                    _ => return Err(fail("map value of unknown kind".to_owned())),
-                };
-                FieldKind::Map { key, value }
-            }
-            other => return Err(fail(format!("unknown field kind {other:?}"))),
-        };
-        let flag = |key: &str| {
-            matches!(
-                props.get(key).and_then(|e| literal(e)),
-                Some(Lit::Bool(true))
-            )
-        };
-        let oneof = match props.get("oneof").and_then(|e| literal(e)) {
-            Some(Lit::Str(oneof)) => Some(oneof.to_owned()),
-            _ => None,
-        };
-        let packed = match props.get("packed").and_then(|e| literal(e)) {
-            Some(Lit::Bool(packed)) => Some(packed),
-            _ => None,
-        };
-        let js_string = matches!(props.get("L").and_then(|e| literal(e)), Some(Lit::Num(n)) if n == 1.0)
-            || props
-                .get("L")
-                .is_some_and(|e| static_property_name(e) == Some("STRING"));
-        let json_name = match props.get("jsonName").and_then(|e| literal(e)) {
-            Some(Lit::Str(json)) => Some(json.to_owned()),
-            _ => None,
-        };
-        let default = props.get("default").and_then(|e| match literal(e) {
-            Some(Lit::Str(s)) => Some(s.to_owned()),
-            Some(Lit::Num(n)) => Some(format_number(n)),
-            Some(Lit::Bool(b)) => Some(b.to_string()),
-            _ => None,
-        });
-        Ok(RawField {
-            number,
-            name,
-            json_name,
-            kind,
-            repeated: flag("repeated"),
-            optional: flag("opt"),
-            required: flag("req"),
-            oneof,
-            packed,
-            js_string,
-            delimited: flag("delimited"),
-            default,
-        })
-    }
-
-    fn resolve(&self, t: Option<&'a Expression<'a>>) -> Result<String, String> {
-        let Some(t) = t else {
-            return Err("no type (`T`)".to_owned());
-        };
-        self.type_name(t).map(str::to_owned).ok_or_else(|| {
-            format!(
-                "type reference `{}` does not resolve to a message or enum",
-                self.snippet(t)
-            )
-        })
-    }
-
-    fn unreadable(&self, what: &str, expr: Option<&'a Expression<'a>>) -> String {
-        match expr {
-            Some(expr) => format!("unreadable {what} `{}`", self.snippet(expr)),
-            None => format!("no {what}"),
-        }
-    }
-
-    fn read_service(
-        &self,
-        object: &'a ObjectExpression<'a>,
-        problems: &mut Vec<Problem>,
-    ) -> Option<RawService> {
-        let props: HashMap<&str, &'a Expression<'a>> = object_entries(object).collect();
-        let Some(Lit::Str(full_name)) = props.get("typeName").and_then(|e| literal(e)) else {
-            return None;
-        };
-        let Some(Expression::ObjectExpression(methods)) =
-            props.get("methods").map(|m| m.without_parentheses())
-        else {
-            return None;
-        };
-        let mut service = RawService {
-            full_name: full_name.to_owned(),
-            methods: Vec::new(),
-        };
-        for (local, method) in object_entries(methods) {
-            let Expression::ObjectExpression(method) = method.without_parentheses() else {
-                continue;
-            };
-            match self.read_method(method) {
-                Ok(method) => service.methods.push(method),
-                Err(reason) => problems.push(Problem {
-                    owner: full_name.to_owned(),
-                    member: local.to_owned(),
-                    reason,
-                }),
-            }
-        }
-        Some(service)
-    }
-
-    fn read_method(&self, method: &'a ObjectExpression<'a>) -> Result<RawMethod, String> {
-        let props: HashMap<&str, &'a Expression<'a>> = object_entries(method).collect();
-        let Some(Lit::Str(name)) = props.get("name").and_then(|e| literal(e)) else {
-            return Err("a method without a name".to_owned());
-        };
-        let input = self.resolve(props.get("I").copied())?;
-        let output = self.resolve(props.get("O").copied())?;
-        let kind = match props.get("kind").map(|k| method_kind(k)) {
-            Some(Some(kind)) => kind,
-            _ => return Err(format!("method {name}: unreadable `kind`")),
-        };
-        let idempotency = props.get("idempotency").and_then(|e| {
-            match static_property_name(e).or(match literal(e) {
-                Some(Lit::Num(1.0)) => Some("NoSideEffects"),
-                Some(Lit::Num(2.0)) => Some("Idempotent"),
-                _ => None,
-            }) {
-                Some("NoSideEffects") => Some(Idempotency::NoSideEffects),
-                Some("Idempotent") => Some(Idempotency::Idempotent),
-                _ => None,
-            }
-        });
-        Ok(RawMethod {
-            name: name.to_owned(),
-            input,
-            output,
-            kind,
-            idempotency,
-        })
-    }
-}
-
-/// A literal value as generated code writes it (`!0` is true, `!1` false, `void 0` undefined).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Lit<'a> {
-    Num(f64),
-    Str(&'a str),
-    Bool(bool),
-    Undefined,
-}
-
-fn literal<'a>(expr: &'a Expression<'a>) -> Option<Lit<'a>> {
-    match expr.without_parentheses() {
-        Expression::NumericLiteral(n) => Some(Lit::Num(n.value)),
-        Expression::StringLiteral(s) => Some(Lit::Str(s.value.as_str())),
-        Expression::BooleanLiteral(b) => Some(Lit::Bool(b.value)),
-        Expression::Identifier(id) if id.name.as_str() == "undefined" => Some(Lit::Undefined),
-        Expression::UnaryExpression(unary) => match (unary.operator, literal(&unary.argument)?) {
-            (UnaryOperator::LogicalNot, Lit::Num(n)) => Some(Lit::Bool(n == 0.0)),
-            (UnaryOperator::LogicalNot, Lit::Bool(b)) => Some(Lit::Bool(!b)),
-            (UnaryOperator::UnaryNegation, Lit::Num(n)) => Some(Lit::Num(-n)),
-            (UnaryOperator::Void, _) => Some(Lit::Undefined),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// A scalar type: a number (`T: 9`) or, unminified, `ScalarType.STRING`.
-fn scalar_type(expr: &Expression<'_>) -> Option<i32> {
-    const NAMES: &[(&str, i32)] = &[
-        ("DOUBLE", 1),
-        ("FLOAT", 2),
-        ("INT64", 3),
-        ("UINT64", 4),
-        ("INT32", 5),
-        ("FIXED64", 6),
-        ("FIXED32", 7),
-        ("BOOL", 8),
-        ("STRING", 9),
-        ("BYTES", 12),
-        ("UINT32", 13),
-        ("SFIXED32", 15),
-        ("SFIXED64", 16),
-        ("SINT32", 17),
-        ("SINT64", 18),
-    ];
-    if let Expression::NumericLiteral(n) = expr.without_parentheses() {
-        let value = n.value as i32;
-        return NAMES.iter().any(|(_, v)| *v == value).then_some(value);
-    }
-    let name = static_property_name(expr)?;
-    NAMES.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-}
-
-fn method_kind(expr: &Expression<'_>) -> Option<MethodKind> {
-    let by_name = |name: &str| match name {
-        "Unary" => Some(MethodKind::Unary),
-        "ServerStreaming" => Some(MethodKind::ServerStreaming),
-        "ClientStreaming" => Some(MethodKind::ClientStreaming),
-        "BiDiStreaming" => Some(MethodKind::BiDiStreaming),
-        _ => None,
-    };
-    if let Some(name) = static_property_name(expr) {
-        return by_name(name);
-    }
-    match expr.without_parentheses() {
-        Expression::NumericLiteral(n) => match n.value as i32 {
-            0 => Some(MethodKind::Unary),
-            1 => Some(MethodKind::ServerStreaming),
-            2 => Some(MethodKind::ClientStreaming),
-            3 => Some(MethodKind::BiDiStreaming),
-            _ => None,
-        },
-        Expression::StringLiteral(s) => by_name(s.value.as_str()),
-        _ => None,
-    }
-}
-
-fn static_property_name<'a>(expr: &'a Expression<'a>) -> Option<&'a str> {
-    expr.without_parentheses()
-        .as_member_expression()
-        .and_then(|m| m.static_property_name())
-}
-
-fn callee_property<'a>(call: &'a CallExpression<'a>) -> Option<&'a str> {
-    let callee = match call.callee.without_parentheses() {
-        // `(0, r.X)(...)`: webpack's way of calling an import without `this`.
-        Expression::SequenceExpression(seq) => seq.expressions.last()?,
-        callee => callee,
-    };
-    match callee.without_parentheses() {
-        Expression::Identifier(id) => Some(id.name.as_str()),
-        other => static_property_name(other),
-    }
-}
-
-fn key_name<'a>(key: &'a oxc_ast::ast::PropertyKey<'a>) -> Option<&'a str> {
-    match key {
-        oxc_ast::ast::PropertyKey::StaticIdentifier(id) => Some(id.name.as_str()),
-        oxc_ast::ast::PropertyKey::StringLiteral(s) => Some(s.value.as_str()),
-        _ => None,
-    }
-}
-
-fn number_key(value: f64) -> String {
-    format_number(value)
-}
-
-fn format_number(value: f64) -> String {
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{}", value as i64)
-    } else {
-        value.to_string()
-    }
-}
-
-/// `key: value` pairs of an object literal with plain keys (methods and shorthands included).
-fn object_entries<'a>(
-    object: &'a ObjectExpression<'a>,
-) -> impl Iterator<Item = (&'a str, &'a Expression<'a>)> + 'a {
-    object
-        .properties
-        .iter()
-        .filter_map(|property| match property {
-            ObjectPropertyKind::ObjectProperty(p) if !p.computed => {
-                Some((key_name(&p.key)?, &p.value))
-            }
-            _ => None,
-        })
-}
-
-/// `{value: v}` or `{get: () => v}` as `Object.defineProperty` takes them.
-fn descriptor_value<'a>(expr: &'a Expression<'a>) -> Option<&'a Expression<'a>> {
-    let Expression::ObjectExpression(object) = expr.without_parentheses() else {
-        return None;
-    };
-    object_entries(object)
-        .find_map(|(key, value)| (key == "value" || key == "get").then_some(value))
-}
-
-fn webpack_export_list<'a>(list: &'a ArrayExpression<'a>) -> Vec<(&'a str, &'a Expression<'a>)> {
-    let items: Vec<Option<&'a Expression<'a>>> = list
-        .elements
-        .iter()
-        .map(ArrayExpressionElement::as_expression)
-        .collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i + 1 < items.len() {
-        let (Some(Expression::StringLiteral(key)), Some(flag)) = (items[i], items[i + 1]) else {
-            break;
-        };
-        let is_value = matches!(literal(flag), Some(Lit::Num(n)) if n == 0.0);
-        if is_value {
-            if let Some(Some(value)) = items.get(i + 2) {
-                out.push((key.value.as_str(), *value));
-            }
-            i += 3;
-        } else {
-            out.push((key.value.as_str(), flag));
-            i += 2;
-        }
-    }
-    out
-}
-
-/// What an arrow returns: its expression body, or the argument of a body that is one `return`.
-fn arrow_result<'a>(
-    arrow: &'a oxc_ast::ast::ArrowFunctionExpression<'a>,
-) -> Option<&'a Expression<'a>> {
-    match &arrow.body {
-        ArrowFunctionBody::FunctionBody(body) => match body.statements.as_slice() {
-            [Statement::ReturnStatement(ret)] => ret.argument.as_ref(),
-            _ => None,
-        },
-        body => body.as_expression(),
-    }
-}
-
-/// The array of field entries inside `util.newFieldList(() => [...])`, `() => [...]` or `[...]`.
-fn field_array<'a>(expr: &'a Expression<'a>) -> Option<&'a ArrayExpression<'a>> {
-    match expr.without_parentheses() {
-        Expression::ArrayExpression(list) => Some(list),
-        Expression::ArrowFunctionExpression(arrow) => field_array(arrow_result(arrow)?),
-        Expression::FunctionExpression(function) => {
-            match function.body.as_ref()?.statements.as_slice() {
-                [Statement::ReturnStatement(ret)] => field_array(ret.argument.as_ref()?),
-                _ => None,
-            }
-        }
-        Expression::CallExpression(call) => call
-            .arguments
-            .iter()
-            .filter_map(Argument::as_expression)
-            .find_map(field_array),
-        _ => None,
-    }
-}
-
-fn read_enum_values<'a>(values: &'a Expression<'a>) -> Vec<(i32, String)> {
-    let Expression::ArrayExpression(list) = values.without_parentheses() else {
-        return Vec::new();
-    };
-    list.elements
-        .iter()
-        .filter_map(|element| {
-            let Expression::ObjectExpression(object) = element.as_expression()? else {
-                return None;
-            };
-            let props: HashMap<&str, &'a Expression<'a>> = object_entries(object).collect();
-            let number = match literal(props.get("no")?)? {
-                Lit::Num(n) => n as i32,
-                _ => return None,
-            };
-            let name = match literal(props.get("name")?)? {
-                Lit::Str(name) => name.to_owned(),
-                _ => return None,
-            };
-            Some((number, name))
-        })
-        .collect()
 }

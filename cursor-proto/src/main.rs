@@ -35,7 +35,8 @@ enum Command {
         /// Where to write the schema (replaced atomically).
         #[arg(long)]
         out: PathBuf,
-        /// Fail when any field or method could not be resolved, instead of leaving it out with a warning.
+        /// Fail, writing nothing, when any field, enum value, method or type could not be read, instead of
+        /// leaving it out with a warning.
         #[arg(long)]
         strict: bool,
     },
@@ -67,8 +68,10 @@ fn run_extract(path: Option<&Path>, out: &Path, strict: bool) -> Result<ExitCode
     print_extraction(&found, &extraction, took.as_secs_f64());
     if strict && !extraction.unresolved.is_empty() {
         return Err(format!(
-            "{} fields or methods could not be resolved (--strict); nothing written",
-            extraction.unresolved.len()
+            "{}: {} could not be read (--strict); nothing written to {}",
+            found.bundle.display(),
+            items(extraction.unresolved.len()),
+            out.display()
         ));
     }
     write_schema(out, &extraction.files).map_err(|e| e.to_string())?;
@@ -107,9 +110,16 @@ fn print_extraction(found: &Located, extraction: &Extraction, seconds: f64) {
     if extraction.unresolved.is_empty() {
         println!("every field and method resolved");
     } else {
+        let count = extraction.unresolved.len();
+        let (verb, them) = if count == 1 {
+            ("was", "it")
+        } else {
+            ("were", "them")
+        };
         eprintln!(
-            "warning: {} fields or methods could not be resolved and were left out:",
-            extraction.unresolved.len()
+            "warning: {}: {} could not be read and {verb} left out (the rest of the schema stands without {them}):",
+            found.bundle.display(),
+            items(count),
         );
         for unresolved in &extraction.unresolved {
             eprintln!("  {unresolved}");
@@ -132,4 +142,13 @@ fn run_diff(old: &Path, new: &Path) -> Result<ExitCode, String> {
     }
     println!("{}", summary(&differences));
     Ok(ExitCode::from(1))
+}
+
+/// "1 field, enum value, method or type" / "3 fields, enum values, methods or types".
+fn items(count: usize) -> String {
+    if count == 1 {
+        "1 field, enum value, method or type".to_owned()
+    } else {
+        format!("{count} fields, enum values, methods or types")
+    }
 }

@@ -127,3 +127,15 @@ fn every_bundle_shape_gives_one_fingerprint() {
         .collect();
     assert!(prints.windows(2).all(|w| w[0] == w[1]), "{prints:?}");
 }
+
+#[test]
+fn a_bundle_and_the_reference_schema_have_one_fingerprint_once_the_agent_service_is_set_aside() {
+    // The server declares agent.v1.AgentService itself and fingerprints the schema without it, so a build
+    // from the reference directory and a build from an install of the same schema report the same fingerprint.
+    let mut reference = reference();
+    let bundle = shared().join("bundles/legacy/main.js");
+    let mut extracted = extract_file(&bundle).expect("extracts").descriptors;
+    assert!(cursor_proto::compare::take_service(&mut extracted, "agent.v1.AgentService").is_some());
+    assert!(cursor_proto::compare::take_service(&mut reference, "agent.v1.AgentService").is_none());
+    assert_eq!(fingerprint(&reference), fingerprint(&extracted));
+}

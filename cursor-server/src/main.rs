@@ -30,6 +30,30 @@ enum Command {
     /// Delete stored blobs that no conversation references any more, then exit. Blobs younger than
     /// an hour are kept, so it is safe while the server runs.
     Gc,
+    /// Compare the schema this server was built from with a Cursor install (or a schema directory or
+    /// bundle; default: the standard places, CURSOR_APP_DIR first) and say in one line whether a rebuild is
+    /// needed. Exit status 0: no rebuild needed, 1: rebuild needed, 2: the install could not be read.
+    SchemaCheck {
+        /// A Cursor install, its `extensions` directory, a bundle, or a schema directory.
+        path: Option<PathBuf>,
+    },
+}
+
+fn schema_check(path: Option<&std::path::Path>) -> ExitCode {
+    match cursor_server::cursor::proto::check_schema(path) {
+        Ok(check) => {
+            println!("cursor-server schema-check: {}", check.verdict());
+            if check.rebuild_needed() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("cursor-server schema-check: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 async fn collect_garbage(config: &Config) -> ExitCode {
@@ -64,6 +88,10 @@ async fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Needs no configuration: it only compares schemas.
+    if let Some(Command::SchemaCheck { path }) = &args.command {
+        return schema_check(path.as_deref());
+    }
 
     let config = match Config::load(&args.config) {
         Ok(config) => config,
@@ -82,6 +110,11 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    tracing::info!(
+        fingerprint = cursor_server::cursor::proto::SCHEMA_FINGERPRINT,
+        source = cursor_server::cursor::proto::SCHEMA_SOURCE,
+        "Cursor schema"
+    );
     match app.local_addr() {
         Ok(addr) => tracing::info!("cursor-server listening on http://{addr} (HTTP/1.1 and h2c)"),
         Err(e) => tracing::warn!("listening address unknown: {e}"),

@@ -12,3 +12,71 @@ pub mod agent {
 pub mod aiserver {
     include!(concat!(env!("OUT_DIR"), "/aiserver.v1.rs"));
 }
+
+/// The fingerprint of the schema this binary was built from (`cursor_proto::fingerprint`, over the schema
+/// without the agent service the project declares itself).
+pub const SCHEMA_FINGERPRINT: &str = env!("CURSOR_SCHEMA_FINGERPRINT");
+
+/// Where the build took the schema from: a schema directory, or the Cursor install it was extracted from.
+pub const SCHEMA_SOURCE: &str = env!("CURSOR_SCHEMA_SOURCE");
+
+/// The built-in schema's descriptors, for `schema-check`.
+const SCHEMA_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cursor_schema.fds"));
+
+/// What `cursor-server schema-check` found.
+#[derive(Debug)]
+pub struct SchemaCheck {
+    /// The install (or schema directory) compared against.
+    pub origin: String,
+    pub fingerprint: String,
+    /// Every difference from the built-in schema.
+    pub differences: Vec<cursor_proto::compare::Difference>,
+}
+
+impl SchemaCheck {
+    /// A rebuild is needed when a difference touches a message the server uses.
+    pub fn rebuild_needed(&self) -> bool {
+        self.differences.iter().any(|d| d.used_by_server)
+    }
+
+    /// The verdict in one line.
+    pub fn verdict(&self) -> String {
+        let used = self.differences.iter().filter(|d| d.used_by_server).count();
+        let first_used = self.differences.iter().find(|d| d.used_by_server);
+        match (self.differences.len(), first_used) {
+            (0, _) => format!(
+                "up to date: {} has the schema this server was built from (fingerprint {})",
+                self.origin, self.fingerprint
+            ),
+            (n, None) => format!(
+                "no rebuild needed: {} differs from the built-in schema in {n} places, none in messages the server uses (fingerprint {} → {})",
+                self.origin, SCHEMA_FINGERPRINT, self.fingerprint
+            ),
+            (n, Some(first)) => format!(
+                "rebuild needed: {} differs from the built-in schema in {n} places, {used} in messages the server uses (first: {first}); rebuild with CURSOR_APP_DIR pointing at this install, or extract it again into cursor-proto/proto",
+                self.origin
+            ),
+        }
+    }
+}
+
+/// Compares the built-in schema with a Cursor install (a schema directory, an install, an `extensions`
+/// directory or a bundle; the standard places when `None`).
+pub fn check_schema(path: Option<&std::path::Path>) -> Result<SchemaCheck, String> {
+    use prost::Message as _;
+    let built_in = prost_types::FileDescriptorSet::decode(SCHEMA_DESCRIPTORS)
+        .map_err(|e| format!("the built-in schema does not decode: {e}"))?;
+    let loaded = match path {
+        Some(path) => cursor_proto::install::load(path),
+        None => cursor_proto::install::locate(None)
+            .and_then(|found| cursor_proto::install::load(&found.bundle)),
+    }
+    .map_err(|e| e.to_string())?;
+    let mut installed = loaded.descriptors;
+    cursor_proto::compare::take_service(&mut installed, "agent.v1.AgentService");
+    Ok(SchemaCheck {
+        origin: loaded.origin.to_string(),
+        fingerprint: cursor_proto::fingerprint::fingerprint(&installed),
+        differences: cursor_proto::compare::compare(&built_in, &installed),
+    })
+}
