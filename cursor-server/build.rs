@@ -185,7 +185,7 @@ fn extract_into(path: Option<&Path>, out_dir: &Path) -> Result<SchemaSource, Ins
     println!("cargo:warning=using the Cursor schema {description}");
     if !extraction.unresolved.is_empty() {
         println!(
-            "cargo:warning={} fields or methods of the install's schema could not be resolved and were left out (run `cursor-proto extract` to list them)",
+            "cargo:warning={} fields, enum values, methods or types of the install's schema could not be read and were left out (run `cursor-proto extract` to list them)",
             extraction.unresolved.len()
         );
     }
