@@ -1,8 +1,8 @@
 //! fingerprint: a short hash of a schema's meaning, to tell at a glance whether two schemas are the same.
 //!
 //! Owns the canonical form: a copy of the `FileDescriptorSet` with comments (`source_code_info`) and file
-//! options dropped, and the files of one package merged into one (which file declares a type, and so the
-//! imports, is not meaning: the server compiles the types, not the file layout), messages, enums, services and methods
+//! options dropped (with the imports) by merging the files of one package into one (which file declares a
+//! type is not meaning: the server compiles the types, not the file layout), messages, enums, services and methods
 //! sorted by name, oneofs by name (field `oneof_index` remapped), fields and extensions by number, enum values by
 //! number then name, reserved ranges and names sorted, and `json_name` cleared where it is the default one. The
 //! canonical set is protobuf-encoded (deterministic in prost) and hashed with SHA-256.
@@ -35,7 +35,7 @@ pub fn fingerprint(set: &FileDescriptorSet) -> String {
         merged.service.extend(file.service.iter().cloned());
         merged.extension.extend(file.extension.iter().cloned());
     }
-    let files: Vec<FileDescriptorProto> = packages.values().map(canonical_file).collect();
+    let files: Vec<FileDescriptorProto> = packages.into_values().map(canonicalize).collect();
     let digest = Sha256::digest(FileDescriptorSet { file: files }.encode_to_vec());
     digest[..8]
         .iter()
@@ -43,34 +43,9 @@ pub fn fingerprint(set: &FileDescriptorSet) -> String {
         .collect()
 }
 
-fn canonical_file(file: &FileDescriptorProto) -> FileDescriptorProto {
-    let mut file = FileDescriptorProto {
-        source_code_info: None,
-        options: None,
-        ..file.clone()
-    };
-    let names = |indices: &[i32]| -> Vec<String> {
-        let lookup = |i: &i32| {
-            usize::try_from(*i)
-                .ok()
-                .and_then(|i| file.dependency.get(i))
-                .cloned()
-        };
-        indices.iter().filter_map(lookup).collect()
-    };
-    let (public, weak) = (names(&file.public_dependency), names(&file.weak_dependency));
-    file.dependency.sort();
-    let indices = |names: &[String]| -> Vec<i32> {
-        let position = |name: &String| file.dependency.iter().position(|d| d == name);
-        let mut indices: Vec<i32> = names
-            .iter()
-            .filter_map(position)
-            .filter_map(|i| i32::try_from(i).ok())
-            .collect();
-        indices.sort_unstable();
-        indices
-    };
-    (file.public_dependency, file.weak_dependency) = (indices(&public), indices(&weak));
+/// Sorts a merged package file. It holds only types, services and extensions (no imports, options or
+/// comments: `fingerprint` builds it from those alone), so nothing else needs canonicalizing.
+fn canonicalize(mut file: FileDescriptorProto) -> FileDescriptorProto {
     canonical_messages(&mut file.message_type);
     canonical_enums(&mut file.enum_type);
     file.extension
