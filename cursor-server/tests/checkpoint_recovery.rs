@@ -12,9 +12,9 @@ use cursor_server::cursor::proto::agent::{
     self as pb, ConversationStateStructure, ConversationStep, ConversationTurnStructure,
     agent_server_message, conversation_step, conversation_turn_structure,
 };
+use cursor_server::model::conversation::BlobId;
 use cursor_server::store::Store;
-use cursor_server::store::blobs::BlobId;
-use cursor_server::store::conversations;
+use cursor_server::store::{conversations, outbox};
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{
     FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,
@@ -359,7 +359,7 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
     );
     // Late events of an older run cannot move a newer head.
     assert!(
-        !conversations::set_head(&store, "conv-restart", BlobId::of(b"old"), 1)
+        !outbox::publish(&store, "conv-restart", BlobId::of(b"old"), 1)
             .await
             .unwrap()
     );

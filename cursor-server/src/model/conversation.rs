@@ -1,7 +1,33 @@
-//! Conversation-level facts that are not messages: the mode a turn runs in, and what a checkpoint
-//! states about the conversation besides its history.
+//! Conversation-level facts that are not messages: the mode a turn runs in, the id of the blobs the
+//! conversation state is made of, and what a checkpoint states about the conversation besides its
+//! history.
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A blob id: the SHA-256 of the blob's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobId(pub [u8; 32]);
+
+impl BlobId {
+    pub fn of(data: &[u8]) -> BlobId {
+        BlobId(Sha256::digest(data).into())
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> Option<BlobId> {
+        <[u8; 32]>::try_from(bytes).ok().map(BlobId)
+    }
+
+    pub fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl std::fmt::Display for BlobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
 
 /// Cursor's agent modes this server runs. Each has its own system prompt and tool set
 /// (`prompt/<mode>/`).

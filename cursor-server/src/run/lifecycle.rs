@@ -538,7 +538,7 @@ impl Checkpoints {
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         self.revision += 1;
-        if !conversations::set_head(store, &self.conversation_id, state_id, self.revision).await? {
+        if !outbox::publish(store, &self.conversation_id, state_id, self.revision).await? {
             tracing::warn!(conversation_id = %self.conversation_id, "a newer run moved the head; this checkpoint is not published");
             return Ok(());
         }

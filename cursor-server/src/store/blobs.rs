@@ -3,34 +3,10 @@
 
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use sqlx::{Row, SqliteConnection};
 
 use super::{QueryContext, Store, StoreError, now_ms};
-
-/// A blob id: the SHA-256 of the blob's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlobId(pub [u8; 32]);
-
-impl BlobId {
-    pub fn of(data: &[u8]) -> BlobId {
-        BlobId(Sha256::digest(data).into())
-    }
-
-    pub fn from_slice(bytes: &[u8]) -> Option<BlobId> {
-        <[u8; 32]>::try_from(bytes).ok().map(BlobId)
-    }
-
-    pub fn to_hex(self) -> String {
-        hex::encode(self.0)
-    }
-}
-
-impl std::fmt::Display for BlobId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.to_hex())
-    }
-}
+pub use crate::model::conversation::BlobId;
 
 /// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

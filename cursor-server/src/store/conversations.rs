@@ -3,8 +3,8 @@
 
 use sqlx::{Row, SqliteConnection};
 
-use super::blobs::BlobId;
 use super::{QueryContext, Store, StoreError, now_ms};
+use crate::model::conversation::BlobId;
 
 /// Creates the conversation row if it does not exist yet.
 pub async fn ensure(conn: &mut SqliteConnection, conversation_id: &str) -> Result<(), StoreError> {
@@ -36,15 +36,15 @@ pub async fn head(
 }
 
 /// Moves the head to `blob` as revision `revision`, unless a newer revision is already there
-/// (late events of an older run never move a newer head). Returns whether the head moved; when it
-/// did, the outbox no longer owes anything the new head supersedes (same transaction).
-pub async fn set_head(
-    store: &Store,
+/// (late events of an older run never move a newer head). Returns whether the head moved. Part of
+/// a checkpoint's publication (`outbox::publish`), which also settles the outbox in the same
+/// transaction.
+pub async fn move_head(
+    conn: &mut SqliteConnection,
     conversation_id: &str,
     blob: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
     let moved = sqlx::query(
         "UPDATE conversations SET head_blob = ?, revision = ? WHERE id = ? AND revision < ?",
     )
@@ -52,13 +52,9 @@ pub async fn set_head(
     .bind(revision)
     .bind(conversation_id)
     .bind(revision)
-    .execute(&mut *tx)
+    .execute(conn)
     .await
     .context("moving conversation head")?
     .rows_affected();
-    if moved == 1 {
-        super::outbox::checkpoint_published(&mut tx, conversation_id, blob).await?;
-    }
-    tx.commit().await.context("committing conversation head")?;
     Ok(moved == 1)
 }

@@ -6,8 +6,9 @@
 
 use sqlx::{Row, SqliteConnection};
 
-use super::blobs::BlobId;
+use super::conversations;
 use super::{QueryContext, Store, StoreError, now_ms};
+use crate::model::conversation::BlobId;
 
 /// What a conversation still owes the client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub async fn blobs_sent(
     if ids.is_empty() {
         return Ok(());
     }
-    super::conversations::ensure(&mut *conn, conversation_id).await?;
+    conversations::ensure(&mut *conn, conversation_id).await?;
     let now = now_ms();
     for id in ids {
         sqlx::query(
@@ -72,7 +73,7 @@ pub async fn checkpoint_built(
     request_id: &str,
     state: BlobId,
 ) -> Result<(), StoreError> {
-    super::conversations::ensure(&mut *conn, conversation_id).await?;
+    conversations::ensure(&mut *conn, conversation_id).await?;
     sqlx::query("DELETE FROM outbox WHERE conversation_id = ? AND kind = 'checkpoint'")
         .bind(conversation_id)
         .execute(&mut *conn)
@@ -92,9 +93,27 @@ pub async fn checkpoint_built(
     Ok(())
 }
 
+/// Publishes the checkpoint `state` as revision `revision`: moves the conversation head and, when it
+/// moved, settles what the new head supersedes, in one transaction. Returns whether the head moved
+/// (an older run's late checkpoint never moves a newer head).
+pub async fn publish(
+    store: &Store,
+    conversation_id: &str,
+    state: BlobId,
+    revision: i64,
+) -> Result<bool, StoreError> {
+    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let moved = conversations::move_head(&mut tx, conversation_id, state, revision).await?;
+    if moved {
+        checkpoint_published(&mut tx, conversation_id, state).await?;
+    }
+    tx.commit().await.context("committing conversation head")?;
+    Ok(moved)
+}
+
 /// The checkpoint `state` was published. Every blob it names is acknowledged, and a checkpoint is
 /// published only when it is the newest one built, so whatever else is owed is superseded.
-pub async fn checkpoint_published(
+async fn checkpoint_published(
     conn: &mut SqliteConnection,
     conversation_id: &str,
     state: BlobId,
