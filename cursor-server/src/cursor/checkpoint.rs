@@ -5,6 +5,12 @@
 //! `ConversationTurnStructure` blobs → `UserMessage` + `ConversationStep` blobs. The
 //! `ConversationStateStructure` that names them all is the checkpoint.
 
+use std::collections::HashMap;
+
+use crate::model::message::{
+    AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
+};
+use crate::model::tool::ToolResult;
 use bytes::Bytes;
 use prost::Message;
 use serde_json::{Value, json};
@@ -377,12 +383,33 @@ pub mod roots {
 /// history, for conversations this server has never seen. Tool calls are grouped onto the assistant
 /// message they follow (this server writes one root per call; AI SDK writes them together); each
 /// call becomes a stored call/result pair when its result is found.
-pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMessage> {
-    use crate::model::message::{
-        AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
-    };
-    use crate::model::tool::{ToolCall, ToolResult};
+pub fn import_roots(roots: &[Value]) -> Vec<CanonicalMessage> {
+    let mut import = Import::default();
+    for root in roots {
+        let content = &root["content"];
+        match root["role"].as_str() {
+            Some("system") => import.system(content),
+            Some("user") => import.user(content),
+            Some("assistant") => import.assistant(content),
+            Some("tool") => import.tool_results(content),
+            other => tracing::warn!("imported root with role {other:?} left out"),
+        }
+    }
+    import.out
+}
 
+/// The state of one `import_roots` pass.
+#[derive(Default)]
+struct Import {
+    out: Vec<CanonicalMessage>,
+    /// toolCallId → (model_call_id, index, call), until its result is found.
+    calls: HashMap<String, (String, u32, ToolCall)>,
+    /// The assistant message later tool-call-only roots add their calls to.
+    current_assistant: Option<usize>,
+    imported: usize,
+}
+
+impl Import {
     fn text_of(content: &Value, kind: &str) -> String {
         match content {
             Value::String(text) if kind == "text" => text.clone(),
@@ -396,121 +423,116 @@ pub fn import_roots(roots: &[Value]) -> Vec<crate::model::message::CanonicalMess
         }
     }
 
-    let mut out: Vec<CanonicalMessage> = Vec::new();
-    // toolCallId → (model_call_id, index, call)
-    let mut calls: std::collections::HashMap<String, (String, u32, ToolCall)> =
-        std::collections::HashMap::new();
-    let mut current_assistant: Option<usize> = None;
-    let mut imported = 0usize;
-    for root in roots {
-        let content = &root["content"];
-        match root["role"].as_str() {
-            Some("system") => {
-                // The client's own instructions: kept, as a runtime message, never dropped.
-                let text = text_of(content, "text");
-                if !text.is_empty() {
-                    out.push(CanonicalMessage::User(UserMessage {
-                        origin: Origin::Runtime,
-                        text: format!("<client_instructions>\n{text}\n</client_instructions>"),
-                        client_message_id: String::new(),
-                        mode: None,
-                        runtime: None,
-                    }));
-                }
-                current_assistant = None;
-            }
-            Some("user") => {
-                out.push(CanonicalMessage::User(UserMessage {
-                    origin: Origin::User,
-                    text: text_of(content, "text"),
-                    client_message_id: String::new(),
-                    mode: None,
-                    runtime: None,
+    fn user_message(origin: Origin, text: String) -> CanonicalMessage {
+        CanonicalMessage::User(UserMessage {
+            origin,
+            text,
+            client_message_id: String::new(),
+            mode: None,
+            runtime: None,
+        })
+    }
+
+    /// The client's own instructions: kept, as a runtime message, never dropped.
+    fn system(&mut self, content: &Value) {
+        let text = Self::text_of(content, "text");
+        if !text.is_empty() {
+            self.out.push(Self::user_message(
+                Origin::Runtime,
+                format!("<client_instructions>\n{text}\n</client_instructions>"),
+            ));
+        }
+        self.current_assistant = None;
+    }
+
+    fn user(&mut self, content: &Value) {
+        self.out.push(Self::user_message(
+            Origin::User,
+            Self::text_of(content, "text"),
+        ));
+        self.current_assistant = None;
+    }
+
+    fn assistant(&mut self, content: &Value) {
+        let text = Self::text_of(content, "text");
+        let thinking = Self::text_of(content, "reasoning");
+        let parts: Vec<&Value> = content
+            .as_array()
+            .map(|p| p.iter().filter(|p| p["type"] == "tool-call").collect())
+            .unwrap_or_default();
+        let continues = self.current_assistant.is_some()
+            && text.is_empty()
+            && thinking.is_empty()
+            && !parts.is_empty();
+        let slot = match (continues, self.current_assistant) {
+            (true, Some(slot)) => slot,
+            _ => {
+                self.imported += 1;
+                self.out.push(CanonicalMessage::Assistant(AssistantMessage {
+                    text,
+                    thinking,
+                    model_id: String::new(),
+                    replay: None,
+                    model_call_id: format!("import-{}", self.imported),
+                    planned_calls: Vec::new(),
                 }));
-                current_assistant = None;
+                self.out.len() - 1
             }
-            Some("assistant") => {
-                let text = text_of(content, "text");
-                let thinking = text_of(content, "reasoning");
-                let parts: Vec<&Value> = content
-                    .as_array()
-                    .map(|p| p.iter().filter(|p| p["type"] == "tool-call").collect())
-                    .unwrap_or_default();
-                let continues = current_assistant.is_some()
-                    && text.is_empty()
-                    && thinking.is_empty()
-                    && !parts.is_empty();
-                let slot = match (continues, current_assistant) {
-                    (true, Some(slot)) => slot,
-                    _ => {
-                        imported += 1;
-                        out.push(CanonicalMessage::Assistant(AssistantMessage {
-                            text,
-                            thinking,
-                            model_id: String::new(),
-                            replay: None,
-                            model_call_id: format!("import-{imported}"),
-                            planned_calls: Vec::new(),
-                        }));
-                        out.len() - 1
-                    }
+        };
+        self.current_assistant = Some(slot);
+        if let CanonicalMessage::Assistant(assistant) = &mut self.out[slot] {
+            for part in parts {
+                let id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
+                let call = ToolCall {
+                    call_id: id.clone(),
+                    provider_call_id: id.clone(),
+                    name: part["toolName"].as_str().unwrap_or_default().to_owned(),
+                    arguments: part
+                        .get("args")
+                        .or_else(|| part.get("input"))
+                        .map_or_else(|| "{}".to_owned(), Value::to_string),
                 };
-                current_assistant = Some(slot);
-                if let CanonicalMessage::Assistant(assistant) = &mut out[slot] {
-                    for part in parts {
-                        let id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
-                        let call = ToolCall {
-                            call_id: id.clone(),
-                            provider_call_id: id.clone(),
-                            name: part["toolName"].as_str().unwrap_or_default().to_owned(),
-                            arguments: part
-                                .get("args")
-                                .or_else(|| part.get("input"))
-                                .map_or_else(|| "{}".to_owned(), Value::to_string),
-                        };
-                        let index =
-                            u32::try_from(assistant.planned_calls.len()).unwrap_or(u32::MAX);
-                        assistant.planned_calls.push(call.clone());
-                        calls.insert(id, (assistant.model_call_id.clone(), index, call));
-                    }
-                }
+                let index = u32::try_from(assistant.planned_calls.len()).unwrap_or(u32::MAX);
+                assistant.planned_calls.push(call.clone());
+                self.calls
+                    .insert(id, (assistant.model_call_id.clone(), index, call));
             }
-            Some("tool") => {
-                for part in content
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|p| p["type"] == "tool-result")
-                {
-                    let id = part["toolCallId"].as_str().unwrap_or_default();
-                    let Some((model_call_id, index, call)) = calls.get(id).cloned() else {
-                        tracing::warn!("imported tool result {id:?} has no call; left out");
-                        continue;
-                    };
-                    let result = match &part["result"] {
-                        Value::String(text) => text.clone(),
-                        other => other.to_string(),
-                    };
-                    out.push(CanonicalMessage::ToolCall(ToolCallRecord {
-                        model_call_id: model_call_id.clone(),
-                        index,
-                        call,
-                    }));
-                    out.push(CanonicalMessage::ToolResult(ToolResultRecord {
-                        model_call_id,
-                        index,
-                        result: ToolResult {
-                            call_id: id.to_owned(),
-                            content: result,
-                            is_error: part["isError"].as_bool().unwrap_or(false),
-                        },
-                    }));
-                }
-            }
-            other => tracing::warn!("imported root with role {other:?} left out"),
         }
     }
-    out
+
+    fn tool_results(&mut self, content: &Value) {
+        for part in content
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["type"] == "tool-result")
+        {
+            let id = part["toolCallId"].as_str().unwrap_or_default();
+            let Some((model_call_id, index, call)) = self.calls.get(id).cloned() else {
+                tracing::warn!("imported tool result {id:?} has no call; left out");
+                continue;
+            };
+            let result = match &part["result"] {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            self.out.push(CanonicalMessage::ToolCall(ToolCallRecord {
+                model_call_id: model_call_id.clone(),
+                index,
+                call,
+            }));
+            self.out
+                .push(CanonicalMessage::ToolResult(ToolResultRecord {
+                    model_call_id,
+                    index,
+                    result: ToolResult {
+                        call_id: id.to_owned(),
+                        content: result,
+                        is_error: part["isError"].as_bool().unwrap_or(false),
+                    },
+                }));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -555,46 +577,43 @@ mod tests {
         assert_eq!(history.len(), 6);
     }
 
-    #[test]
-    fn the_graph_grows_by_new_blobs_only_and_is_a_pure_projection() {
-        let build = || {
-            let mut graph = ConversationGraph::default();
-            let mut blobs = vec![
-                graph.push_root(&roots::system("sys")),
-                graph.push_root(&roots::user("hi")),
-            ];
-            blobs.push(graph.begin_turn(
-                "req-1",
-                &pb::UserMessage {
-                    text: "hi".into(),
-                    ..Default::default()
+    /// A graph with two roots and one turn holding one assistant step, the blobs that built it, the
+    /// turn and its state.
+    fn one_turn_graph() -> (
+        ConversationGraph,
+        Vec<Blob>,
+        Blob,
+        ConversationStateStructure,
+        Blob,
+    ) {
+        let mut graph = ConversationGraph::default();
+        let mut blobs = vec![
+            graph.push_root(&roots::system("sys")),
+            graph.push_root(&roots::user("hi")),
+        ];
+        blobs.push(graph.begin_turn(
+            "req-1",
+            &pb::UserMessage {
+                text: "hi".into(),
+                ..Default::default()
+            },
+            1_000,
+        ));
+        blobs.push(
+            graph.push_step(conversation_step::Message::AssistantMessage(
+                pb::AssistantMessage {
+                    text: "hello".into(),
                 },
-                1_000,
-            ));
-            blobs.push(
-                graph.push_step(conversation_step::Message::AssistantMessage(
-                    pb::AssistantMessage {
-                        text: "hello".into(),
-                    },
-                )),
-            );
-            let turn = graph.turn_blob().expect("turn");
-            let (state, state_blob, _) = graph.state(Some(&turn), &StateDetails::default());
-            (graph, blobs, turn, state, state_blob)
-        };
-        let (mut graph, blobs, turn, state, state_blob) = build();
-        let again = build();
-        assert_eq!(
-            state_blob.id, again.4.id,
-            "the same history projects to the same blob ids"
+            )),
         );
-        assert_eq!(state.root_prompt_messages_json.len(), 2);
-        assert_eq!(state.turns, vec![turn.id.0.to_vec()]);
-        assert_eq!(state_blob.edges.len(), 3);
-        assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
+        let turn = graph.turn_blob().expect("turn");
+        let (state, state_blob, _) = graph.state(Some(&turn), &StateDetails::default());
+        (graph, blobs, turn, state, state_blob)
+    }
 
-        graph.finish_turn(&turn, 1_500);
-        let details = StateDetails {
+    /// State details with one of everything a checkpoint states besides history.
+    fn sample_details() -> StateDetails {
+        StateDetails {
             pending_tool_calls: vec![ToolCall {
                 call_id: "call-1".into(),
                 provider_call_id: "p1".into(),
@@ -619,7 +638,24 @@ mod tests {
                 agent_id: Some("agent-7".into()),
                 status: SubagentStatus::Backgrounded,
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn the_graph_grows_by_new_blobs_only_and_is_a_pure_projection() {
+        let (mut graph, blobs, turn, state, state_blob) = one_turn_graph();
+        let again = one_turn_graph();
+        assert_eq!(
+            state_blob.id, again.4.id,
+            "the same history projects to the same blob ids"
+        );
+        assert_eq!(state.root_prompt_messages_json.len(), 2);
+        assert_eq!(state.turns, vec![turn.id.0.to_vec()]);
+        assert_eq!(state_blob.edges.len(), 3);
+        assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
+
+        graph.finish_turn(&turn, 1_500);
+        let details = sample_details();
         let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
         let run = &next_state.subagent_runs_by_parent_tool_call_id["call-task"];
         assert_eq!(
