@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::cursor::handlers;
+use crate::cursor::tools::check_prompt_tools;
 use crate::error::ServerError;
 use crate::prompting::assets::PromptAssets;
 use crate::run::registry::RunRegistry;
@@ -42,6 +43,10 @@ impl App {
             Some(dir) => PromptAssets::from_dir(dir),
             None => PromptAssets::embedded(),
         }
+        .and_then(|assets| {
+            check_prompt_tools(&assets)?;
+            Ok(assets)
+        })
         .map_err(|e| ServerError::Assets(e.to_string()))?;
         let store = Store::open(&config.database_url).await?;
         let http = reqwest::Client::builder()

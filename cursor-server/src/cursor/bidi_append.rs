@@ -13,6 +13,7 @@ use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions};
 use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
+use crate::model::tool::McpTool;
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
 
@@ -293,7 +294,7 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
 fn mcp_tools(
     listed: &Option<pb::McpTools>,
     file_system_options: [Option<&pb::McpFileSystemOptions>; 2],
-) -> Vec<tools::McpTool> {
+) -> Vec<McpTool> {
     let from_list = listed.iter().flat_map(|l| &l.mcp_tools).map(|t| {
         (
             t.provider_identifier.clone(),
@@ -323,7 +324,7 @@ fn mcp_tools(
                 ))
             })
         });
-    tools::mcp_tools(from_list.chain(from_descriptors))
+    tools::mcp::mcp_tools(from_list.chain(from_descriptors))
 }
 
 /// Records the parent run and Task call a subagent's BidiAppend names in its headers.

@@ -20,8 +20,8 @@ use super::proto::agent::{
     ConversationTurnStructure, conversation_step, conversation_turn_structure,
 };
 use crate::model::conversation::{ContextUse, Mode};
+use crate::model::conversation::{SubagentRunState, SubagentStatus, Todo, TodoStatus};
 use crate::model::tool::ToolCall;
-use crate::prompting::derived_state::{SubagentRunState, SubagentStatus, Todo, TodoStatus};
 use crate::store::blobs::BlobId;
 
 /// A blob to store (on our side and the client's), with the edges it holds.

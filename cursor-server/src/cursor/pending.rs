@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::exec::{ExecRequest, QueryRequest};
+use super::exec::{ExecKind, ExecRequest, QueryRequest};
 
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     slot: usize,
-    expected: &'static str,
+    expected: ExecKind,
     streaming: bool,
     /// An interaction query (waits for the user; nothing to abort on the client).
     query: bool,
@@ -30,8 +30,8 @@ pub enum PendingError {
     #[error("exec {id} expects {expected}, got {got}")]
     WrongKind {
         id: u32,
-        expected: &'static str,
-        got: &'static str,
+        expected: ExecKind,
+        got: ExecKind,
     },
 }
 
@@ -82,7 +82,7 @@ impl PendingExecs {
     }
 
     /// Matches a result of kind `kind` for exec `id`.
-    pub fn match_result(&self, id: u32, kind: &'static str) -> Result<Match, PendingError> {
+    pub fn match_result(&self, id: u32, kind: ExecKind) -> Result<Match, PendingError> {
         match self.pending.get(&id) {
             Some(pending) if pending.expected == kind => Ok(Match::Active { slot: pending.slot }),
             Some(pending) => Err(PendingError::WrongKind {
@@ -157,32 +157,46 @@ impl PendingExecs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::exec;
+    use crate::cursor::proto::agent::{self as pb, exec_server_message::Message as A};
+
+    fn request(message: A) -> ExecRequest {
+        ExecRequest {
+            message: Box::new(message),
+        }
+    }
 
     #[test]
     fn results_match_by_id_and_kind_and_late_ones_are_recognised() {
         let mut pending = PendingExecs::default();
-        let read = pending.register(0, &exec::read_request("a", None, None, "c0"));
-        let write = pending.register(1, &exec::write_request("b", "x", "c1"));
+        let read = pending.register(0, &request(A::ReadArgs(pb::ReadArgs::default())));
+        let write = pending.register(1, &request(A::WriteArgs(pb::WriteArgs::default())));
         assert_eq!((read, write), (1, 2));
         assert_eq!(
-            pending.match_result(2, "write_result"),
+            pending.match_result(2, ExecKind::WriteResult),
             Ok(Match::Active { slot: 1 })
         );
+        let wrong = pending.match_result(1, ExecKind::WriteResult);
         assert_eq!(
-            pending.match_result(1, "write_result"),
+            wrong,
             Err(PendingError::WrongKind {
                 id: 1,
-                expected: "read_result",
-                got: "write_result"
+                expected: ExecKind::ReadResult,
+                got: ExecKind::WriteResult
             })
         );
         assert_eq!(
-            pending.match_result(9, "read_result"),
+            wrong.unwrap_err().to_string(),
+            "exec 1 expects read_result, got write_result"
+        );
+        assert_eq!(
+            pending.match_result(9, ExecKind::ReadResult),
             Err(PendingError::Unknown(9))
         );
         pending.finish(1);
-        assert_eq!(pending.match_result(1, "read_result"), Ok(Match::Late));
+        assert_eq!(
+            pending.match_result(1, ExecKind::ReadResult),
+            Ok(Match::Late)
+        );
         assert_eq!(pending.match_control(1), Ok(Match::Late));
         assert_eq!(pending.running(), vec![(2, 1)]);
     }

@@ -62,6 +62,17 @@ impl Mode {
         }
     }
 
+    /// The mode's name as Cursor's picker shows it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Mode::Agent => "Agent",
+            Mode::Ask => "Ask",
+            Mode::Plan => "Plan",
+            Mode::Debug => "Debug",
+            Mode::Multitask => "Multitask",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<Mode> {
         Mode::ALL.into_iter().find(|m| m.as_str() == name)
     }
@@ -132,4 +143,126 @@ pub enum RuleScope {
     Files(Vec<String>),
     /// When the model decides it is relevant: listed with its description, read on demand.
     OnRequest(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TodoStatus {
+    Pending,
+    InProgress,
+    Completed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Todo {
+    pub id: String,
+    pub content: String,
+    pub status: TodoStatus,
+}
+
+/// One TodoWrite update: replace the list, or merge by id (new ids are appended in order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TodoUpdate {
+    pub merge: bool,
+    /// (id, content if given, status)
+    pub items: Vec<(String, Option<String>, TodoStatus)>,
+}
+
+impl TodoUpdate {
+    /// The list after this update: replaced, or merged by id (new ids appended in order).
+    pub fn apply(&self, current: &[Todo]) -> Vec<Todo> {
+        let mut todos: Vec<Todo> = if self.merge {
+            current.to_vec()
+        } else {
+            Vec::new()
+        };
+        for (id, content, status) in &self.items {
+            match todos.iter_mut().find(|t| &t.id == id) {
+                Some(todo) => {
+                    todo.status = *status;
+                    if let Some(content) = content {
+                        todo.content.clone_from(content);
+                    }
+                }
+                None => todos.push(Todo {
+                    id: id.clone(),
+                    content: content.clone().unwrap_or_default(),
+                    status: *status,
+                }),
+            }
+        }
+        todos
+    }
+}
+
+/// Where a subagent started by a Task call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubagentStatus {
+    Running,
+    Backgrounded,
+    Succeeded,
+    Failed,
+}
+
+/// One subagent as the parent's checkpoint reports it (Cursor draws the Task card from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubagentRunState {
+    pub parent_tool_call_id: String,
+    pub title: String,
+    pub agent_id: Option<String>,
+    pub status: SubagentStatus,
+}
+
+/// What a finished Task call's result says: (status, agent id).
+pub type TaskOutcome = (SubagentStatus, Option<String>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(
+        id: &str,
+        content: Option<&str>,
+        status: TodoStatus,
+    ) -> (String, Option<String>, TodoStatus) {
+        (id.to_owned(), content.map(str::to_owned), status)
+    }
+
+    #[test]
+    fn merge_updates_by_id_and_appends_new_ones_while_replace_starts_over() {
+        let first = TodoUpdate {
+            merge: false,
+            items: vec![
+                item("a", Some("write code"), TodoStatus::InProgress),
+                item("b", Some("test it"), TodoStatus::Pending),
+            ],
+        }
+        .apply(&[]);
+        let merged = TodoUpdate {
+            merge: true,
+            items: vec![
+                item("a", None, TodoStatus::Completed),
+                item("c", Some("ship"), TodoStatus::Pending),
+            ],
+        }
+        .apply(&first);
+        assert_eq!(
+            merged
+                .iter()
+                .map(|t| (t.id.as_str(), t.content.as_str(), t.status))
+                .collect::<Vec<_>>(),
+            [
+                ("a", "write code", TodoStatus::Completed),
+                ("b", "test it", TodoStatus::Pending),
+                ("c", "ship", TodoStatus::Pending),
+            ]
+        );
+        let replaced = TodoUpdate {
+            merge: false,
+            items: vec![item("z", Some("only"), TodoStatus::Pending)],
+        }
+        .apply(&merged);
+        assert_eq!(replaced.len(), 1);
+    }
 }

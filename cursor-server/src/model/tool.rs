@@ -22,3 +22,20 @@ pub struct ToolResult {
     pub content: String,
     pub is_error: bool,
 }
+
+/// One of the user's MCP tools as the model is offered it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    /// The model-facing name: `mcp_<server>_<tool>`, sanitized to what every provider accepts
+    /// (`[A-Za-z0-9_-]`, at most 64 characters) and unique within the request.
+    pub model_name: String,
+    /// Cursor's name for the tool (`McpToolDefinition.name`), echoed in `mcp_args.name`.
+    pub name: String,
+    /// The server (`provider_identifier`).
+    pub server: String,
+    /// The tool's name on its server.
+    pub tool_name: String,
+    pub description: String,
+    /// The tool's JSON schema, passed through to the model unchanged.
+    pub input_schema: serde_json::Value,
+}

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use include_dir::{Dir, include_dir};
 use serde_json::Value;
 
-use crate::cursor::tools::ToolKind;
 use crate::model::conversation::Mode;
 
 static EMBEDDED: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../prompt");
@@ -219,26 +218,14 @@ impl PromptAssets {
 
     /// The notice appended when the user switches modes.
     pub fn mode_change(&self, previous: Mode, mode: Mode) -> String {
-        self.mode_change.render(&[
-            ("previous_mode", mode_title(previous)),
-            ("mode", mode_title(mode)),
-        ])
+        self.mode_change
+            .render(&[("previous_mode", previous.title()), ("mode", mode.title())])
     }
 }
 
-/// The mode's name as Cursor's picker shows it.
-pub fn mode_title(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Agent => "Agent",
-        Mode::Ask => "Ask",
-        Mode::Plan => "Plan",
-        Mode::Debug => "Debug",
-        Mode::Multitask => "Multitask",
-    }
-}
-
-/// Parses a `tools.json` and checks each definition against the tool registry: the name is a
-/// registry tool, and its parameters are exactly the arguments the registry validates.
+/// Parses a `tools.json`: an array of function definitions, each named once, described, with an
+/// object of parameters. Whether each is a tool the server implements, with exactly the arguments
+/// it validates, is checked against the registry at start-up (`cursor::tools::check_prompt_tools`).
 fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
     let invalid = |message: String| AssetError::Invalid {
         path: path.to_owned(),
@@ -258,37 +245,12 @@ fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
         if !seen.insert(name) {
             return Err(invalid(format!("{name} is defined twice")));
         }
-        let kind = ToolKind::from_name(name)
-            .ok_or_else(|| invalid(format!("{name} is not a tool this server implements")))?;
         if function["description"].as_str().is_none_or(str::is_empty) {
             return Err(invalid(format!("{name} has no description")));
         }
-        let parameters = &function["parameters"];
-        let properties: BTreeSet<&str> = parameters["properties"]
-            .as_object()
-            .ok_or_else(|| invalid(format!("{name}: parameters.properties must be an object")))?
-            .keys()
-            .map(String::as_str)
-            .collect();
-        let required: BTreeSet<&str> = parameters["required"]
-            .as_array()
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let accepted: BTreeSet<&str> = kind.arguments().iter().map(|(n, _)| *n).collect();
-        let must: BTreeSet<&str> = kind
-            .arguments()
-            .iter()
-            .filter(|(_, required)| *required)
-            .map(|(n, _)| *n)
-            .collect();
-        if properties != accepted {
+        if !function["parameters"]["properties"].is_object() {
             return Err(invalid(format!(
-                "{name}: parameters {properties:?} differ from the arguments the server accepts {accepted:?}"
-            )));
-        }
-        if required != must {
-            return Err(invalid(format!(
-                "{name}: required {required:?} differs from what the server requires {must:?}"
+                "{name}: parameters.properties must be an object"
             )));
         }
     }
@@ -298,7 +260,14 @@ fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::tools::parse_input;
+    use crate::cursor::tools::{ToolKind, check_prompt_tools, parse_input};
+
+    /// Loads and checks an override directory as the server does at start-up.
+    fn load_checked(dir: &Path) -> Result<PromptAssets, AssetError> {
+        let assets = PromptAssets::from_dir(dir)?;
+        check_prompt_tools(&assets)?;
+        Ok(assets)
+    }
 
     /// A plausible value for a JSON-schema property (the first enum value, a non-empty string, ...).
     fn sample(schema: &Value, name: &str) -> Value {
@@ -325,6 +294,7 @@ mod tests {
     #[test]
     fn every_prompt_kind_loads_with_a_system_prompt_and_tools_the_registry_accepts() {
         let assets = PromptAssets::embedded().expect("embedded assets are valid");
+        check_prompt_tools(&assets).expect("embedded tools match the registry");
         for kind in PromptKind::ALL {
             let set = assets.set(kind);
             assert!(set.system.len() > 200, "{kind:?} has a real system prompt");
@@ -388,23 +358,23 @@ mod tests {
             "# Mode: Ask\n\nMy own rules.",
         )
         .unwrap();
-        let assets = PromptAssets::from_dir(dir.path()).unwrap();
+        let assets = load_checked(dir.path()).unwrap();
         assert!(assets.mode(Mode::Ask).system.ends_with("My own rules."));
 
         std::fs::write(dir.path().join("plan/reminder.md"), "Plan for {{user}}").unwrap();
-        let err = PromptAssets::from_dir(dir.path()).unwrap_err().to_string();
+        let err = load_checked(dir.path()).unwrap_err().to_string();
         assert!(err.contains("{{user}}"), "{err}");
         std::fs::write(dir.path().join("plan/reminder.md"), "Plan ({{mode}})").unwrap();
 
         let tools = dir.path().join("ask/tools.json");
         std::fs::write(&tools, r#"[{"type":"function","function":{"name":"Teleport","description":"x","parameters":{"type":"object","properties":{}}}}]"#).unwrap();
-        let err = PromptAssets::from_dir(dir.path()).unwrap_err().to_string();
+        let err = load_checked(dir.path()).unwrap_err().to_string();
         assert!(err.contains("Teleport is not a tool"), "{err}");
         std::fs::write(&tools, r#"[{"type":"function","function":{"name":"Read","description":"x","parameters":{"type":"object","properties":{"file":{"type":"string"}},"required":["file"]}}}]"#).unwrap();
-        let err = PromptAssets::from_dir(dir.path()).unwrap_err().to_string();
+        let err = load_checked(dir.path()).unwrap_err().to_string();
         assert!(err.contains("differ from the arguments"), "{err}");
         std::fs::remove_file(&tools).unwrap();
-        let err = PromptAssets::from_dir(dir.path()).unwrap_err().to_string();
+        let err = load_checked(dir.path()).unwrap_err().to_string();
         assert!(err.contains("ask/tools.json is missing"), "{err}");
     }
 }

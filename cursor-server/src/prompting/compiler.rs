@@ -5,7 +5,7 @@
 //! of request N+1; a mode change replaces only them, and is told to the model by runtime messages
 //! (decided here, stored once by `store/messages.rs`).
 
-use super::assets::{PromptAssets, PromptKind, mode_title};
+use super::assets::{PromptAssets, PromptKind};
 use crate::config::ModelConfig;
 use crate::model::conversation::{Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::CanonicalMessage;
@@ -133,7 +133,7 @@ pub fn user_message_tags(
         tags.push(RuntimeTag::new(
             RuntimeEvent::ModeReminder { mode },
             anchor,
-            reminder.render(&[("mode", mode_title(mode))]),
+            reminder.render(&[("mode", mode.title())]),
         ));
     }
     tags

@@ -3,58 +3,9 @@
 
 use std::collections::HashSet;
 
-use serde::{Deserialize, Serialize};
-
+use crate::model::conversation::{SubagentRunState, SubagentStatus, TaskOutcome, Todo, TodoUpdate};
 use crate::model::message::{CanonicalMessage, UserMessage};
 use crate::model::runtime_tag::{BackgroundOutcome, RuntimeEvent};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TodoStatus {
-    Pending,
-    InProgress,
-    Completed,
-    Cancelled,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Todo {
-    pub id: String,
-    pub content: String,
-    pub status: TodoStatus,
-}
-
-/// One TodoWrite update: replace the list, or merge by id (new ids are appended in order).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TodoUpdate {
-    pub merge: bool,
-    /// (id, content if given, status)
-    pub items: Vec<(String, Option<String>, TodoStatus)>,
-}
-
-pub fn apply(current: &[Todo], update: &TodoUpdate) -> Vec<Todo> {
-    let mut todos: Vec<Todo> = if update.merge {
-        current.to_vec()
-    } else {
-        Vec::new()
-    };
-    for (id, content, status) in &update.items {
-        match todos.iter_mut().find(|t| &t.id == id) {
-            Some(todo) => {
-                todo.status = *status;
-                if let Some(content) = content {
-                    todo.content.clone_from(content);
-                }
-            }
-            None => todos.push(Todo {
-                id: id.clone(),
-                content: content.clone().unwrap_or_default(),
-                status: *status,
-            }),
-        }
-    }
-    todos
-}
 
 /// The todo list after every successful TodoWrite call in `history`, in order.
 /// `parse` turns a TodoWrite call's argument text into an update (owned by the tool registry).
@@ -77,32 +28,11 @@ pub fn fold_todos(
             && !failed.contains(record.call.call_id.as_str())
             && let Some(update) = parse(&record.call.arguments)
         {
-            todos = apply(&todos, &update);
+            todos = update.apply(&todos);
         }
     }
     todos
 }
-
-/// Where a subagent started by a Task call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SubagentStatus {
-    Running,
-    Backgrounded,
-    Succeeded,
-    Failed,
-}
-
-/// One subagent as the parent's checkpoint reports it (Cursor draws the Task card from it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubagentRunState {
-    pub parent_tool_call_id: String,
-    pub title: String,
-    pub agent_id: Option<String>,
-    pub status: SubagentStatus,
-}
-
-/// What a finished Task call's result says: (status, agent id).
-pub type TaskOutcome = (SubagentStatus, Option<String>);
 
 /// Every Task call in `history` with its state, plus the `running` calls of the current batch.
 /// `title` reads a call's arguments and `outcome` its result (both owned by the tool registry).
@@ -165,60 +95,4 @@ pub fn fold_subagent_runs<'a>(
         });
     }
     runs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn item(
-        id: &str,
-        content: Option<&str>,
-        status: TodoStatus,
-    ) -> (String, Option<String>, TodoStatus) {
-        (id.to_owned(), content.map(str::to_owned), status)
-    }
-
-    #[test]
-    fn merge_updates_by_id_and_appends_new_ones_while_replace_starts_over() {
-        let first = apply(
-            &[],
-            &TodoUpdate {
-                merge: false,
-                items: vec![
-                    item("a", Some("write code"), TodoStatus::InProgress),
-                    item("b", Some("test it"), TodoStatus::Pending),
-                ],
-            },
-        );
-        let merged = apply(
-            &first,
-            &TodoUpdate {
-                merge: true,
-                items: vec![
-                    item("a", None, TodoStatus::Completed),
-                    item("c", Some("ship"), TodoStatus::Pending),
-                ],
-            },
-        );
-        assert_eq!(
-            merged
-                .iter()
-                .map(|t| (t.id.as_str(), t.content.as_str(), t.status))
-                .collect::<Vec<_>>(),
-            [
-                ("a", "write code", TodoStatus::Completed),
-                ("b", "test it", TodoStatus::Pending),
-                ("c", "ship", TodoStatus::Pending),
-            ]
-        );
-        let replaced = apply(
-            &merged,
-            &TodoUpdate {
-                merge: false,
-                items: vec![item("z", Some("only"), TodoStatus::Pending)],
-            },
-        );
-        assert_eq!(replaced.len(), 1);
-    }
 }

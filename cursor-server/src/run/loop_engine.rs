@@ -16,15 +16,16 @@ use super::lifecycle::{Checkpoints, TurnOpening};
 use crate::app::AppState;
 use crate::cursor::blob_sync::{KvOutcome, KvPayload};
 use crate::cursor::checkpoint::{self, StateDetails};
-use crate::cursor::exec::{self, ExecPayload, QueryPayload};
+use crate::cursor::exec::{self, ExecKind, ExecPayload, QueryPayload};
+use crate::cursor::interaction;
 use crate::cursor::pending::{Match, PendingExecs};
-use crate::cursor::tool_result::{self, ToolOutcome};
-use crate::cursor::tools::{
-    self, FieldStreamer, ToolEnv, ToolKind, ToolOptions, ToolRun, ToolStep,
-};
-use crate::cursor::{interaction, tool_result::parse_todo_update};
+use crate::cursor::tool_result::{ToolEnv, ToolOutcome, ToolStep};
+use crate::cursor::tools::edit::FieldStreamer;
+use crate::cursor::tools::{self, ToolKind, ToolOptions, ToolRun, task, todo};
 use crate::error::ServerError;
-use crate::model::conversation::{ContextUse, Mode, SubagentRole, WorkspaceContext};
+use crate::model::conversation::{
+    ContextUse, Mode, SubagentRole, SubagentRunState, Todo, WorkspaceContext,
+};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
     UserMessage,
@@ -207,7 +208,7 @@ pub struct TurnLoop {
     /// Set when another agent's Task call started this run (subagent prompt and tools).
     subagent: Option<SubagentRole>,
     /// The subagents this conversation's finished Task calls started (refolded when one ends).
-    subagent_runs: Vec<derived_state::SubagentRunState>,
+    subagent_runs: Vec<SubagentRunState>,
     /// Where this run's messages start in `history` (a compaction keeps them verbatim).
     turn_start: usize,
     compaction: Option<Compaction>,
@@ -929,7 +930,7 @@ impl TurnLoop {
                     }
                     .into());
                 }
-                let kind = self.tool_env.kind_of(&name);
+                let kind = ToolKind::of(&name, &self.tool_env);
                 let call_id = format!("tool_{}_{index}", self.model_call_id);
                 if let Some(kind) = kind {
                     let placeholder = interaction::partial_tool_call(
@@ -1464,11 +1465,11 @@ impl TurnLoop {
     /// The batch slot an answer (exec result or interaction response) of `kind` for `id` belongs
     /// to; `None` for a late answer, ignored idempotently; a protocol error for an unknown id or
     /// the wrong kind.
-    fn active_slot(&self, id: u32, kind: &'static str) -> Result<Option<usize>, ServerError> {
+    fn active_slot(&self, id: u32, kind: ExecKind) -> Result<Option<usize>, ServerError> {
         match self.pending.match_result(id, kind) {
             Ok(Match::Active { slot }) => Ok(Some(slot)),
             Ok(Match::Late) => {
-                tracing::info!(request_id = %self.request_id, id, kind, "late answer ignored");
+                tracing::info!(request_id = %self.request_id, id, %kind, "late answer ignored");
                 Ok(None)
             }
             Err(e) => Err(ProtocolError::Exec(e.to_string()).into()),
@@ -1570,7 +1571,7 @@ impl TurnLoop {
             if let Some(kind) = call.kind {
                 out.send_message(&interaction::tool_call_completed(
                     &call.call_id,
-                    Box::new(tool_result::invalid_card(kind, reason)),
+                    Box::new(kind.invalid_card(reason)),
                     &self.model_call_id,
                 ))
                 .await;
@@ -1634,18 +1635,18 @@ async fn commit_user_message(
 fn fold_subagent_runs<'a>(
     history: &[CanonicalMessage],
     running: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> Vec<derived_state::SubagentRunState> {
+) -> Vec<SubagentRunState> {
     derived_state::fold_subagent_runs(
         history,
         running,
         ToolKind::Task.name(),
-        tool_result::task_title,
-        tool_result::subagent_state,
+        task::task_title,
+        task::subagent_state,
     )
 }
 
-fn fold_todos(history: &[CanonicalMessage]) -> Vec<derived_state::Todo> {
-    derived_state::fold_todos(history, ToolKind::TodoWrite.name(), parse_todo_update)
+fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {
+    derived_state::fold_todos(history, ToolKind::TodoWrite.name(), todo::parse_todo_update)
 }
 
 impl Drop for TurnLoop {

@@ -1,0 +1,418 @@
+//! Tools the user decides: AskQuestion (questions with options), SwitchMode (approved or rejected;
+//! an approval moves the conversation to the mode) and CreatePlan (a plan shown to the user). Each
+//! is an `interaction_query` whose response is the tool's result.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use crate::cursor::exec::QueryRequest;
+use crate::cursor::proto::agent::{self as pb, interaction_query, interaction_response, tool_call};
+use crate::cursor::tool_result::{
+    Tool, ToolEnv, ToolStep, card, done, non_empty, parse_args, reason_suffix, unexpected_response,
+};
+use crate::model::conversation::Mode;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct QuestionOption {
+    pub id: String,
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Question {
+    pub id: String,
+    pub prompt: String,
+    #[serde(default)]
+    pub options: Vec<QuestionOption>,
+    #[serde(default)]
+    pub allow_multiple: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AskQuestionInput {
+    #[serde(default)]
+    pub title: String,
+    pub questions: Vec<Question>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SwitchModeInput {
+    pub target_mode_id: String,
+    pub explanation: Option<String>,
+    /// Validated: the mode the id names.
+    #[serde(skip)]
+    pub target: Mode,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct PlanTodo {
+    pub id: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CreatePlanInput {
+    pub name: String,
+    pub overview: String,
+    pub plan: String,
+    #[serde(default)]
+    pub todos: Vec<PlanTodo>,
+}
+
+fn query(query: interaction_query::Query) -> ToolStep {
+    ToolStep::Query(QueryRequest {
+        query: Box::new(query),
+    })
+}
+
+impl AskQuestionInput {
+    pub fn parse(text: &str) -> Result<AskQuestionInput, String> {
+        let input: AskQuestionInput = parse_args("AskQuestion", text)?;
+        if input.questions.is_empty() {
+            return Err(
+                "invalid arguments for AskQuestion: `questions` must not be empty".to_owned(),
+            );
+        }
+        for question in &input.questions {
+            non_empty("AskQuestion", "questions[].id", &question.id)?;
+            non_empty("AskQuestion", "questions[].prompt", &question.prompt)?;
+            if question.options.iter().any(|o| o.id.trim().is_empty()) {
+                return Err(format!(
+                    "invalid arguments for AskQuestion: question {:?} has an option without an id",
+                    question.id
+                ));
+            }
+        }
+        Ok(input)
+    }
+}
+
+impl Tool for AskQuestionInput {
+    type Result = pb::AskQuestionResult;
+
+    fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::AskQuestionToolCall(
+            pb::AskQuestionToolCall {
+                args: args.map(ask_question_args),
+                result,
+            },
+        ))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::AskQuestionResult {
+            result: Some(pb::ask_question_result::Result::Error(
+                pb::AskQuestionError {
+                    error_message: message.to_owned(),
+                },
+            )),
+        }
+    }
+
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        query(interaction_query::Query::AskQuestionInteractionQuery(
+            pb::AskQuestionInteractionQuery {
+                args: Some(ask_question_args(self)),
+                tool_call_id: call_id.to_owned(),
+            },
+        ))
+    }
+
+    fn on_response(
+        &self,
+        call_id: &str,
+        response: interaction_response::Result,
+        env: &ToolEnv,
+    ) -> ToolStep {
+        let interaction_response::Result::AskQuestionInteractionResponse(response) = response
+        else {
+            return unexpected_response(self, call_id, response, env);
+        };
+        let result = response.result.unwrap_or_default();
+        let (text, is_error) = match &result.result {
+            Some(pb::ask_question_result::Result::Success(success)) => {
+                (answers_text(self, success), false)
+            }
+            Some(pb::ask_question_result::Result::Rejected(rejected)) => (
+                format!(
+                    "The user declined to answer{}.",
+                    reason_suffix(&rejected.reason)
+                ),
+                true,
+            ),
+            Some(pb::ask_question_result::Result::Error(error)) => (
+                format!(
+                    "Error: the question could not be asked: {}",
+                    error.error_message
+                ),
+                true,
+            ),
+            Some(pb::ask_question_result::Result::Async(_)) => (
+                "The questions were shown to the user, who will answer in a later message."
+                    .to_owned(),
+                false,
+            ),
+            None => ("Error: the client sent an empty answer.".to_owned(), true),
+        };
+        ToolStep::Done(done(self, call_id, result, text, is_error))
+    }
+}
+
+impl SwitchModeInput {
+    pub fn parse(text: &str) -> Result<SwitchModeInput, String> {
+        let mut input: SwitchModeInput = parse_args("SwitchMode", text)?;
+        input.target = Mode::parse(input.target_mode_id.trim()).ok_or_else(|| {
+            format!(
+                "invalid arguments for SwitchMode: unknown mode {:?} (modes: {})",
+                input.target_mode_id,
+                Mode::ALL.map(Mode::as_str).join(", ")
+            )
+        })?;
+        Ok(input)
+    }
+}
+
+impl Tool for SwitchModeInput {
+    type Result = pb::SwitchModeResult;
+
+    fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::SwitchModeToolCall(
+            pb::SwitchModeToolCall {
+                args: args.map(|switch| switch_mode_args(switch, call_id)),
+                result,
+            },
+        ))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::SwitchModeResult {
+            result: Some(pb::switch_mode_result::Result::Error(pb::SwitchModeError {
+                error: message.to_owned(),
+            })),
+        }
+    }
+
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        query(interaction_query::Query::SwitchModeRequestQuery(
+            pb::SwitchModeRequestQuery {
+                args: Some(switch_mode_args(self, call_id)),
+            },
+        ))
+    }
+
+    fn on_response(
+        &self,
+        call_id: &str,
+        response: interaction_response::Result,
+        env: &ToolEnv,
+    ) -> ToolStep {
+        use pb::switch_mode_request_response::Result as S;
+        use pb::switch_mode_result::Result as SR;
+        let interaction_response::Result::SwitchModeRequestResponse(response) = response else {
+            return unexpected_response(self, call_id, response, env);
+        };
+        let (result, text, is_error) = match response.result {
+            Some(S::Approved(_)) => (
+                SR::Success(pb::SwitchModeSuccess {
+                    from_mode_id: env.mode.as_str().to_owned(),
+                    to_mode_id: self.target.as_str().to_owned(),
+                }),
+                format!(
+                    "The user approved: the conversation is now in {} mode.",
+                    self.target.title()
+                ),
+                false,
+            ),
+            Some(S::Rejected(rejected)) => (
+                SR::Rejected(pb::SwitchModeRejected {
+                    reason: rejected.reason.clone(),
+                }),
+                format!(
+                    "The user rejected the mode switch{}; stay in the current mode.",
+                    reason_suffix(&rejected.reason)
+                ),
+                true,
+            ),
+            None => (
+                SR::Error(pb::SwitchModeError {
+                    error: "empty response".to_owned(),
+                }),
+                "Error: the client sent an empty response to the mode switch.".to_owned(),
+                true,
+            ),
+        };
+        let result = pb::SwitchModeResult {
+            result: Some(result),
+        };
+        ToolStep::Done(done(self, call_id, result, text, is_error))
+    }
+}
+
+impl CreatePlanInput {
+    pub fn parse(text: &str) -> Result<CreatePlanInput, String> {
+        let input: CreatePlanInput = parse_args("CreatePlan", text)?;
+        non_empty("CreatePlan", "name", &input.name)?;
+        non_empty("CreatePlan", "plan", &input.plan)?;
+        if let Some(todo) = input.todos.iter().find(|t| t.id.trim().is_empty()) {
+            return Err(format!(
+                "invalid arguments for CreatePlan: a todo has an empty id ({todo:?})"
+            ));
+        }
+        Ok(input)
+    }
+}
+
+impl Tool for CreatePlanInput {
+    type Result = pb::CreatePlanResult;
+
+    fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::CreatePlanToolCall(
+            pb::CreatePlanToolCall {
+                args: args.map(create_plan_args),
+                result,
+            },
+        ))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::CreatePlanResult {
+            result: Some(pb::create_plan_result::Result::Error(pb::CreatePlanError {
+                error: message.to_owned(),
+            })),
+            ..pb::CreatePlanResult::default()
+        }
+    }
+
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        query(interaction_query::Query::CreatePlanRequestQuery(
+            pb::CreatePlanRequestQuery {
+                args: Some(create_plan_args(self)),
+                tool_call_id: call_id.to_owned(),
+            },
+        ))
+    }
+
+    fn on_response(
+        &self,
+        call_id: &str,
+        response: interaction_response::Result,
+        env: &ToolEnv,
+    ) -> ToolStep {
+        let interaction_response::Result::CreatePlanRequestResponse(response) = response else {
+            return unexpected_response(self, call_id, response, env);
+        };
+        let result = response.result.unwrap_or_default();
+        let (text, is_error) = match &result.result {
+            Some(pb::create_plan_result::Result::Success(_)) if result.plan_uri.is_empty() => (
+                "The plan was created and shown to the user.".to_owned(),
+                false,
+            ),
+            Some(pb::create_plan_result::Result::Success(_)) => (
+                format!(
+                    "The plan was created and shown to the user ({}).",
+                    result.plan_uri
+                ),
+                false,
+            ),
+            Some(pb::create_plan_result::Result::Error(error)) => (
+                format!("Error: the plan was not created: {}", error.error),
+                true,
+            ),
+            None => (
+                "Error: the client sent an empty plan result.".to_owned(),
+                true,
+            ),
+        };
+        ToolStep::Done(done(self, call_id, result, text, is_error))
+    }
+}
+
+fn ask_question_args(ask: &AskQuestionInput) -> pb::AskQuestionArgs {
+    pb::AskQuestionArgs {
+        title: ask.title.clone(),
+        questions: ask
+            .questions
+            .iter()
+            .map(|q| pb::ask_question_args::Question {
+                id: q.id.clone(),
+                prompt: q.prompt.clone(),
+                options: q
+                    .options
+                    .iter()
+                    .map(|o| pb::ask_question_args::Option {
+                        id: o.id.clone(),
+                        label: o.label.clone(),
+                    })
+                    .collect(),
+                allow_multiple: q.allow_multiple,
+            })
+            .collect(),
+        ..pb::AskQuestionArgs::default()
+    }
+}
+
+fn switch_mode_args(switch: &SwitchModeInput, call_id: &str) -> pb::SwitchModeArgs {
+    pb::SwitchModeArgs {
+        target_mode_id: switch.target.as_str().to_owned(),
+        explanation: switch.explanation.clone(),
+        tool_call_id: call_id.to_owned(),
+    }
+}
+
+fn create_plan_args(plan: &CreatePlanInput) -> pb::CreatePlanArgs {
+    pb::CreatePlanArgs {
+        name: plan.name.clone(),
+        overview: plan.overview.clone(),
+        plan: plan.plan.clone(),
+        todos: plan
+            .todos
+            .iter()
+            .map(|t| pb::TodoItem {
+                id: t.id.clone(),
+                content: t.content.clone(),
+                status: pb::TodoStatus::Pending as i32,
+                ..pb::TodoItem::default()
+            })
+            .collect(),
+        ..pb::CreatePlanArgs::default()
+    }
+}
+
+/// The user's answers as the model reads them: each question with the labels picked and any text.
+fn answers_text(ask: &AskQuestionInput, success: &pb::AskQuestionSuccess) -> String {
+    let mut out = String::from("The user answered:");
+    for question in &ask.questions {
+        let answer = success
+            .answers
+            .iter()
+            .find(|a| a.question_id == question.id);
+        let mut picked: Vec<&str> = answer
+            .map(|a| {
+                a.selected_option_ids
+                    .iter()
+                    .map(|id| {
+                        question
+                            .options
+                            .iter()
+                            .find(|o| &o.id == id)
+                            .map_or(id.as_str(), |o| o.label.as_str())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(text) = answer
+            .map(|a| a.freeform_text.trim())
+            .filter(|t| !t.is_empty())
+        {
+            picked.push(text);
+        }
+        let shown = if picked.is_empty() {
+            "(no answer)".to_owned()
+        } else {
+            picked.join("; ")
+        };
+        let _ = write!(out, "\n- {}: {shown}", question.prompt);
+    }
+    out
+}

@@ -1,0 +1,206 @@
+//! ReadLints: the editor's diagnostics for each path the model names, one diagnostics exec per path
+//! in order, reported together.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use crate::cursor::exec::ExecRequest;
+use crate::cursor::proto::agent::{
+    self as pb, exec_client_message, exec_server_message, tool_call,
+};
+use crate::cursor::tool_result::{
+    Stage, Tool, ToolEnv, ToolStep, card, done, failed, i32_of, parse_args, unexpected_result,
+};
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReadLintsInput {
+    pub paths: Vec<String>,
+}
+
+impl ReadLintsInput {
+    pub fn parse(text: &str) -> Result<ReadLintsInput, String> {
+        let input: ReadLintsInput = parse_args("ReadLints", text)?;
+        if input.paths.is_empty() || input.paths.iter().any(|p| p.trim().is_empty()) {
+            return Err(
+                "invalid arguments for ReadLints: `paths` must list at least one non-empty path"
+                    .to_owned(),
+            );
+        }
+        Ok(input)
+    }
+}
+
+impl Tool for ReadLintsInput {
+    type Result = pb::ReadLintsToolResult;
+
+    fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::ReadLintsToolCall(pb::ReadLintsToolCall {
+            args: args.map(|lints| pb::ReadLintsToolArgs {
+                paths: lints.paths.clone(),
+            }),
+            result,
+        }))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::ReadLintsToolResult {
+            result: Some(pb::read_lints_tool_result::Result::Error(
+                pb::ReadLintsToolError {
+                    error_message: message.to_owned(),
+                },
+            )),
+        }
+    }
+
+    /// One diagnostics exec per path, in order; the first here, the rest as results come in.
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        match self.paths.first() {
+            Some(path) => ToolStep::Exec(diagnostics_request(path, call_id)),
+            None => ToolStep::Done(failed(
+                self,
+                call_id,
+                "internal error: this tool has no client execution",
+            )),
+        }
+    }
+
+    fn on_result(
+        &self,
+        call_id: &str,
+        result: exec_client_message::Message,
+        stage: &mut Stage,
+        _env: &ToolEnv,
+    ) -> Vec<ToolStep> {
+        match result {
+            exec_client_message::Message::DiagnosticsResult(result) => {
+                lints_step(self, call_id, stage, result)
+            }
+            other => unexpected_result(self, call_id, &other),
+        }
+    }
+}
+
+pub fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::DiagnosticsArgs(
+            pb::DiagnosticsArgs {
+                path: path.to_owned(),
+                tool_call_id: call_id.to_owned(),
+            },
+        )),
+    }
+}
+
+fn lints_step(
+    lints: &ReadLintsInput,
+    call_id: &str,
+    stage: &mut Stage,
+    result: pb::DiagnosticsResult,
+) -> Vec<ToolStep> {
+    use pb::diagnostics_result::Result as D;
+    let index = stage.lints.len();
+    let path = lints.paths.get(index).cloned().unwrap_or_default();
+    let diagnostics = match result.result {
+        Some(D::Success(success)) => success
+            .diagnostics
+            .into_iter()
+            .map(|d| pb::DiagnosticItem {
+                severity: d.severity,
+                range: d.range.map(|r| pb::DiagnosticRange {
+                    start: r.start,
+                    end: r.end,
+                }),
+                message: d.message,
+                source: d.source,
+                code: d.code,
+                is_stale: d.is_stale,
+            })
+            .collect::<Vec<_>>(),
+        Some(D::FileNotFound(_)) => {
+            return vec![ToolStep::Done(failed(
+                lints,
+                call_id,
+                &format!("file not found: {path}"),
+            ))];
+        }
+        Some(D::PermissionDenied(_)) => {
+            return vec![ToolStep::Done(failed(
+                lints,
+                call_id,
+                &format!("permission denied: {path}"),
+            ))];
+        }
+        Some(D::Rejected(r)) => {
+            return vec![ToolStep::Done(failed(
+                lints,
+                call_id,
+                &format!("reading diagnostics of {path} was rejected: {}", r.reason),
+            ))];
+        }
+        Some(D::Error(e)) => {
+            return vec![ToolStep::Done(failed(
+                lints,
+                call_id,
+                &format!("reading diagnostics of {path}: {}", e.error),
+            ))];
+        }
+        None => {
+            return vec![ToolStep::Done(failed(
+                lints,
+                call_id,
+                "the client returned an empty diagnostics result",
+            ))];
+        }
+    };
+    stage.lints.push(pb::FileDiagnostics {
+        path,
+        diagnostics_count: i32_of(diagnostics.len()),
+        diagnostics,
+    });
+    if let Some(next) = lints.paths.get(stage.lints.len()) {
+        return vec![ToolStep::Exec(diagnostics_request(next, call_id))];
+    }
+    let files = std::mem::take(&mut stage.lints);
+    let total: usize = files.iter().map(|f| f.diagnostics.len()).sum();
+    let mut text = String::new();
+    for file in &files {
+        for d in &file.diagnostics {
+            let (line, column) = d
+                .range
+                .as_ref()
+                .and_then(|r| r.start.as_ref())
+                .map_or((0, 0), |p| (p.line, p.column));
+            let severity =
+                pb::DiagnosticSeverity::try_from(d.severity).map_or("unknown", |s| match s {
+                    pb::DiagnosticSeverity::Error => "error",
+                    pb::DiagnosticSeverity::Warning => "warning",
+                    pb::DiagnosticSeverity::Information => "info",
+                    pb::DiagnosticSeverity::Hint => "hint",
+                    pb::DiagnosticSeverity::Unspecified => "unknown",
+                });
+            let _ = write!(
+                text,
+                "{}:{line}:{column}: {severity}: {}",
+                file.path, d.message
+            );
+            if !d.source.is_empty() || !d.code.is_empty() {
+                let _ = write!(text, " [{} {}]", d.source, d.code);
+            }
+            text.push('\n');
+        }
+    }
+    if total == 0 {
+        text = format!("No linter errors found in {}.", lints.paths.join(", "));
+    }
+    let part = pb::ReadLintsToolResult {
+        result: Some(pb::read_lints_tool_result::Result::Success(
+            pb::ReadLintsToolSuccess {
+                total_files: i32_of(files.len()),
+                total_diagnostics: i32_of(total),
+                file_diagnostics: files,
+            },
+        )),
+    };
+    vec![ToolStep::Done(done(lints, call_id, part, text, false))]
+}

@@ -1,0 +1,244 @@
+//! Read: one file's lines, with line numbers, as the model asked for them (offset from either end,
+//! limit), binary content named rather than shown.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use crate::cursor::exec::ExecRequest;
+use crate::cursor::proto::agent::{
+    self as pb, exec_client_message, exec_server_message, tool_call,
+};
+use crate::cursor::tool_result::{
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
+    truncate_for_model, unexpected_result,
+};
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReadInput {
+    pub path: String,
+    pub offset: Option<i32>,
+    pub limit: Option<u32>,
+}
+
+impl ReadInput {
+    pub fn parse(text: &str) -> Result<ReadInput, String> {
+        let input: ReadInput = parse_args("Read", text)?;
+        non_empty("Read", "path", &input.path)?;
+        if input.limit == Some(0) {
+            return Err("invalid arguments for Read: `limit` must be at least 1".to_owned());
+        }
+        Ok(input)
+    }
+}
+
+impl Tool for ReadInput {
+    type Result = pb::ReadToolResult;
+
+    fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::ReadToolCall(pb::ReadToolCall {
+            args: args.map(read_args),
+            result,
+        }))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::ReadToolResult {
+            result: Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
+                error_message: message.to_owned(),
+            })),
+        }
+    }
+
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        ToolStep::Exec(read_request(&self.path, self.offset, self.limit, call_id))
+    }
+
+    fn on_result(
+        &self,
+        call_id: &str,
+        result: exec_client_message::Message,
+        _stage: &mut Stage,
+        env: &ToolEnv,
+    ) -> Vec<ToolStep> {
+        match result {
+            exec_client_message::Message::ReadResult(result) => {
+                vec![ToolStep::Done(read_outcome(self, call_id, result, env))]
+            }
+            other => unexpected_result(self, call_id, &other),
+        }
+    }
+}
+
+fn read_args(input: &ReadInput) -> pb::ReadToolArgs {
+    pb::ReadToolArgs {
+        path: input.path.clone(),
+        offset: input.offset,
+        limit: input.limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)),
+        include_line_numbers: Some(true),
+    }
+}
+
+pub fn read_request(
+    path: &str,
+    offset: Option<i32>,
+    limit: Option<u32>,
+    call_id: &str,
+) -> ExecRequest {
+    ExecRequest {
+        message: Box::new(exec_server_message::Message::ReadArgs(pb::ReadArgs {
+            path: path.to_owned(),
+            tool_call_id: call_id.to_owned(),
+            offset,
+            limit,
+            encoding_hint: None,
+        })),
+    }
+}
+
+fn read_outcome(
+    read: &ReadInput,
+    call_id: &str,
+    result: pb::ReadResult,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    use pb::read_result::Result as R;
+    let error = |text: String| failed(read, call_id, &text);
+    match result.result {
+        Some(R::Success(success)) => {
+            let content = match &success.output {
+                Some(pb::read_success::Output::Content(text)) => text.clone(),
+                Some(pb::read_success::Output::Data(bytes)) => {
+                    let text = format!("(binary file, {} bytes; not shown)", bytes.len());
+                    return done(
+                        read,
+                        call_id,
+                        read_success(&success, String::new(), None),
+                        text,
+                        false,
+                    );
+                }
+                None => String::new(),
+            };
+            let total = usize::try_from(success.total_lines.max(0)).unwrap_or(0);
+            let (first_line, lines) = select_lines(
+                &content,
+                read.offset,
+                read.limit,
+                total,
+                success.range_applied,
+            );
+            let mut text = String::new();
+            for (i, line) in lines.iter().enumerate() {
+                let _ = writeln!(text, "{:>6}|{line}", first_line + i);
+            }
+            if lines.is_empty() {
+                text.push_str(if total == 0 {
+                    "(the file is empty)"
+                } else {
+                    "(no lines in the requested range)"
+                });
+            }
+            let shown_end = first_line + lines.len().saturating_sub(1);
+            if success.truncated || (total > 0 && shown_end < total) {
+                let _ = write!(
+                    text,
+                    "\n[showing lines {first_line}-{shown_end} of {total}; use offset and limit to read more]"
+                );
+            }
+            let range = pb::ReadRange {
+                start_line: u32::try_from(first_line).unwrap_or(u32::MAX),
+                end_line: u32::try_from(shown_end).unwrap_or(u32::MAX),
+            };
+            let shown: String = lines.join("\n");
+            let model_text = truncate_for_model(&text, env.max_output_bytes, 0);
+            done(
+                read,
+                call_id,
+                read_success(&success, shown, Some(range)),
+                model_text,
+                false,
+            )
+        }
+        Some(R::Error(e)) => error(format!("reading {}: {}", e.path, e.error)),
+        Some(R::Rejected(r)) => error(format!("reading {} was rejected: {}", r.path, r.reason)),
+        Some(R::FileNotFound(f)) => error(format!("file not found: {}", f.path)),
+        Some(R::PermissionDenied(p)) => error(format!("permission denied: {}", p.path)),
+        Some(R::InvalidFile(f)) => error(format!("cannot read {}: {}", f.path, f.reason)),
+        None => error("the client returned an empty read result".to_owned()),
+    }
+}
+
+fn read_success(
+    success: &pb::ReadSuccess,
+    content: String,
+    range: Option<pb::ReadRange>,
+) -> pb::ReadToolResult {
+    pb::ReadToolResult {
+        result: Some(pb::read_tool_result::Result::Success(pb::ReadToolSuccess {
+            is_empty: success.total_lines == 0,
+            exceeded_limit: success.truncated,
+            total_lines: u32::try_from(success.total_lines.max(0)).unwrap_or(0),
+            file_size: u32::try_from(success.file_size.max(0)).unwrap_or(u32::MAX),
+            path: success.path.clone(),
+            read_range: range,
+            include_line_numbers: Some(true),
+            output: Some(pb::read_tool_success::Output::Content(content)),
+            ..pb::ReadToolSuccess::default()
+        })),
+    }
+}
+
+/// The 1-based number of the first line shown, and the lines, honouring offset/limit whether or
+/// not the client already applied the range.
+fn select_lines(
+    content: &str,
+    offset: Option<i32>,
+    limit: Option<u32>,
+    total: usize,
+    range_applied: bool,
+) -> (usize, Vec<&str>) {
+    let all: Vec<&str> = if content.is_empty() {
+        Vec::new()
+    } else {
+        content.lines().collect()
+    };
+    let total = total.max(if range_applied { 0 } else { all.len() });
+    let start = match offset {
+        Some(o) if o > 0 => o as usize,
+        Some(o) if o < 0 => total.saturating_sub(o.unsigned_abs() as usize) + 1,
+        _ => 1,
+    };
+    let limit = limit.map_or(usize::MAX, |l| l as usize);
+    if range_applied {
+        (start, all.into_iter().take(limit).collect())
+    } else {
+        (start, all.into_iter().skip(start - 1).take(limit).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_selection_honours_offsets_from_either_end() {
+        let content = "a\nb\nc\nd\ne";
+        assert_eq!(
+            select_lines(content, None, None, 5, false),
+            (1, vec!["a", "b", "c", "d", "e"])
+        );
+        assert_eq!(
+            select_lines(content, Some(2), Some(2), 5, false),
+            (2, vec!["b", "c"])
+        );
+        assert_eq!(
+            select_lines(content, Some(-2), None, 5, false),
+            (4, vec!["d", "e"])
+        );
+        assert_eq!(
+            select_lines("d\ne", Some(-2), None, 5, true),
+            (4, vec!["d", "e"])
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! Shell: a command the client runs with its output streamed live onto the card; blocking up to
+//! `block_until_ms`, then moved to the background with its output in the terminals folder.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use crate::cursor::exec::ExecRequest;
+use crate::cursor::proto::agent::{
+    self as pb, exec_client_message, exec_server_message, tool_call,
+};
+use crate::cursor::tool_result::{
+    Bounded, CLOSED_WITHOUT_RESULT, Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done,
+    failed, non_empty, parse_args, truncate_for_model, unexpected_result,
+};
+
+/// Shell defaults the official backend sends (protocol.md §6).
+pub const SHELL_DEFAULT_BLOCK_MS: u32 = 30_000;
+pub const SHELL_HARD_TIMEOUT_MS: i32 = 86_400_000;
+pub const SHELL_FILE_OUTPUT_THRESHOLD_BYTES: u64 = 40_000;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ShellInput {
+    pub command: String,
+    pub working_directory: Option<String>,
+    pub block_until_ms: Option<u32>,
+    pub description: Option<String>,
+}
+
+impl ShellInput {
+    pub fn parse(text: &str) -> Result<ShellInput, String> {
+        let input: ShellInput = parse_args("Shell", text)?;
+        non_empty("Shell", "command", &input.command)?;
+        Ok(input)
+    }
+}
+
+impl Tool for ShellInput {
+    type Result = pb::ShellResult;
+
+    fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::ShellToolCall(pb::ShellToolCall {
+            args: args.map(|shell| shell_args(shell, call_id)),
+            result,
+            description: args.and_then(|shell| shell.description.clone()),
+        }))
+    }
+
+    fn error(args: Option<&Self>, call_id: &str, message: &str) -> Self::Result {
+        let (command, working_directory) = args
+            .map(|shell| shell_args(shell, call_id))
+            .map(|a| (a.command, a.working_directory))
+            .unwrap_or_default();
+        pb::ShellResult {
+            result: Some(pb::shell_result::Result::SpawnError(pb::ShellSpawnError {
+                command,
+                working_directory,
+                error: message.to_owned(),
+            })),
+            ..pb::ShellResult::default()
+        }
+    }
+
+    fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
+        ToolStep::Exec(ExecRequest {
+            message: Box::new(exec_server_message::Message::ShellStreamArgs(shell_args(
+                self, call_id,
+            ))),
+        })
+    }
+
+    fn on_result(
+        &self,
+        call_id: &str,
+        result: exec_client_message::Message,
+        stage: &mut Stage,
+        env: &ToolEnv,
+    ) -> Vec<ToolStep> {
+        match result {
+            exec_client_message::Message::ShellStream(stream) => {
+                shell_step(self, call_id, stage, stream, env)
+            }
+            other => unexpected_result(self, call_id, &other),
+        }
+    }
+
+    /// The output so far goes to the model with the failure.
+    fn on_closed(&self, call_id: &str, stage: &mut Stage, env: &ToolEnv) -> ToolOutcome {
+        let stdout = std::mem::take(&mut stage.stdout);
+        let stderr = std::mem::take(&mut stage.stderr);
+        let message = format!(
+            "{CLOSED_WITHOUT_RESULT}; output so far:\n{}",
+            model_output(&stdout, &stderr, env.max_output_bytes)
+        );
+        failed(self, call_id, &message)
+    }
+}
+
+/// `ShellArgs` as the official backend fills them; also the Shell card's typed args.
+pub fn shell_args(input: &ShellInput, call_id: &str) -> pb::ShellArgs {
+    let block = input.block_until_ms.unwrap_or(SHELL_DEFAULT_BLOCK_MS);
+    pb::ShellArgs {
+        command: input.command.clone(),
+        working_directory: input.working_directory.clone().unwrap_or_default(),
+        timeout: i32::try_from(block).unwrap_or(i32::MAX),
+        tool_call_id: call_id.to_owned(),
+        // The server does not parse shell syntax: say so instead of faking a parse.
+        parsing_result: Some(pb::ShellCommandParsingResult {
+            parsing_failed: true,
+            ..pb::ShellCommandParsingResult::default()
+        }),
+        file_output_threshold_bytes: Some(SHELL_FILE_OUTPUT_THRESHOLD_BYTES),
+        is_background: block == 0,
+        timeout_behavior: pb::TimeoutBehavior::Background as i32,
+        hard_timeout: Some(SHELL_HARD_TIMEOUT_MS),
+        description: input.description.clone(),
+        close_stdin: true,
+        ..pb::ShellArgs::default()
+    }
+}
+
+fn shell_step(
+    shell: &ShellInput,
+    call_id: &str,
+    stage: &mut Stage,
+    stream: pb::ShellStream,
+    env: &ToolEnv,
+) -> Vec<ToolStep> {
+    use pb::shell_stream::Event as E;
+    let command = shell.command.clone();
+    let working_directory = shell.working_directory.clone().unwrap_or_default();
+    let delta = |delta: pb::shell_tool_call_delta::Delta| {
+        ToolStep::Delta(pb::ToolCallDelta {
+            delta: Some(pb::tool_call_delta::Delta::ShellToolCallDelta(
+                pb::ShellToolCallDelta { delta: Some(delta) },
+            )),
+        })
+    };
+    match stream.event {
+        Some(E::Start(_)) | Some(E::HookContext(_)) | None => Vec::new(),
+        Some(E::Stdout(out)) => {
+            stage.stdout.push(&out.data);
+            vec![delta(pb::shell_tool_call_delta::Delta::Stdout(
+                pb::ShellToolCallStdoutDelta { content: out.data },
+            ))]
+        }
+        Some(E::Stderr(err)) => {
+            stage.stderr.push(&err.data);
+            vec![delta(pb::shell_tool_call_delta::Delta::Stderr(
+                pb::ShellToolCallStderrDelta { content: err.data },
+            ))]
+        }
+        Some(E::Exit(exit)) => {
+            let code = i32::try_from(exit.code).unwrap_or(i32::MAX);
+            let stdout = std::mem::take(&mut stage.stdout);
+            let stderr = std::mem::take(&mut stage.stderr);
+            let mut text = if exit.aborted {
+                format!("The command was aborted (exit code {code}).\n")
+            } else {
+                format!("Exit code: {code}\n")
+            };
+            text.push_str(&model_output(&stdout, &stderr, env.max_output_bytes));
+            if let Some(location) = &exit.output_location {
+                let _ = write!(
+                    text,
+                    "\nFull output ({} bytes) is in {}",
+                    location.size_bytes, location.file_path
+                );
+            }
+            let wd = if exit.cwd.is_empty() {
+                working_directory
+            } else {
+                exit.cwd.clone()
+            };
+            let result = if code == 0 && !exit.aborted {
+                pb::shell_result::Result::Success(pb::ShellSuccess {
+                    command,
+                    working_directory: wd,
+                    exit_code: code,
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    output_location: exit.output_location,
+                    local_execution_time_ms: exit.local_execution_time_ms,
+                    ..pb::ShellSuccess::default()
+                })
+            } else {
+                pb::shell_result::Result::Failure(pb::ShellFailure {
+                    command,
+                    working_directory: wd,
+                    exit_code: code,
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    output_location: exit.output_location,
+                    abort_reason: exit.abort_reason,
+                    aborted: exit.aborted,
+                    local_execution_time_ms: exit.local_execution_time_ms,
+                    ..pb::ShellFailure::default()
+                })
+            };
+            let is_error = !matches!(result, pb::shell_result::Result::Success(_));
+            let part = pb::ShellResult {
+                result: Some(result),
+                ..pb::ShellResult::default()
+            };
+            vec![ToolStep::Done(done(shell, call_id, part, text, is_error))]
+        }
+        Some(E::Backgrounded(bg)) => {
+            let stdout = std::mem::take(&mut stage.stdout);
+            let stderr = std::mem::take(&mut stage.stderr);
+            let mut text = format!(
+                "The command is running in the background (shell id {}",
+                bg.shell_id
+            );
+            if let Some(pid) = bg.pid {
+                let _ = write!(text, ", pid {pid}");
+            }
+            text.push_str(").");
+            if !env.terminals_folder.is_empty() {
+                let _ = write!(
+                    text,
+                    " Its output is written to {}/{}.txt; read that file to check on it.",
+                    env.terminals_folder.trim_end_matches('/'),
+                    bg.shell_id
+                );
+            }
+            let so_far = model_output(&stdout, &stderr, env.max_output_bytes);
+            if !so_far.trim().is_empty() {
+                let _ = write!(text, "\nOutput so far:\n{so_far}");
+            }
+            let part = pb::ShellResult {
+                is_background: Some(true),
+                terminals_folder: (!env.terminals_folder.is_empty())
+                    .then(|| env.terminals_folder.clone()),
+                pid: bg.pid,
+                result: Some(pb::shell_result::Result::Success(pb::ShellSuccess {
+                    command,
+                    working_directory: if bg.working_directory.is_empty() {
+                        working_directory
+                    } else {
+                        bg.working_directory
+                    },
+                    stdout: stdout.text,
+                    stderr: stderr.text,
+                    shell_id: Some(bg.shell_id),
+                    pid: bg.pid,
+                    ms_to_wait: bg.ms_to_wait,
+                    background_reason: bg.reason,
+                    ..pb::ShellSuccess::default()
+                })),
+                ..pb::ShellResult::default()
+            };
+            vec![ToolStep::Done(done(shell, call_id, part, text, false))]
+        }
+        Some(E::Rejected(rejected)) => {
+            let text = format!("Error: the user rejected the command: {}", rejected.reason);
+            let part = pb::ShellResult {
+                result: Some(pb::shell_result::Result::Rejected(rejected)),
+                ..pb::ShellResult::default()
+            };
+            vec![ToolStep::Done(done(shell, call_id, part, text, true))]
+        }
+        Some(E::PermissionDenied(denied)) => {
+            let text = format!(
+                "Error: permission denied running the command: {}",
+                denied.error
+            );
+            let part = pb::ShellResult {
+                result: Some(pb::shell_result::Result::PermissionDenied(denied)),
+                ..pb::ShellResult::default()
+            };
+            vec![ToolStep::Done(done(shell, call_id, part, text, true))]
+        }
+        Some(E::SandboxUnsupported(unsupported)) => vec![ToolStep::Done(failed(
+            shell,
+            call_id,
+            &format!(
+                "the sandbox cannot run this command: {}",
+                unsupported.reason
+            ),
+        ))],
+    }
+}
+
+/// stdout then stderr, labelled, within the model's byte budget.
+fn model_output(stdout: &Bounded, stderr: &Bounded, max: usize) -> String {
+    let mut text = String::new();
+    if !stdout.text.is_empty() || stdout.dropped > 0 {
+        text.push_str(&truncate_for_model(&stdout.text, max, stdout.dropped));
+    }
+    if !stderr.text.is_empty() || stderr.dropped > 0 {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("[stderr]\n");
+        text.push_str(&truncate_for_model(&stderr.text, max, stderr.dropped));
+    }
+    if text.is_empty() {
+        text.push_str("(no output)");
+    }
+    text
+}

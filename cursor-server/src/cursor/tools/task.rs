@@ -1,0 +1,231 @@
+//! Task: a subagent the client runs as its own conversation (explore subagents read-only; Ask and
+//! Plan mode start read-only ones), reported back on the parent's Task card; background subagents
+//! report in a follow-up turn.
+
+use serde::Deserialize;
+
+use crate::cursor::exec::ExecRequest;
+use crate::cursor::proto::agent::{
+    self as pb, exec_client_message, exec_server_message, tool_call,
+};
+use crate::cursor::tool_result::{
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
+    unexpected_result,
+};
+use crate::model::conversation::{Mode, SubagentStatus, TaskOutcome};
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TaskInput {
+    pub description: String,
+    pub prompt: String,
+    pub subagent_type: Option<String>,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub readonly: bool,
+    pub resume: Option<String>,
+    #[serde(default)]
+    pub run_in_background: bool,
+    #[serde(default)]
+    pub attachments: Vec<String>,
+}
+
+impl TaskInput {
+    /// The subagent type the client is asked to start (`generalPurpose` when the model names none).
+    pub fn subagent_type(&self) -> &str {
+        self.subagent_type
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .unwrap_or("generalPurpose")
+    }
+}
+
+impl TaskInput {
+    pub fn parse(text: &str) -> Result<TaskInput, String> {
+        let input: TaskInput = parse_args("Task", text)?;
+        non_empty("Task", "description", &input.description)?;
+        non_empty("Task", "prompt", &input.prompt)?;
+        Ok(input)
+    }
+}
+
+impl Tool for TaskInput {
+    type Result = pb::TaskResult;
+
+    fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
+        card(tool_call::Tool::TaskToolCall(pb::TaskToolCall {
+            args: args.map(task_args),
+            result,
+        }))
+    }
+
+    fn error(_args: Option<&Self>, _call_id: &str, message: &str) -> Self::Result {
+        pb::TaskResult {
+            result: Some(pb::task_result::Result::Error(pb::TaskError {
+                error: message.to_owned(),
+            })),
+        }
+    }
+
+    fn start(&self, call_id: &str, env: &ToolEnv) -> ToolStep {
+        ToolStep::Exec(ExecRequest {
+            message: Box::new(exec_server_message::Message::SubagentArgs(subagent_args(
+                self, call_id, env,
+            ))),
+        })
+    }
+
+    fn on_result(
+        &self,
+        call_id: &str,
+        result: exec_client_message::Message,
+        _stage: &mut Stage,
+        _env: &ToolEnv,
+    ) -> Vec<ToolStep> {
+        match result {
+            exec_client_message::Message::SubagentResult(result) => {
+                vec![ToolStep::Done(task_outcome(self, call_id, result))]
+            }
+            other => unexpected_result(self, call_id, &other),
+        }
+    }
+}
+
+fn task_args(task: &TaskInput) -> pb::TaskArgs {
+    use pb::subagent_type::Type;
+    let kind = match task.subagent_type() {
+        t if t.eq_ignore_ascii_case("explore") => Type::Explore(pb::SubagentTypeExplore {}),
+        "generalPurpose" => Type::Unspecified(pb::SubagentTypeUnspecified {}),
+        name => Type::Custom(pb::SubagentTypeCustom {
+            name: name.to_owned(),
+        }),
+    };
+    pb::TaskArgs {
+        description: task.description.clone(),
+        prompt: task.prompt.clone(),
+        subagent_type: Some(pb::SubagentType { r#type: Some(kind) }),
+        model: task.model.clone(),
+        resume: task.resume.clone(),
+        attachments: task.attachments.clone(),
+        environment: pb::SubagentExecutionEnvironment::Local as i32,
+        ..pb::TaskArgs::default()
+    }
+}
+
+/// `subagent_args` for a Task call: the client starts the child run (its own request and
+/// conversation) and answers with the subagent's result. Ask and Plan mode only start read-only
+/// subagents.
+pub fn subagent_args(task: &TaskInput, call_id: &str, env: &ToolEnv) -> pb::SubagentArgs {
+    let read_only_mode = matches!(env.mode, Mode::Ask | Mode::Plan);
+    pb::SubagentArgs {
+        tool_call_id: call_id.to_owned(),
+        subagent_type: task.subagent_type().to_owned(),
+        model_id: task
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| env.model_id.clone()),
+        prompt: task.prompt.clone(),
+        readonly: task.readonly || read_only_mode,
+        resume_agent_id: task.resume.clone().filter(|r| !r.trim().is_empty()),
+        run_in_background: Some(task.run_in_background),
+        parent_conversation_id: Some(env.conversation_id.clone()),
+        mode: task_mode(env.mode) as i32,
+        environment: pb::SubagentExecutionEnvironment::Local as i32,
+        ..pb::SubagentArgs::default()
+    }
+}
+
+fn task_mode(mode: Mode) -> pb::TaskMode {
+    match mode {
+        Mode::Plan => pb::TaskMode::Plan,
+        _ => pb::TaskMode::Agent,
+    }
+}
+
+/// The first line of a Task result the model reads; `subagent_state` reads it back for the
+/// checkpoint's subagent list, so the two live side by side.
+const SUBAGENT_TAG: &str = "[subagent ";
+const SUBAGENT_BACKGROUND: &str = "is running in the background";
+
+/// A subagent's result completes the parent's Task card; the model reads the subagent's final
+/// message under a line naming the agent id (so it can `resume` it).
+fn task_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult) -> ToolOutcome {
+    use pb::subagent_result::Result as S;
+    match result.result {
+        Some(S::Success(success)) => {
+            let background =
+                success.background_reason != pb::SubagentBackgroundReason::Unspecified as i32;
+            let text = if background {
+                format!(
+                    "{SUBAGENT_TAG}{} {SUBAGENT_BACKGROUND}; you will be told when it finishes]",
+                    success.agent_id
+                )
+            } else {
+                format!(
+                    "{SUBAGENT_TAG}{} finished after {} tool calls; call Task with resume: {:?} to continue it]\n\n{}",
+                    success.agent_id,
+                    success.tool_call_count,
+                    success.agent_id,
+                    success
+                        .final_message
+                        .as_deref()
+                        .filter(|m| !m.trim().is_empty())
+                        .unwrap_or("(the subagent ended without a final message)")
+                )
+            };
+            let part = pb::TaskResult {
+                result: Some(pb::task_result::Result::Success(pb::TaskSuccess {
+                    agent_id: Some(success.agent_id.clone()),
+                    is_background: background,
+                    background_reason: success.background_reason,
+                    transcript_path: success.transcript_path.clone(),
+                    ..pb::TaskSuccess::default()
+                })),
+            };
+            done(task, call_id, part, text, false)
+        }
+        Some(S::Error(error)) => failed(
+            task,
+            call_id,
+            &format!(
+                "the subagent{} failed: {}",
+                error
+                    .agent_id
+                    .as_deref()
+                    .map(|id| format!(" {id}"))
+                    .unwrap_or_default(),
+                error.error
+            ),
+        ),
+        None => failed(task, call_id, "the client sent an empty subagent result"),
+    }
+}
+
+/// The state of a finished Task call, read from the result text `task_outcome` wrote.
+pub fn subagent_state(result_text: &str, is_error: bool) -> TaskOutcome {
+    if is_error {
+        return (SubagentStatus::Failed, None);
+    }
+    let first_line = result_text.lines().next().unwrap_or_default();
+    let agent_id = first_line
+        .strip_prefix(SUBAGENT_TAG)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned);
+    let status = if first_line.contains(SUBAGENT_BACKGROUND) {
+        SubagentStatus::Backgrounded
+    } else {
+        SubagentStatus::Succeeded
+    };
+    (status, agent_id)
+}
+
+/// A Task call's title (its description), for the checkpoint's subagent list.
+pub fn task_title(arguments: &str) -> Option<String> {
+    let text = if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    };
+    TaskInput::parse(text).ok().map(|task| task.description)
+}
