@@ -19,8 +19,8 @@ use super::proto::agent::{
     agent_service_routes,
 };
 use super::proto::aiserver::{
-    AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, ai_service_routes,
-    available_models_response, bidi_service_routes,
+    AvailableModelsRequest, AvailableModelsResponse, BidiAppendResponse, BidiRequestId,
+    ai_service_routes, available_models_response, bidi_service_routes,
 };
 use super::run_sse;
 use crate::app::AppState;
@@ -35,7 +35,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             agent_service_routes::RUN_SSE,
             post(
                 |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes| {
-                    run_sse::handle(state, headers, body)
+                    run_sse_route(state, headers, body)
                 },
             ),
         )
@@ -530,4 +530,60 @@ async fn drain_frames(
         }
     }
     Ok(())
+}
+
+/// `POST /agent.v1.AgentService/RunSSE`: body = one enveloped `BidiRequestId`.
+async fn run_sse_route(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let encoding = match Encoding::parse(
+        headers
+            .get("connect-content-encoding")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        Ok(encoding) => encoding,
+        Err(e) => {
+            return unary_error(&ConnectError::new(
+                ConnectCode::InvalidArgument,
+                e.to_string(),
+            ));
+        }
+    };
+    let request_id =
+        match connect::decode_stream_request(&body, encoding, state.config.max_frame_bytes)
+            .and_then(|payload| {
+                connect::decode_message::<BidiRequestId>(&payload, "aiserver.v1.BidiRequestId")
+            }) {
+            Ok(id) if !id.request_id.trim().is_empty() => id.request_id,
+            Ok(_) => {
+                return unary_error(&ConnectError::new(
+                    ConnectCode::InvalidArgument,
+                    "RunSSE: missing request_id",
+                ));
+            }
+            Err(e) => {
+                return unary_error(&ConnectError::new(
+                    ConnectCode::InvalidArgument,
+                    format!("RunSSE: {e}"),
+                ));
+            }
+        };
+    let handle = match RunRegistry::get_or_start(&state, &request_id) {
+        Ok(handle) => handle,
+        Err(e @ RegistryError::Finished(_)) => {
+            return run_sse::stream_error(&ConnectError::new(ConnectCode::NotFound, e.to_string()));
+        }
+        Err(e @ RegistryError::AlreadyRunning(_)) => {
+            return run_sse::stream_error(&ConnectError::new(
+                ConnectCode::InvalidArgument,
+                e.to_string(),
+            ));
+        }
+    };
+    let (sink, body) = run_sse::downlink_channel(true);
+    if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
+        return run_sse::stream_error(&ConnectError::new(
+            ConnectCode::NotFound,
+            format!("request {request_id} has already finished"),
+        ));
+    }
+    run_sse::stream_response(body)
 }

@@ -1,23 +1,21 @@
-//! The downlink transports: the RunSSE route (a server stream of `AgentServerMessage` envelopes for
-//! the IDE's HTTP/1.1 mode) and the streaming response body shared with the HTTP/2 `Run` route.
+//! The downlink: a run's outgoing `AgentServerMessage` frames (`Downlink`: backlog until a client
+//! attaches, replay after a reconnect) and the streaming response body they travel in, shared by
+//! the RunSSE route (the IDE's HTTP/1.1 mode) and the HTTP/2 `Run` route.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
+use prost::Message;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::connect::{self, ConnectCode, ConnectError, Encoding};
-use super::handlers::unary_error;
-use super::proto::aiserver::BidiRequestId;
-use crate::app::AppState;
-use crate::run::command::RunCommand;
-use crate::run::registry::{RegistryError, RunRegistry};
+use super::connect::{self, ConnectError};
 
 /// Frames buffered between a run's actor and a slow client before the actor waits.
 pub const DOWNLINK_BUFFER: usize = 256;
@@ -104,58 +102,138 @@ pub fn stream_error(error: &ConnectError) -> Response {
         .into_response()
 }
 
-/// `POST /agent.v1.AgentService/RunSSE`: body = one enveloped `BidiRequestId`.
-pub async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let encoding = match Encoding::parse(
-        headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        Ok(encoding) => encoding,
-        Err(e) => {
-            return unary_error(&ConnectError::new(
-                ConnectCode::InvalidArgument,
-                e.to_string(),
-            ));
+/// The run's outgoing frames. Frames produced while no RunSSE is attached (before the first one,
+/// or after a client dropped and until it reconnects) are kept and replayed to the next one in
+/// order — including those the dropped body had queued but never delivered; after `end` nothing
+/// more is sent.
+#[derive(Debug)]
+pub struct Downlink {
+    sink: Option<DownlinkSink>,
+    backlog: Vec<Bytes>,
+    ended: bool,
+    /// A RunSSE was attached once (so a missing one means the client went away).
+    ever_attached: bool,
+    /// Whether the client that went away can come back for the rest (RunSSE, not HTTP/2 `Run`).
+    resumable: bool,
+    /// When the last frame went out (for heartbeats while nothing else does).
+    last_sent: Instant,
+}
+
+/// How long a dropped body gets to hand back its unread frames.
+const RETURN_WAIT: Duration = Duration::from_secs(1);
+
+impl Default for Downlink {
+    fn default() -> Self {
+        Downlink {
+            sink: None,
+            backlog: Vec::new(),
+            ended: false,
+            ever_attached: false,
+            resumable: true,
+            last_sent: Instant::now(),
         }
-    };
-    let request_id =
-        match connect::decode_stream_request(&body, encoding, state.config.max_frame_bytes)
-            .and_then(|payload| {
-                connect::decode_message::<BidiRequestId>(&payload, "aiserver.v1.BidiRequestId")
-            }) {
-            Ok(id) if !id.request_id.trim().is_empty() => id.request_id,
-            Ok(_) => {
-                return unary_error(&ConnectError::new(
-                    ConnectCode::InvalidArgument,
-                    "RunSSE: missing request_id",
-                ));
-            }
-            Err(e) => {
-                return unary_error(&ConnectError::new(
-                    ConnectCode::InvalidArgument,
-                    format!("RunSSE: {e}"),
-                ));
-            }
-        };
-    let handle = match RunRegistry::get_or_start(&state, &request_id) {
-        Ok(handle) => handle,
-        Err(e @ RegistryError::Finished(_)) => {
-            return stream_error(&ConnectError::new(ConnectCode::NotFound, e.to_string()));
-        }
-        Err(e @ RegistryError::AlreadyRunning(_)) => {
-            return stream_error(&ConnectError::new(
-                ConnectCode::InvalidArgument,
-                e.to_string(),
-            ));
-        }
-    };
-    let (sink, body) = downlink_channel(true);
-    if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
-        return stream_error(&ConnectError::new(
-            ConnectCode::NotFound,
-            format!("request {request_id} has already finished"),
-        ));
     }
-    stream_response(body)
+}
+
+impl Downlink {
+    /// A RunSSE was attached once (so a missing one means the client went away).
+    pub fn ever_attached(&self) -> bool {
+        self.ever_attached
+    }
+
+    /// Whether the client that went away can come back for the rest.
+    pub fn resumable(&self) -> bool {
+        self.resumable
+    }
+
+    /// When the last frame went out.
+    pub fn last_sent(&self) -> Instant {
+        self.last_sent
+    }
+
+    pub fn is_attached(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Attaches a RunSSE body and flushes the backlog into it.
+    pub async fn attach(&mut self, sink: DownlinkSink) {
+        let backlog = std::mem::take(&mut self.backlog);
+        self.resumable = sink.resumable;
+        self.sink = Some(sink);
+        self.ever_attached = true;
+        for frame in backlog {
+            self.send_frame(frame).await;
+        }
+        if self.ended && self.backlog.is_empty() {
+            self.sink = None;
+        }
+    }
+
+    pub async fn send_message<M: Message>(&mut self, message: &M) {
+        self.send(connect::encode_message(message)).await;
+    }
+
+    async fn send(&mut self, frame: Bytes) {
+        if self.ended {
+            tracing::error!("frame after end-of-stream dropped");
+            return;
+        }
+        self.send_frame(frame).await;
+    }
+
+    async fn send_frame(&mut self, frame: Bytes) {
+        let Some(sink) = &self.sink else {
+            self.backlog.push(frame);
+            return;
+        };
+        match sink.frames.send(frame).await {
+            Ok(()) => self.last_sent = Instant::now(),
+            Err(mpsc::error::SendError(frame)) => {
+                self.detach().await;
+                self.backlog.push(frame);
+            }
+        }
+    }
+
+    /// The attached client went away: what its body never delivered goes back to the backlog.
+    pub async fn detach(&mut self) {
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        let unread = tokio::time::timeout(RETURN_WAIT, sink.returned)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        if !unread.is_empty() {
+            tracing::debug!(
+                frames = unread.len(),
+                "kept frames a dropped client never read"
+            );
+        }
+        let later = std::mem::replace(&mut self.backlog, unread);
+        self.backlog.extend(later);
+    }
+
+    /// Sends the end-of-stream frame and closes the downlink.
+    pub async fn end(&mut self, end_frame: Bytes) {
+        self.send(end_frame).await;
+        self.ended = true;
+        if self.backlog.is_empty() {
+            self.sink = None;
+        }
+    }
+
+    /// Resolves when an attached client has gone away (RunSSE closed, HTTP/2 stream reset).
+    pub async fn closed(&self) {
+        match &self.sink {
+            Some(sink) => sink.frames.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whether frames are still waiting for a RunSSE that never came.
+    pub fn has_undelivered(&self) -> bool {
+        !self.backlog.is_empty()
+    }
 }

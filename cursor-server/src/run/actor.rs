@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use prost::Message;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -15,134 +13,13 @@ use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use crate::app::AppState;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
-use crate::cursor::run_sse::DownlinkSink;
+use crate::cursor::run_sse::Downlink;
 use crate::error::ServerError;
 use crate::model::usage::Usage;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
 /// How long a new run waits for the run it interrupts to end.
 const SUPERSEDE_WAIT: Duration = Duration::from_secs(5);
-
-/// The run's outgoing frames. Frames produced while no RunSSE is attached (before the first one,
-/// or after a client dropped and until it reconnects) are kept and replayed to the next one in
-/// order — including those the dropped body had queued but never delivered; after `end` nothing
-/// more is sent.
-#[derive(Debug)]
-pub struct Downlink {
-    sink: Option<DownlinkSink>,
-    backlog: Vec<Bytes>,
-    ended: bool,
-    /// A RunSSE was attached once (so a missing one means the client went away).
-    ever_attached: bool,
-    /// Whether the client that went away can come back for the rest (RunSSE, not HTTP/2 `Run`).
-    resumable: bool,
-    /// When the last frame went out (for heartbeats while nothing else does).
-    last_sent: Instant,
-}
-
-/// How long a dropped body gets to hand back its unread frames.
-const RETURN_WAIT: Duration = Duration::from_secs(1);
-
-impl Default for Downlink {
-    fn default() -> Self {
-        Downlink {
-            sink: None,
-            backlog: Vec::new(),
-            ended: false,
-            ever_attached: false,
-            resumable: true,
-            last_sent: Instant::now(),
-        }
-    }
-}
-
-impl Downlink {
-    pub fn is_attached(&self) -> bool {
-        self.sink.is_some()
-    }
-
-    /// Attaches a RunSSE body and flushes the backlog into it.
-    async fn attach(&mut self, sink: DownlinkSink) {
-        let backlog = std::mem::take(&mut self.backlog);
-        self.resumable = sink.resumable;
-        self.sink = Some(sink);
-        self.ever_attached = true;
-        for frame in backlog {
-            self.send_frame(frame).await;
-        }
-        if self.ended && self.backlog.is_empty() {
-            self.sink = None;
-        }
-    }
-
-    pub async fn send_message<M: Message>(&mut self, message: &M) {
-        self.send(connect::encode_message(message)).await;
-    }
-
-    async fn send(&mut self, frame: Bytes) {
-        if self.ended {
-            tracing::error!("frame after end-of-stream dropped");
-            return;
-        }
-        self.send_frame(frame).await;
-    }
-
-    async fn send_frame(&mut self, frame: Bytes) {
-        let Some(sink) = &self.sink else {
-            self.backlog.push(frame);
-            return;
-        };
-        match sink.frames.send(frame).await {
-            Ok(()) => self.last_sent = Instant::now(),
-            Err(mpsc::error::SendError(frame)) => {
-                self.detach().await;
-                self.backlog.push(frame);
-            }
-        }
-    }
-
-    /// The attached client went away: what its body never delivered goes back to the backlog.
-    async fn detach(&mut self) {
-        let Some(sink) = self.sink.take() else {
-            return;
-        };
-        let unread = tokio::time::timeout(RETURN_WAIT, sink.returned)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
-        if !unread.is_empty() {
-            tracing::debug!(
-                frames = unread.len(),
-                "kept frames a dropped client never read"
-            );
-        }
-        let later = std::mem::replace(&mut self.backlog, unread);
-        self.backlog.extend(later);
-    }
-
-    /// Sends the end-of-stream frame and closes the downlink.
-    pub async fn end(&mut self, end_frame: Bytes) {
-        self.send(end_frame).await;
-        self.ended = true;
-        if self.backlog.is_empty() {
-            self.sink = None;
-        }
-    }
-
-    /// Resolves when an attached client has gone away (RunSSE closed, HTTP/2 stream reset).
-    async fn closed(&self) {
-        match &self.sink {
-            Some(sink) => sink.frames.closed().await,
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Whether frames are still waiting for a RunSSE that never came.
-    fn has_undelivered(&self) -> bool {
-        !self.backlog.is_empty()
-    }
-}
 
 enum State {
     AwaitingRunRequest,
@@ -313,10 +190,10 @@ impl RunActor {
         loop {
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
             // A client that dropped its RunSSE has `grace` to come back for the rest.
-            match (self.downlink.is_attached(), self.downlink.ever_attached) {
+            match (self.downlink.is_attached(), self.downlink.ever_attached()) {
                 (true, _) => reconnect_deadline = None,
                 (false, true) if reconnect_deadline.is_none() => {
-                    if grace.is_zero() || !self.downlink.resumable {
+                    if grace.is_zero() || !self.downlink.resumable() {
                         return RunEnd::Canceled {
                             reason: "the client disconnected".to_owned(),
                         };
@@ -331,7 +208,7 @@ impl RunActor {
                 State::AwaitingRunRequest => false,
             };
             let idle_deadline = last_client_traffic + idle_timeout;
-            let heartbeat_due = self.downlink.last_sent + heartbeat_every;
+            let heartbeat_due = self.downlink.last_sent() + heartbeat_every;
             let beating = !awaiting && self.downlink.is_attached();
             tokio::select! {
                 _ = self.app.shutdown.cancelled() => {

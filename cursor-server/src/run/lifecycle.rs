@@ -2,7 +2,6 @@
 //! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
 //! along the way.
 
-use super::actor::Downlink;
 use super::command::ProtocolError;
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::cursor::checkpoint::StateDetails;
@@ -10,11 +9,13 @@ use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
+use crate::cursor::run_sse::Downlink;
 use crate::error::ServerError;
+use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;
-use crate::store::blobs::{self, BlobId, Edge};
+use crate::store::blobs::{self, Edge};
 use crate::store::{Store, StoreError, conversations, outbox};
 
 use std::collections::HashMap;
@@ -64,17 +65,6 @@ pub fn connect_error(error: &ServerError) -> ConnectError {
     }
 }
 
-async fn acquire(store: &Store) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, ServerError> {
-    Ok(store
-        .pool()
-        .acquire()
-        .await
-        .map_err(|source| StoreError::Query {
-            context: "storing blobs",
-            source,
-        })?)
-}
-
 fn now_ms() -> u64 {
     u64::try_from(crate::store::now_ms()).unwrap_or(0)
 }
@@ -97,6 +87,8 @@ fn decode_stored<M: prost::Message + Default>(
 /// the CAS and asks the client to store it, and publishes a checkpoint only once every blob it
 /// references is acknowledged (protocol.md §7). Owned by the run's turn loop.
 pub struct Checkpoints {
+    /// The run's handle on the store: blobs, outbox, the conversation head.
+    store: Store,
     conversation_id: String,
     request_id: String,
     graph: ConversationGraph,
@@ -136,16 +128,14 @@ pub struct TurnOpening<'a> {
 impl Checkpoints {
     /// Continues the conversation's graph from its stored head and opens this run's turn.
     pub async fn start(
-        store: &Store,
+        store: Store,
         conversation_id: &str,
         request_id: &str,
         opening: TurnOpening<'_>,
         out: &mut Downlink,
     ) -> Result<Checkpoints, ServerError> {
         let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
-        checkpoints
-            .begin_turn(store, request_id, opening, out)
-            .await?;
+        checkpoints.begin_turn(request_id, opening, out).await?;
         Ok(checkpoints)
     }
 
@@ -153,19 +143,19 @@ impl Checkpoints {
     /// left unpublished in the outbox by an earlier run), else from the state the client sent
     /// (`client_state`, for a conversation being imported; the client holds those blobs).
     pub async fn open(
-        store: &Store,
+        store: Store,
         conversation_id: &str,
         request_id: &str,
         client_state: Option<&ConversationStateStructure>,
     ) -> Result<Checkpoints, ServerError> {
-        let head = conversations::head(store, conversation_id).await?;
-        let owed = outbox::pending(store, conversation_id).await?;
-        let mut acked = blobs::acked(store, conversation_id).await?;
+        let head = conversations::head(&store, conversation_id).await?;
+        let owed = outbox::pending(&store, conversation_id).await?;
+        let mut acked = blobs::acked(&store, conversation_id).await?;
         let newest = owed.checkpoint.or(head.map(|(id, _)| id));
         let revision = head.map_or(0, |(_, revision)| revision);
         let mut previous_mode = None;
         let (graph, previous_head) = match (newest, client_state) {
-            (Some(id), _) => match blobs::get(store, id).await? {
+            (Some(id), _) => match blobs::get(&store, id).await? {
                 Some(data) => {
                     let state = decode_stored::<ConversationStateStructure>(
                         &data,
@@ -197,6 +187,7 @@ impl Checkpoints {
             );
         }
         Ok(Checkpoints {
+            store,
             conversation_id: conversation_id.to_owned(),
             request_id: request_id.to_owned(),
             previous_mode,
@@ -222,7 +213,6 @@ impl Checkpoints {
     /// Opens this run's turn with the user's message.
     pub async fn begin_turn(
         &mut self,
-        store: &Store,
         request_id: &str,
         opening: TurnOpening<'_>,
         out: &mut Downlink,
@@ -258,7 +248,7 @@ impl Checkpoints {
                 now_ms(),
             ),
         );
-        self.emit(store, new_blobs, out).await
+        self.emit(new_blobs, out).await
     }
 
     /// Forgets roots the client could not produce (see `ConversationGraph::drop_roots`).
@@ -282,13 +272,13 @@ impl Checkpoints {
 
     /// Continues the conversation's last turn (a resumed run has no new user message).
     pub async fn resume(
-        store: &Store,
+        store: Store,
         conversation_id: &str,
         request_id: &str,
     ) -> Result<Checkpoints, ServerError> {
         let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
         if let Some(last) = checkpoints.graph.last_turn()
-            && let Some(data) = blobs::get(store, last).await?
+            && let Some(data) = blobs::get(&checkpoints.store, last).await?
         {
             let turn = decode_stored::<pb::ConversationTurnStructure>(
                 &data,
@@ -308,14 +298,13 @@ impl Checkpoints {
     /// not hold yet, and records them in the outbox until they are acknowledged.
     async fn emit(
         &mut self,
-        store: &Store,
         mut new_blobs: Vec<Blob>,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         if !self.owed.is_empty() {
             let mut owed = Vec::new();
             for id in std::mem::take(&mut self.owed) {
-                match blobs::get(store, id).await? {
+                match blobs::get(&self.store, id).await? {
                     Some(data) => owed.push(Blob {
                         id,
                         data: data.into(),
@@ -329,19 +318,28 @@ impl Checkpoints {
             owed.append(&mut new_blobs);
             new_blobs = owed;
         }
-        let mut conn = acquire(store).await?;
+        let edges: Vec<Vec<Edge<'_>>> = new_blobs
+            .iter()
+            .map(|blob| {
+                blob.edges
+                    .iter()
+                    .map(|(kind, ordinal, child)| Edge {
+                        kind,
+                        ordinal: *ordinal,
+                        child: *child,
+                    })
+                    .collect()
+            })
+            .collect();
+        let stored: Vec<(BlobId, &[u8], &[Edge<'_>])> = new_blobs
+            .iter()
+            .zip(&edges)
+            .map(|(blob, edges)| (blob.id, blob.data.as_ref(), edges.as_slice()))
+            .collect();
+        blobs::put_all(&self.store, &stored).await?;
+        drop(stored);
         let mut sent = Vec::new();
         for blob in new_blobs {
-            let edges: Vec<Edge<'_>> = blob
-                .edges
-                .iter()
-                .map(|(kind, ordinal, child)| Edge {
-                    kind,
-                    ordinal: *ordinal,
-                    child: *child,
-                })
-                .collect();
-            blobs::put(&mut conn, blob.id, &blob.data, &edges).await?;
             if let Some(message) = self.kv.store(&blob) {
                 out.send_message(&message).await;
                 sent.push(blob.id);
@@ -350,14 +348,13 @@ impl Checkpoints {
             }
             self.referenced.push(blob.id);
         }
-        outbox::blobs_sent(&mut conn, &self.conversation_id, &self.request_id, &sent).await?;
+        outbox::blobs_sent(&self.store, &self.conversation_id, &self.request_id, &sent).await?;
         Ok(())
     }
 
     /// A finished thinking segment.
     pub async fn thinking(
         &mut self,
-        store: &Store,
         text: &str,
         duration_ms: u32,
         out: &mut Downlink,
@@ -370,13 +367,12 @@ impl Checkpoints {
                     duration_ms,
                 },
             ));
-        self.emit(store, vec![step], out).await
+        self.emit(vec![step], out).await
     }
 
     /// Runtime messages (mode notices, reminders) appended to history: roots the model sees.
     pub async fn runtime_messages(
         &mut self,
-        store: &Store,
         texts: &[String],
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
@@ -384,13 +380,12 @@ impl Checkpoints {
             .iter()
             .map(|text| self.graph.push_root(&roots::user(text)))
             .collect();
-        self.emit(store, new_blobs, out).await
+        self.emit(new_blobs, out).await
     }
 
     /// A completed provider call's text and reasoning.
     pub async fn assistant(
         &mut self,
-        store: &Store,
         text: &str,
         reasoning: &str,
         out: &mut Downlink,
@@ -409,7 +404,7 @@ impl Checkpoints {
         if !text.is_empty() || !reasoning.is_empty() {
             new_blobs.push(self.graph.push_root(&roots::assistant(text, reasoning)));
         }
-        self.emit(store, new_blobs, out).await
+        self.emit(new_blobs, out).await
     }
 
     /// A completed tool call: its card as a step, its call and result as roots, then a checkpoint
@@ -417,7 +412,6 @@ impl Checkpoints {
     #[allow(clippy::too_many_arguments)]
     pub async fn tool_completed(
         &mut self,
-        store: &Store,
         call: &ToolCall,
         result: &ToolResult,
         card: Option<pb::ToolCall>,
@@ -442,14 +436,13 @@ impl Checkpoints {
             &result.content,
             result.is_error,
         )));
-        self.emit(store, new_blobs, out).await?;
-        self.checkpoint(store, details, out).await
+        self.emit(new_blobs, out).await?;
+        self.checkpoint(details, out).await
     }
 
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.
     pub async fn checkpoint(
         &mut self,
-        store: &Store,
         details: &StateDetails,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
@@ -460,9 +453,9 @@ impl Checkpoints {
         let state_id = state_blob.id;
         new_blobs.push(turn);
         new_blobs.push(state_blob);
-        self.emit(store, new_blobs, out).await?;
+        self.emit(new_blobs, out).await?;
         outbox::checkpoint_built(
-            &mut *acquire(store).await?,
+            &self.store,
             &self.conversation_id,
             &self.request_id,
             state_id,
@@ -470,7 +463,7 @@ impl Checkpoints {
         .await?;
         let needed = self.referenced.clone();
         if let Some(ready) = self.gate.offer((state, state_id), needed, &self.kv) {
-            self.publish(store, ready, out).await?;
+            self.publish(ready, out).await?;
         }
         Ok(())
     }
@@ -481,7 +474,6 @@ impl Checkpoints {
     /// published together, in that order, once every blob is acknowledged.
     pub async fn finish_turn(
         &mut self,
-        store: &Store,
         transitional: &StateDetails,
         last: &StateDetails,
         out: &mut Downlink,
@@ -494,9 +486,9 @@ impl Checkpoints {
         let (final_state, final_blob, _) = self.graph.state(Some(&turn), last);
         let (transitional_id, final_id) = (transitional_blob.id, final_blob.id);
         new_blobs.extend([turn, transitional_blob, final_blob]);
-        self.emit(store, new_blobs, out).await?;
+        self.emit(new_blobs, out).await?;
         outbox::checkpoint_built(
-            &mut *acquire(store).await?,
+            &self.store,
             &self.conversation_id,
             &self.request_id,
             final_id,
@@ -510,10 +502,10 @@ impl Checkpoints {
     }
 
     /// `turn_ended` is out: a held checkpoint may be published as soon as it is safe to.
-    pub async fn release(&mut self, store: &Store, out: &mut Downlink) -> Result<(), ServerError> {
+    pub async fn release(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
         self.held = false;
         if let Some(ready) = self.gate.ready(&self.kv) {
-            self.publish(store, ready, out).await?;
+            self.publish(ready, out).await?;
         }
         Ok(())
     }
@@ -521,24 +513,22 @@ impl Checkpoints {
     /// Publishes `ready` (after the transitional checkpoint, if one is waiting).
     async fn publish(
         &mut self,
-        store: &Store,
         ready: (ConversationStateStructure, BlobId),
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         if let Some(transitional) = self.transitional.take() {
-            self.publish_one(store, transitional, out).await?;
+            self.publish_one(transitional, out).await?;
         }
-        self.publish_one(store, ready, out).await
+        self.publish_one(ready, out).await
     }
 
     async fn publish_one(
         &mut self,
-        store: &Store,
         (state, state_id): (ConversationStateStructure, BlobId),
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         self.revision += 1;
-        if !outbox::publish(store, &self.conversation_id, state_id, self.revision).await? {
+        if !outbox::publish(&self.store, &self.conversation_id, state_id, self.revision).await? {
             tracing::warn!(conversation_id = %self.conversation_id, "a newer run moved the head; this checkpoint is not published");
             return Ok(());
         }
@@ -551,7 +541,6 @@ impl Checkpoints {
     /// The client's answer to a KV request.
     pub async fn on_kv(
         &mut self,
-        store: &Store,
         id: u32,
         payload: KvPayload,
         out: &mut Downlink,
@@ -559,11 +548,11 @@ impl Checkpoints {
         match self.kv.on_result(id, *payload.0) {
             Ok(KvOutcome::Stored(blob)) => {
                 self.outstanding.remove(&blob);
-                blobs::record_acks(store, &self.conversation_id, &[blob]).await?;
+                blobs::record_acks(&self.store, &self.conversation_id, &[blob]).await?;
                 if !self.held
                     && let Some(ready) = self.gate.ready(&self.kv)
                 {
-                    self.publish(store, ready, out).await?;
+                    self.publish(ready, out).await?;
                 }
                 Ok(None)
             }

@@ -1,8 +1,11 @@
 //! The loop engine: one actor per request id, fed by both transports, owning all of the run's state.
 
 pub mod actor;
+mod batch;
 pub mod command;
+mod compaction;
 pub mod inbox;
 pub mod lifecycle;
 pub mod loop_engine;
+mod opening;
 pub mod registry;

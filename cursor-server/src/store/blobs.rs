@@ -23,6 +23,18 @@ pub struct HashMismatch {
     pub actual: BlobId,
 }
 
+/// Stores each `(id, data, edges)` as `put` does.
+pub async fn put_all(
+    store: &Store,
+    blobs: &[(BlobId, &[u8], &[Edge<'_>])],
+) -> Result<(), StoreError> {
+    let mut conn = store.pool().acquire().await.context("storing blobs")?;
+    for (id, data, edges) in blobs {
+        put(&mut conn, *id, data, edges).await?;
+    }
+    Ok(())
+}
+
 /// Stores `data` under `id` (a no-op if present) after checking that `id` is its hash.
 pub async fn put(
     conn: &mut SqliteConnection,

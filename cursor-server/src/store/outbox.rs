@@ -21,7 +21,7 @@ pub struct Pending {
 
 /// Records blobs just sent with `set_blob_args`.
 pub async fn blobs_sent(
-    conn: &mut SqliteConnection,
+    store: &Store,
     conversation_id: &str,
     request_id: &str,
     ids: &[BlobId],
@@ -29,7 +29,12 @@ pub async fn blobs_sent(
     if ids.is_empty() {
         return Ok(());
     }
-    conversations::ensure(&mut *conn, conversation_id).await?;
+    let mut conn = store
+        .pool()
+        .acquire()
+        .await
+        .context("recording sent blobs")?;
+    conversations::ensure(&mut conn, conversation_id).await?;
     let now = now_ms();
     for id in ids {
         sqlx::query(
@@ -68,12 +73,17 @@ pub async fn blobs_acknowledged(
 
 /// Makes `state` the conversation's unpublished checkpoint (replacing an older one).
 pub async fn checkpoint_built(
-    conn: &mut SqliteConnection,
+    store: &Store,
     conversation_id: &str,
     request_id: &str,
     state: BlobId,
 ) -> Result<(), StoreError> {
-    conversations::ensure(&mut *conn, conversation_id).await?;
+    let mut conn = store
+        .pool()
+        .acquire()
+        .await
+        .context("recording the unpublished checkpoint")?;
+    conversations::ensure(&mut conn, conversation_id).await?;
     sqlx::query("DELETE FROM outbox WHERE conversation_id = ? AND kind = 'checkpoint'")
         .bind(conversation_id)
         .execute(&mut *conn)
@@ -169,9 +179,9 @@ mod tests {
             BlobId::of(b"s1"),
             BlobId::of(b"s2"),
         );
-        blobs_sent(&mut conn, "c", "r1", &[a, b]).await.unwrap();
-        checkpoint_built(&mut conn, "c", "r1", s1).await.unwrap();
-        checkpoint_built(&mut conn, "c", "r1", s2).await.unwrap();
+        blobs_sent(&store, "c", "r1", &[a, b]).await.unwrap();
+        checkpoint_built(&store, "c", "r1", s1).await.unwrap();
+        checkpoint_built(&store, "c", "r1", s2).await.unwrap();
         blobs_acknowledged(&mut conn, "c", &[a]).await.unwrap();
         assert_eq!(
             pending(&store, "c").await.unwrap(),

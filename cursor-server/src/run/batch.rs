@@ -1,0 +1,396 @@
+//! One tool batch: every call of a model answer started at once, their exec results, questions and
+//! searches routed back by slot, and each completed call persisted at once with its result (and the
+//! mode notice an approved switch brings) before its card completes in the checkpoint.
+//!
+//! Its own file because `run/loop_engine.rs` (the plan's "LLM → Tool → LLM main loop") cannot hold
+//! the batch's transitions besides the turn's phases within 800 lines; the batch is the turn's
+//! `Phase::Tools` data.
+
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::command::ExecControl;
+use super::loop_engine::{Turn, fold_subagent_runs, fold_todos, switch_mode, user_texts};
+use crate::cursor::exec::{ExecPayload, QueryPayload};
+use crate::cursor::interaction;
+use crate::cursor::run_sse::Downlink;
+use crate::cursor::tool_result::{ToolOutcome, ToolStep};
+use crate::cursor::tools::{ToolKind, ToolRun};
+use crate::error::ServerError;
+use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
+use crate::model::tool::{ToolCall, ToolResult};
+use crate::prompting::compiler;
+use crate::provider::web_search::{self, SearchHit};
+use crate::store::messages;
+
+/// A finished server-side search for the call in `slot`.
+#[derive(Debug)]
+pub struct SearchDone {
+    slot: usize,
+    call_id: String,
+    hits: Result<Vec<SearchHit>, String>,
+}
+
+/// One tool call of the batch.
+#[derive(Debug)]
+struct Slot {
+    call: ToolCall,
+    index: u32,
+    /// `None` once the call has its outcome.
+    run: Option<ToolRun>,
+}
+
+/// How one call ended: its final card (when one was drawn) and what the model reads.
+struct Ending {
+    outcome: Option<ToolOutcome>,
+    model_text: String,
+    is_error: bool,
+}
+
+pub(super) struct Batch {
+    slots: Vec<Slot>,
+    /// Server-side searches report back here (the sender is cloned into each search task).
+    searches: (mpsc::Sender<SearchDone>, mpsc::Receiver<SearchDone>),
+    /// Cancels the batch's searches when the batch is gone.
+    cancel: CancellationToken,
+    _cancel_on_drop: DropGuard,
+}
+
+impl Batch {
+    /// Starts every call; calls that cannot start end at once with their error.
+    pub async fn start(
+        turn: &mut Turn,
+        calls: Vec<(u32, ToolCall)>,
+        out: &mut Downlink,
+    ) -> Result<Batch, ServerError> {
+        let cancel = CancellationToken::new();
+        let mut batch = Batch {
+            slots: calls
+                .into_iter()
+                .map(|(index, call)| Slot {
+                    call,
+                    index,
+                    run: None,
+                })
+                .collect(),
+            searches: mpsc::channel(4),
+            _cancel_on_drop: cancel.clone().drop_guard(),
+            cancel,
+        };
+        for slot in 0..batch.slots.len() {
+            batch.start_slot(turn, slot, out).await?;
+        }
+        Ok(batch)
+    }
+
+    async fn start_slot(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        match ToolRun::start(&self.slots[slot].call, &turn.tool_env) {
+            Ok((run, started, step)) => {
+                let call_id = &self.slots[slot].call.call_id;
+                out.send_message(&interaction::tool_call_started(
+                    call_id,
+                    started,
+                    &turn.model_call_id,
+                ))
+                .await;
+                self.slots[slot].run = Some(run);
+                self.apply_step(turn, slot, step, out).await
+            }
+            Err(rejected) => {
+                tracing::info!(
+                    request_id = %turn.request_id,
+                    tool = %self.slots[slot].call.name,
+                    "tool call rejected: {}",
+                    rejected.model_text
+                );
+                let outcome = rejected.card.map(|card| ToolOutcome {
+                    card,
+                    model_text: rejected.model_text.clone(),
+                    is_error: true,
+                });
+                let ending = Ending {
+                    outcome,
+                    model_text: rejected.model_text,
+                    is_error: true,
+                };
+                self.finish_slot(turn, slot, ending, out).await
+            }
+        }
+    }
+
+    /// Whether every call has its result.
+    pub fn complete(&self) -> bool {
+        self.slots.iter().all(|slot| slot.run.is_none())
+    }
+
+    /// The next finished search (the batch holds a sender, so this waits rather than ends).
+    pub async fn next_search(&mut self) -> SearchDone {
+        match self.searches.1.recv().await {
+            Some(done) => done,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn apply_step(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        step: ToolStep,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        match step {
+            ToolStep::Exec(request) => {
+                let id = turn.pending.register(slot, &request);
+                out.send_message(&request.into_server_message(id)).await;
+            }
+            ToolStep::Query(request) => {
+                let id = turn.pending.register_query(slot, &request);
+                out.send_message(&request.into_server_message(id)).await;
+            }
+            ToolStep::Search(query) => self.start_search(turn, slot, query),
+            ToolStep::Delta(delta) => {
+                let call_id = &self.slots[slot].call.call_id;
+                out.send_message(&interaction::tool_call_delta(
+                    call_id,
+                    delta,
+                    &turn.model_call_id,
+                ))
+                .await;
+            }
+            ToolStep::Done(outcome) => {
+                let ending = Ending {
+                    model_text: outcome.model_text.clone(),
+                    is_error: outcome.is_error,
+                    outcome: Some(outcome),
+                };
+                self.finish_slot(turn, slot, ending, out).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A client result for the call in `slot`.
+    pub async fn on_result(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        payload: ExecPayload,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(run) = self.slots[slot].run.as_mut() else {
+            return Ok(());
+        };
+        for step in run.on_result(payload, &turn.tool_env) {
+            self.apply_step(turn, slot, step, out).await?;
+        }
+        Ok(())
+    }
+
+    /// The user's response to the question of the call in `slot`.
+    pub async fn on_response(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        payload: QueryPayload,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(run) = self.slots[slot].run.as_mut() else {
+            return Ok(());
+        };
+        let step = run.on_response(payload, &turn.tool_env);
+        self.apply_step(turn, slot, step, out).await
+    }
+
+    /// `stream_close` / `throw` for the exec of the call in `slot`.
+    pub async fn on_control(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        control: ExecControl,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(run) = self.slots[slot].run.as_mut() else {
+            return Ok(());
+        };
+        let outcome = match &control {
+            ExecControl::Throw { error } => run.on_throw(error),
+            ExecControl::StreamClose => run.on_closed_without_result(&turn.tool_env),
+        };
+        self.apply_step(turn, slot, ToolStep::Done(outcome), out)
+            .await
+    }
+
+    /// A search result for a call still waiting on it; anything else is dropped.
+    pub async fn on_search_done(
+        &mut self,
+        turn: &mut Turn,
+        done: SearchDone,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(slot) = self.slots.get_mut(done.slot) else {
+            return Ok(());
+        };
+        if slot.call.call_id != done.call_id {
+            return Ok(());
+        }
+        let Some(run) = slot.run.as_mut() else {
+            return Ok(());
+        };
+        let outcome = run.on_search(done.hits, &turn.tool_env);
+        self.apply_step(turn, done.slot, ToolStep::Done(outcome), out)
+            .await
+    }
+
+    /// Runs an approved search on the configured backend, off the actor's task.
+    fn start_search(&self, turn: &Turn, slot: usize, query: String) {
+        let sender = self.searches.0.clone();
+        let call_id = self.slots[slot].call.call_id.clone();
+        let http = turn.app.http.clone();
+        let backend = turn.app.config.web_search.clone();
+        let cancel = self.cancel.clone();
+        tokio::spawn(async move {
+            let search = async {
+                match &backend {
+                    Some(backend) => web_search::search(&http, backend, &query)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Err("no web search backend is configured".to_owned()),
+                }
+            };
+            let hits = tokio::select! {
+                _ = cancel.cancelled() => return,
+                hits = search => hits,
+            };
+            let _ = sender
+                .send(SearchDone {
+                    slot,
+                    call_id,
+                    hits,
+                })
+                .await;
+        });
+    }
+
+    /// Completes the card and persists the call with its result, atomically.
+    async fn finish_slot(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        ending: Ending,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        turn.pending.finish_slot(slot);
+        let entry = &mut self.slots[slot];
+        let run = entry.run.take();
+        let switched_to = match (&run, &ending.outcome) {
+            (Some(run), Some(outcome)) => run.switched_mode(outcome),
+            _ => None,
+        }
+        .filter(|to| *to != turn.mode());
+        let final_card = ending.outcome.as_ref().map(|o| (*o.card).clone());
+        if let Some(outcome) = ending.outcome {
+            out.send_message(&interaction::tool_call_completed(
+                &entry.call.call_id,
+                outcome.card,
+                &turn.model_call_id,
+            ))
+            .await;
+        }
+        let (call, result) = (
+            entry.call.clone(),
+            ToolResult {
+                call_id: entry.call.call_id.clone(),
+                content: ending.model_text,
+                is_error: ending.is_error,
+            },
+        );
+        let notices = persist(turn, entry.index, &call, &result, switched_to).await?;
+        if let Some(to) = switched_to {
+            switch_mode(turn, to);
+        }
+        refold(turn, run.as_ref().map(ToolRun::kind), &call);
+        let still_running: Vec<ToolCall> = self
+            .slots
+            .iter()
+            .filter(|slot| slot.run.is_some())
+            .map(|slot| slot.call.clone())
+            .collect();
+        let details = turn.state_details(still_running, None);
+        turn.checkpoints
+            .tool_completed(&call, &result, final_card, &details, out)
+            .await?;
+        if !notices.is_empty() {
+            turn.checkpoints.runtime_messages(&notices, out).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends every running call with `reason` on its card (nothing is persisted).
+    pub async fn abandon(&mut self, turn: &Turn, reason: &str, out: &mut Downlink) {
+        for slot in &mut self.slots {
+            if let Some(run) = slot.run.take() {
+                let outcome = run.abandon(reason);
+                out.send_message(&interaction::tool_call_completed(
+                    &slot.call.call_id,
+                    outcome.card,
+                    &turn.model_call_id,
+                ))
+                .await;
+            }
+        }
+    }
+}
+
+/// Stores the call and its result in one transaction — with the notice of an approved mode switch,
+/// so the model is told in the same transaction — and returns the notices' texts.
+async fn persist(
+    turn: &mut Turn,
+    index: u32,
+    call: &ToolCall,
+    result: &ToolResult,
+    switched_to: Option<crate::model::conversation::Mode>,
+) -> Result<Vec<String>, ServerError> {
+    let pair = [
+        CanonicalMessage::ToolCall(ToolCallRecord {
+            model_call_id: turn.model_call_id.clone(),
+            index,
+            call: call.clone(),
+        }),
+        CanonicalMessage::ToolResult(ToolResultRecord {
+            model_call_id: turn.model_call_id.clone(),
+            index,
+            result: result.clone(),
+        }),
+    ];
+    let notice: Vec<_> = switched_to
+        .map(|to| compiler::mode_switch_tag(&turn.app.prompts, turn.mode(), to, &call.call_id))
+        .into_iter()
+        .collect();
+    let appended = messages::append_with_tags(
+        &turn.app.store,
+        turn.conversation_id(),
+        &turn.request_id,
+        &[],
+        &pair,
+        &notice,
+    )
+    .await?;
+    let notices = user_texts(&appended[pair.len()..]);
+    turn.history.extend(appended);
+    Ok(notices)
+}
+
+/// Folds again what the finished call may have changed: the todo list, the subagent runs.
+fn refold(turn: &mut Turn, kind: Option<ToolKind>, call: &ToolCall) {
+    if kind == Some(ToolKind::TodoWrite) {
+        turn.tool_env.todos = fold_todos(&turn.history);
+    }
+    if call.name == ToolKind::Task.name() {
+        turn.subagent_runs = fold_subagent_runs(&turn.history, []);
+    }
+}

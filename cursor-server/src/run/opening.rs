@@ -1,0 +1,608 @@
+//! Opening a turn: one opener per run action — a user message (commit it with its runtime
+//! messages), a conversation only the client knows (import its roots first), a resume, a summary
+//! request, background tasks that ended — each giving the stored history, the checkpoints it
+//! continues and the turn's first step.
+//!
+//! Its own file because `run/loop_engine.rs` cannot hold the openers besides the turn's phases
+//! within 800 lines; the import in progress is the turn's `Phase::Importing` data.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::command::{ProtocolError, RunAction, RunRequestInput};
+use super::compaction::AfterCompaction;
+use super::lifecycle::{Checkpoints, TurnOpening};
+use super::loop_engine::{
+    LoopStep, Phase, Turn, TurnLoop, default_bytes_per_token, fold_subagent_runs, fold_todos,
+    user_texts,
+};
+use crate::app::AppState;
+use crate::config::{Config, ModelConfig, ProviderConfig};
+use crate::cursor::blob_sync::KvOutcome;
+use crate::cursor::checkpoint;
+use crate::cursor::pending::PendingExecs;
+use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::cursor::run_sse::Downlink;
+use crate::cursor::tool_result::ToolEnv;
+use crate::cursor::tools;
+use crate::error::ServerError;
+use crate::model::conversation::{BlobId, Mode, SubagentRole, WorkspaceContext};
+use crate::model::message::{CanonicalMessage, Origin, UserMessage};
+use crate::model::runtime_tag::{RuntimeTag, current_mode, latest_compaction};
+use crate::model::tool::ToolCall;
+use crate::model::usage::Usage;
+use crate::prompting::compiler::{self, RequestParameters};
+use crate::store::{messages, runs};
+
+/// What every opener knows about the request.
+struct Request<'a> {
+    app: &'a Arc<AppState>,
+    request_id: &'a str,
+    conversation_id: &'a str,
+    mode: Mode,
+    subagent: Option<&'a SubagentRole>,
+    context: Option<&'a WorkspaceContext>,
+}
+
+/// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
+/// own messages start, and what the turn does first.
+struct Opened {
+    history: Vec<CanonicalMessage>,
+    checkpoints: Checkpoints,
+    turn_start: Option<usize>,
+    first: First,
+}
+
+/// A turn's first step.
+enum First {
+    /// Fetch blobs only the client has, then call the model.
+    Import(Box<Import>),
+    Call,
+    Resume,
+    Summarize,
+    /// Nothing to do (every background completion was already told).
+    Complete,
+}
+
+/// Blobs only the client holds, fetched before the turn starts: the roots of a conversation this
+/// server has never seen, and the user's text when Cursor sent it as a blob (`text_blob_id`).
+pub(super) struct Import {
+    roots: Vec<BlobId>,
+    text_blob: Option<BlobId>,
+    got: HashMap<BlobId, Option<Vec<u8>>>,
+    user_text: String,
+    user_message_id: String,
+    context: Option<WorkspaceContext>,
+}
+
+/// Records the run, commits what the action brings and takes the turn's first step.
+pub(super) async fn open(
+    app: Arc<AppState>,
+    request_id: &str,
+    input: RunRequestInput,
+    out: &mut Downlink,
+) -> Result<(TurnLoop, LoopStep), ServerError> {
+    let model_id = input
+        .model_id
+        .clone()
+        .unwrap_or_else(|| app.config.default_model.clone());
+    let ResolvedModel {
+        provider,
+        model,
+        parameters,
+    } = resolve_model(&app.config, &model_id, &input.parameters)?;
+    runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
+    log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
+    let request = Request {
+        app: &app,
+        request_id,
+        conversation_id: &input.conversation_id,
+        mode: input.mode,
+        subagent: input.subagent.as_ref(),
+        context: input.context.as_ref(),
+    };
+    let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
+    let mode = match input.action {
+        RunAction::UserMessage { .. } => input.mode,
+        _ => current_mode(&opened.history)
+            .or(opened.checkpoints.previous_mode())
+            .unwrap_or(input.mode),
+    };
+    let (system, mode_tools) = compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
+    let mut tool_options = input.tools;
+    tool_options.web_search &= app.config.web_search.is_some();
+    let turn = Turn {
+        request_id: request_id.to_owned(),
+        parameters: RequestParameters::from_pairs(&parameters),
+        pending: PendingExecs::default(),
+        tool_env: ToolEnv {
+            terminals_folder: input.terminals_folder,
+            max_output_bytes: app.config.tool_output_max_bytes,
+            todos: fold_todos(&opened.history),
+            mode,
+            mcp: tool_options.mcp.clone().into(),
+            conversation_id: input.conversation_id,
+            model_id,
+        },
+        usage: Usage::default(),
+        last_call_usage: None,
+        system,
+        offered_tools: tools::offered_tools(mode_tools, &tool_options),
+        tool_options,
+        subagent: input.subagent,
+        subagent_runs: fold_subagent_runs(&opened.history, []),
+        turn_start: opened.turn_start.unwrap_or(opened.history.len()),
+        compactions: latest_compaction(&opened.history).map_or(0, |(_, n, _)| n),
+        last_body_bytes: 0,
+        bytes_per_token: default_bytes_per_token(),
+        provider_calls: 0,
+        model_call_id: String::new(),
+        history: opened.history,
+        checkpoints: opened.checkpoints,
+        provider,
+        model,
+        app,
+    };
+    let mut turn = TurnLoop::new(turn);
+    let step = turn.begin(opened.first, out).await?;
+    Ok((turn, step))
+}
+
+/// The configured model a run calls.
+struct ResolvedModel {
+    provider: ProviderConfig,
+    model: ModelConfig,
+    parameters: Vec<(String, String)>,
+}
+
+/// The configured model for Cursor's id, with the parameters the id implies (a suffix such as
+/// `-high` counts unless Cursor also sent the parameter) followed by those Cursor sent.
+fn resolve_model(
+    config: &Config,
+    model_id: &str,
+    sent: &[(String, String)],
+) -> Result<ResolvedModel, ServerError> {
+    let choice = config.resolve_model(model_id).ok_or_else(|| {
+        ServerError::NotFound(format!(
+            "model {model_id:?} is not configured (configured models: {})",
+            config.model_ids().collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    let provider = config.providers[choice.provider].clone();
+    let model = provider.models[choice.model].clone();
+    let mut parameters = choice.implied;
+    parameters.extend(sent.iter().cloned());
+    Ok(ResolvedModel {
+        provider,
+        model,
+        parameters,
+    })
+}
+
+fn log_subagent(request_id: &str, conversation_id: &str, role: Option<&SubagentRole>) {
+    if let Some(role) = role {
+        tracing::info!(
+            request_id,
+            conversation_id,
+            subagent_type = %role.type_name,
+            parent_request_id = role.parent_request_id.as_deref().unwrap_or(""),
+            parent_tool_call_id = role.parent_tool_call_id.as_deref().unwrap_or(""),
+            "subagent run"
+        );
+    }
+}
+
+/// Picks the opener for the run's action.
+async fn open_action(
+    request: &Request<'_>,
+    action: &RunAction,
+    client_state: Option<&ConversationStateStructure>,
+    out: &mut Downlink,
+) -> Result<Opened, ServerError> {
+    let store = &request.app.store;
+    let importing =
+        client_state.is_some() && !messages::any(store, request.conversation_id).await?;
+    match action {
+        RunAction::UserMessage {
+            text,
+            message_id,
+            text_blob,
+        } if text_blob.is_some() || importing => {
+            let state = client_state.filter(|_| importing);
+            open_import(request, text, message_id, *text_blob, state, out).await
+        }
+        RunAction::UserMessage {
+            text, message_id, ..
+        } => open_user_message(request, text, message_id, out).await,
+        RunAction::Resume => open_stored(request, First::Resume).await,
+        RunAction::Summarize => open_stored(request, First::Summarize).await,
+        RunAction::BackgroundTasksEnded(completions) => {
+            let tags: Vec<RuntimeTag> = completions.iter().map(compiler::background_tag).collect();
+            open_background(request, &tags, out).await
+        }
+    }
+}
+
+/// A conversation (or a user text) only the client has: its roots become our history first.
+async fn open_import(
+    request: &Request<'_>,
+    text: &str,
+    message_id: &str,
+    text_blob: Option<BlobId>,
+    client_state: Option<&ConversationStateStructure>,
+    out: &mut Downlink,
+) -> Result<Opened, ServerError> {
+    let app = request.app;
+    let mut checkpoints = Checkpoints::open(
+        app.store.clone(),
+        request.conversation_id,
+        request.request_id,
+        client_state,
+    )
+    .await?;
+    let roots = if client_state.is_some() {
+        checkpoints.fetch_roots(out).await
+    } else {
+        Vec::new()
+    };
+    if let Some(id) = text_blob {
+        checkpoints.fetch(id, out).await;
+    }
+    let import = Import {
+        roots,
+        text_blob,
+        got: HashMap::new(),
+        user_text: text.to_owned(),
+        user_message_id: message_id.to_owned(),
+        context: request.context.cloned(),
+    };
+    Ok(Opened {
+        history: Vec::new(),
+        checkpoints,
+        turn_start: None,
+        first: First::Import(Box::new(import)),
+    })
+}
+
+/// A new user message: committed with its runtime messages, then the model is called.
+async fn open_user_message(
+    request: &Request<'_>,
+    text: &str,
+    message_id: &str,
+    out: &mut Downlink,
+) -> Result<Opened, ServerError> {
+    let app = request.app;
+    let mut history = messages::load(&app.store, request.conversation_id).await?;
+    let turn_start = Some(history.len());
+    let user = UserMessage {
+        origin: Origin::User,
+        text: text.to_owned(),
+        client_message_id: message_id.to_owned(),
+        mode: Some(request.mode),
+        runtime: None,
+    };
+    let committed = commit_user_message(request, &mut history, user, request.context).await?;
+    let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
+    let opening = TurnOpening {
+        system: &system,
+        context: committed.context.as_deref(),
+        mode: request.mode,
+        user_text: text,
+        user_message_id: message_id,
+    };
+    let mut checkpoints = Checkpoints::start(
+        app.store.clone(),
+        request.conversation_id,
+        request.request_id,
+        opening,
+        out,
+    )
+    .await?;
+    checkpoints.runtime_messages(&committed.after, out).await?;
+    Ok(Opened {
+        history,
+        checkpoints,
+        turn_start,
+        first: First::Call,
+    })
+}
+
+/// Resume and summarize: the stored history and the checkpoints where the conversation stopped.
+async fn open_stored(request: &Request<'_>, first: First) -> Result<Opened, ServerError> {
+    let app = request.app;
+    let history = messages::load(&app.store, request.conversation_id).await?;
+    let checkpoints = Checkpoints::resume(
+        app.store.clone(),
+        request.conversation_id,
+        request.request_id,
+    )
+    .await?;
+    Ok(Opened {
+        history,
+        checkpoints,
+        turn_start: None,
+        first,
+    })
+}
+
+/// Background tasks ended: the model is told once per task (runtime messages) and continues.
+async fn open_background(
+    request: &Request<'_>,
+    tags: &[RuntimeTag],
+    out: &mut Downlink,
+) -> Result<Opened, ServerError> {
+    let app = request.app;
+    let (conversation_id, request_id) = (request.conversation_id, request.request_id);
+    let mut history = messages::load(&app.store, conversation_id).await?;
+    let turn_start = Some(history.len());
+    let appended =
+        messages::append_with_tags(&app.store, conversation_id, request_id, &[], &[], tags).await?;
+    let notices = user_texts(&appended);
+    history.extend(appended);
+    if notices.is_empty() {
+        // Every completion was already told: nothing new for the model.
+        let checkpoints =
+            Checkpoints::resume(app.store.clone(), conversation_id, request_id).await?;
+        return Ok(Opened {
+            history,
+            checkpoints,
+            turn_start,
+            first: First::Complete,
+        });
+    }
+    let mode = current_mode(&history).unwrap_or(request.mode);
+    let (system, _) = compiler::prompt_for(&app.prompts, mode, None);
+    let opening = TurnOpening {
+        system: &system,
+        context: None,
+        mode,
+        user_text: &notices.join("\n\n"),
+        user_message_id: "",
+    };
+    let checkpoints =
+        Checkpoints::start(app.store.clone(), conversation_id, request_id, opening, out).await?;
+    Ok(Opened {
+        history,
+        checkpoints,
+        turn_start,
+        first: First::Call,
+    })
+}
+
+impl TurnLoop {
+    /// The turn's first step, as its opener decided.
+    async fn begin(&mut self, first: First, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        match first {
+            First::Import(import) => {
+                self.phase = Phase::Importing(*import);
+                Ok(LoopStep::Continue)
+            }
+            First::Call => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+            First::Resume => self.resume(out).await,
+            First::Summarize => {
+                let history = &self.turn.history;
+                match latest_compaction(history) {
+                    Some((at, _, _)) if at + 1 == history.len() => Ok(self.complete()),
+                    _ if history.is_empty() => Ok(self.complete()),
+                    _ => {
+                        self.start_compaction(history.len(), AfterCompaction::EndTurn);
+                        Ok(LoopStep::Continue)
+                    }
+                }
+            }
+            First::Complete => Ok(self.complete()),
+        }
+    }
+
+    /// Continues where the conversation stopped: runs the calls of the last tool batch that have
+    /// no stored result (completed ones never run twice), or asks the model again if the batch was
+    /// complete or the last turn never got an answer; otherwise there is nothing to do.
+    async fn resume(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        let history = &self.turn.history;
+        let last_assistant = history.iter().rev().find_map(|m| match m {
+            CanonicalMessage::Assistant(a) => Some(a.clone()),
+            _ => None,
+        });
+        let answered_last = matches!(history.last(), Some(CanonicalMessage::Assistant(a)) if a.planned_calls.is_empty());
+        match last_assistant {
+            Some(assistant) if !assistant.planned_calls.is_empty() => {
+                let unfinished = unfinished_calls(history, &assistant);
+                tracing::info!(
+                    request_id = %self.turn.request_id,
+                    unfinished = unfinished.len(),
+                    of = assistant.planned_calls.len(),
+                    "resuming a tool batch"
+                );
+                self.turn.model_call_id = assistant.model_call_id.clone();
+                self.start_batch(unfinished, out).await
+            }
+            _ if answered_last || history.is_empty() => Ok(self.complete()),
+            _ => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+        }
+    }
+}
+
+/// The planned calls of `assistant` without a stored result, with their positions.
+fn unfinished_calls(
+    history: &[CanonicalMessage],
+    assistant: &crate::model::message::AssistantMessage,
+) -> Vec<(u32, ToolCall)> {
+    assistant
+        .planned_calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| (u32::try_from(i).unwrap_or(u32::MAX), call.clone()))
+        .filter(|(index, _)| {
+            !history.iter().any(|m| {
+                matches!(m, CanonicalMessage::ToolResult(r)
+                    if r.model_call_id == assistant.model_call_id && r.index == *index)
+            })
+        })
+        .collect()
+}
+
+impl Import {
+    /// Records one KV read; returns whether every blob is in.
+    pub fn on_read(&mut self, read: Option<KvOutcome>, request_id: &str) -> bool {
+        match read {
+            Some(KvOutcome::Fetched { id, data }) => {
+                self.got.insert(id, Some(data));
+            }
+            Some(KvOutcome::Missing(id)) => {
+                tracing::warn!(request_id, blob = %id, "the client does not have a root it listed; left out");
+                self.got.insert(id, None);
+            }
+            _ => {}
+        }
+        self.roots
+            .iter()
+            .chain(&self.text_blob)
+            .all(|id| self.got.contains_key(id))
+    }
+
+    /// The user's text: as sent, or from its blob.
+    fn user_text(&self) -> Result<String, ServerError> {
+        let Some(id) = self.text_blob else {
+            return Ok(self.user_text.clone());
+        };
+        match self.got.get(&id).cloned().flatten() {
+            Some(data) => String::from_utf8(data).map_err(|_| {
+                ProtocolError::Kv(format!("the user message's text blob {id} is not UTF-8")).into()
+            }),
+            None => Err(ProtocolError::Kv(format!(
+                "the client does not have the user message's text blob {id}"
+            ))
+            .into()),
+        }
+    }
+
+    /// The fetched roots as AI SDK JSON (roots that are not JSON are left out).
+    fn root_values(&self, request_id: &str) -> Vec<serde_json::Value> {
+        self.roots
+            .iter()
+            .filter_map(|id| self.got.get(id).cloned().flatten())
+            .filter_map(|data| match serde_json::from_slice(&data) {
+                Ok(json) => Some(json),
+                Err(e) => {
+                    tracing::warn!(request_id, "an imported root is not JSON ({e}); left out");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// All roots are in: they become stored history, then the user's message is committed and the
+    /// turn begins as usual.
+    pub async fn finish(self, turn: &mut Turn, out: &mut Downlink) -> Result<(), ServerError> {
+        let user_text = self.user_text()?;
+        let roots = self.root_values(&turn.request_id);
+        let missing: Vec<BlobId> = self
+            .roots
+            .iter()
+            .filter(|id| matches!(self.got.get(id), Some(None)))
+            .copied()
+            .collect();
+        turn.checkpoints.forget_missing_roots(&missing);
+        let imported = checkpoint::import_roots(&roots);
+        if !self.roots.is_empty() {
+            tracing::info!(request_id = %turn.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
+        }
+        turn.append(&imported).await?;
+        turn.history = messages::load(&turn.app.store, turn.conversation_id()).await?;
+        turn.turn_start = turn.history.len();
+        self.commit(turn, user_text, out).await
+    }
+
+    async fn commit(
+        self,
+        turn: &mut Turn,
+        user_text: String,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let app = Arc::clone(&turn.app);
+        let request_id = turn.request_id.clone();
+        let conversation_id = turn.conversation_id().to_owned();
+        let request = Request {
+            app: &app,
+            request_id: &request_id,
+            conversation_id: &conversation_id,
+            mode: turn.mode(),
+            subagent: None,
+            context: self.context.as_ref(),
+        };
+        let user = UserMessage {
+            origin: Origin::User,
+            text: user_text.clone(),
+            client_message_id: self.user_message_id.clone(),
+            mode: Some(turn.mode()),
+            runtime: None,
+        };
+        let committed =
+            commit_user_message(&request, &mut turn.history, user, request.context).await?;
+        turn.tool_env.todos = fold_todos(&turn.history);
+        let opening = TurnOpening {
+            system: &turn.system,
+            context: committed.context.as_deref(),
+            mode: turn.mode(),
+            user_text: &user_text,
+            user_message_id: &self.user_message_id,
+        };
+        turn.checkpoints
+            .begin_turn(&turn.request_id, opening, out)
+            .await?;
+        turn.checkpoints
+            .runtime_messages(&committed.after, out)
+            .await
+    }
+}
+
+/// The runtime texts a committed user message brought, for the checkpoint roots.
+struct CommittedUserMessage {
+    /// The injected-context message before it, if the context was new.
+    context: Option<String>,
+    /// Notices and reminders after it.
+    after: Vec<String>,
+}
+
+/// Appends the user's message with its runtime messages in one transaction: the workspace context
+/// before it when the model has not seen that context yet, the mode notice and the mode's reminder
+/// after it. `history` (the stored history before the message) is extended with what was stored.
+async fn commit_user_message(
+    request: &Request<'_>,
+    history: &mut Vec<CanonicalMessage>,
+    user: UserMessage,
+    context: Option<&WorkspaceContext>,
+) -> Result<CommittedUserMessage, ServerError> {
+    let (app, request_id) = (request.app, request.request_id);
+    let mode = user.mode.unwrap_or_default();
+    let before: Vec<RuntimeTag> = context
+        .and_then(|context| compiler::context_tag(history, context, request_id))
+        .into_iter()
+        .collect();
+    let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
+    let appended = messages::append_with_tags(
+        &app.store,
+        request.conversation_id,
+        request_id,
+        &before,
+        &[CanonicalMessage::User(user)],
+        &after,
+    )
+    .await?;
+    let user_at = appended
+        .iter()
+        .position(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User))
+        .unwrap_or(0);
+    let committed = CommittedUserMessage {
+        context: user_texts(&appended[..user_at]).into_iter().next(),
+        after: user_texts(&appended[user_at + 1..]),
+    };
+    history.extend(appended);
+    Ok(committed)
+}
