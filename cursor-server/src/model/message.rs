@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::conversation::Mode;
+use super::runtime_tag::{RuntimeEvent, RuntimeTag};
 use super::tool::{ToolCall, ToolResult};
 
 /// Who caused a user-role message to exist.
@@ -123,4 +125,53 @@ pub enum ProviderReplay {
     OpenAiResponses { items: Vec<serde_json::Value> },
     /// Anthropic Messages: the thinking / redacted_thinking blocks exactly as received, in order.
     Anthropic { blocks: Vec<serde_json::Value> },
+}
+
+impl RuntimeTag {
+    /// The runtime-origin message stored for it.
+    pub fn message(&self) -> CanonicalMessage {
+        CanonicalMessage::User(UserMessage {
+            origin: Origin::Runtime,
+            text: self.text.clone(),
+            client_message_id: String::new(),
+            mode: self.event.new_mode(),
+            runtime: Some(self.event.clone()),
+        })
+    }
+}
+
+/// The latest compaction in `history`: (its position, its compaction number, the index it summarized
+/// up to).
+pub fn latest_compaction(history: &[CanonicalMessage]) -> Option<(usize, u32, usize)> {
+    history
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(at, m)| match m {
+            CanonicalMessage::User(UserMessage {
+                runtime: Some(RuntimeEvent::Compacted { number, through }),
+                ..
+            }) => Some((at, *number, (*through).min(at))),
+            _ => None,
+        })
+}
+
+/// The digest of the workspace context the model saw last (`None` if it never saw one).
+pub fn current_context_digest(history: &[CanonicalMessage]) -> Option<&str> {
+    history.iter().rev().find_map(|message| match message {
+        CanonicalMessage::User(UserMessage {
+            runtime: Some(RuntimeEvent::WorkspaceContext { digest }),
+            ..
+        }) => Some(digest.as_str()),
+        _ => None,
+    })
+}
+
+/// The mode the conversation is in after `history`: the latest user message's mode or mode change
+/// (`None` when no stored message states one, e.g. an imported conversation).
+pub fn current_mode(history: &[CanonicalMessage]) -> Option<Mode> {
+    history.iter().rev().find_map(|message| match message {
+        CanonicalMessage::User(user) => user.mode,
+        _ => None,
+    })
 }

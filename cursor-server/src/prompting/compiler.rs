@@ -8,10 +8,9 @@
 use super::assets::{PromptAssets, PromptKind};
 use crate::config::ModelConfig;
 use crate::model::conversation::{Mode, RuleScope, SubagentRole, WorkspaceContext};
-use crate::model::message::CanonicalMessage;
+use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag,
-    current_context_digest, latest_compaction,
 };
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::command::ExecControl;
-use super::loop_engine::{Turn, fold_subagent_runs, fold_todos, switch_mode, user_texts};
+use super::turn::{Turn, fold_subagent_runs, fold_todos, switch_mode, user_texts};
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
 use crate::cursor::run_sse::Downlink;

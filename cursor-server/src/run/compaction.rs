@@ -5,11 +5,12 @@
 //! Its own file because `run/loop_engine.rs` cannot hold it besides the turn's phases within 800
 //! lines; a compaction is the turn's `Phase::Compacting` data.
 
-use super::loop_engine::Turn;
+use super::turn::Turn;
 use crate::cursor::run_sse::Downlink;
 use crate::error::ServerError;
+use crate::model::message::latest_compaction;
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};
-use crate::model::runtime_tag::{RuntimeEvent, latest_compaction};
+use crate::model::runtime_tag::RuntimeEvent;
 use crate::model::usage::Usage;
 use crate::prompting::assets::PromptKind;
 use crate::prompting::compiler;

@@ -12,36 +12,27 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio_util::sync::{CancellationToken, DropGuard};
-
 use super::batch::{Batch, SearchDone};
 use super::command::{ExecControl, ProtocolError, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
-use super::lifecycle::Checkpoints;
-use super::opening::{self, Import};
+use super::opening::{self, First, Import};
+use super::turn::{ProviderCall, Turn};
 use crate::app::AppState;
-use crate::config::{ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvPayload;
-use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::cursor::interaction;
-use crate::cursor::pending::{Match, PendingExecs};
+use crate::cursor::pending::Match;
 use crate::cursor::run_sse::Downlink;
-use crate::cursor::tool_result::ToolEnv;
+use crate::cursor::tools::ToolKind;
 use crate::cursor::tools::edit::FieldStreamer;
-use crate::cursor::tools::{ToolKind, ToolOptions, task, todo};
 use crate::error::ServerError;
-use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunState, Todo};
+use crate::model::message::latest_compaction;
 use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay};
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
-use crate::prompting::compiler::{self, RequestParameters};
-use crate::prompting::{derived_state, projector};
-use crate::provider::{
-    self, CallLimits, EventReceiver, FinishReason, ProviderError, RequestBody, ResponseEvent,
-};
-use crate::store::runs::{self, CallPurpose};
-use crate::store::{messages, now_ms};
+use crate::provider::{FinishReason, ProviderError, ResponseEvent};
+use crate::store::now_ms;
+use crate::store::runs::CallPurpose;
 
 /// What the loop waits for besides client input.
 #[derive(Debug)]
@@ -60,65 +51,6 @@ pub enum LoopStep {
     TurnComplete {
         usage: Usage,
     },
-}
-
-/// Bytes of projected request per token before a provider call has reported its real usage.
-const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
-
-/// What holds for the whole run, whatever phase it is in.
-pub(super) struct Turn {
-    pub app: Arc<AppState>,
-    pub request_id: String,
-    /// The model this run calls, resolved once from Cursor's id.
-    pub provider: ProviderConfig,
-    pub model: ModelConfig,
-    pub parameters: RequestParameters,
-    pub history: Vec<CanonicalMessage>,
-    /// Exec and query ids of the whole request (one sequence; late answers recognised).
-    pub pending: PendingExecs,
-    /// What tools see of the run — and the one place its mode, conversation id and model id are
-    /// kept.
-    pub tool_env: ToolEnv,
-    pub checkpoints: Checkpoints,
-    pub usage: Usage,
-    /// The latest completed provider call's usage (the checkpoint's context use).
-    pub last_call_usage: Option<Usage>,
-    /// What this request allows beyond the mode's tools, and the resulting tool definitions for
-    /// the current mode (recomputed only when the mode changes).
-    pub tool_options: ToolOptions,
-    pub system: String,
-    pub offered_tools: Vec<serde_json::Value>,
-    /// Set when another agent's Task call started this run (subagent prompt and tools).
-    pub subagent: Option<SubagentRole>,
-    /// The subagents this conversation's finished Task calls started (refolded when one ends).
-    pub subagent_runs: Vec<SubagentRunState>,
-    /// Where this run's messages start in `history` (a compaction keeps them verbatim).
-    pub turn_start: usize,
-    /// Compactions in this conversation so far (the checkpoint's `self_summary_count`).
-    pub compactions: u32,
-    /// The size of the last request sent, and bytes per prompt token as the last usage showed.
-    pub last_body_bytes: usize,
-    pub bytes_per_token: f64,
-    pub provider_calls: u32,
-    /// The latest provider call (cards and stored messages name it).
-    pub model_call_id: String,
-}
-
-/// A provider call in flight: its events, its record, and its cancellation when dropped.
-pub(super) struct ProviderCall {
-    events: EventReceiver,
-    timing: Option<CallTiming>,
-    _cancel: DropGuard,
-}
-
-/// The timing of a provider call, for its record.
-#[derive(Debug)]
-struct CallTiming {
-    purpose: CallPurpose,
-    request_bytes: usize,
-    started: Instant,
-    started_at_ms: i64,
-    first_event: Option<std::time::Duration>,
 }
 
 /// A tool call as it streams in.
@@ -177,177 +109,6 @@ pub struct TurnLoop {
     pub(super) phase: Phase,
 }
 
-impl Turn {
-    pub fn conversation_id(&self) -> &str {
-        &self.tool_env.conversation_id
-    }
-
-    pub fn mode(&self) -> Mode {
-        self.tool_env.mode
-    }
-
-    pub fn model_id(&self) -> &str {
-        &self.tool_env.model_id
-    }
-
-    pub fn project(
-        &self,
-        system: &str,
-        history: &[CanonicalMessage],
-        tools: &[serde_json::Value],
-    ) -> RequestBody {
-        let request = compiler::compile(system, history, &self.model, tools, self.parameters);
-        RequestBody::from_json(&projector::project(self.provider.kind, &request))
-    }
-
-    pub fn provider_error(&self, message: String) -> ServerError {
-        ProviderError::Decode {
-            provider: self.provider.name.clone(),
-            message,
-        }
-        .into()
-    }
-
-    /// Starts one streaming provider call with `body`.
-    fn send(&mut self, body: RequestBody, purpose: CallPurpose) -> ProviderCall {
-        let config = &self.app.config;
-        self.last_body_bytes = body.len();
-        self.model_call_id = uuid::Uuid::new_v4().to_string();
-        tracing::Span::current().record("model_call_id", self.model_call_id.as_str());
-        self.provider_calls += 1;
-        tracing::debug!(
-            request_id = %self.request_id,
-            conversation_id = %self.conversation_id(),
-            model_call_id = %self.model_call_id,
-            provider = %self.provider.name,
-            model = %self.model_id(),
-            call = self.provider_calls,
-            bytes = body.len(),
-            purpose = purpose.as_str(),
-            "provider call"
-        );
-        let timing = CallTiming {
-            purpose,
-            request_bytes: body.len(),
-            started: Instant::now(),
-            started_at_ms: now_ms(),
-            first_event: None,
-        };
-        let cancel = CancellationToken::new();
-        let events = provider::call(
-            &self.app.http,
-            &self.provider,
-            body,
-            CallLimits {
-                headers_timeout: config.provider_connect_timeout,
-                idle_timeout: config.provider_idle_timeout,
-                max_attempts: config.provider_max_attempts,
-                retry_base_delay: config.provider_retry_base_delay,
-            },
-            cancel.clone(),
-        );
-        ProviderCall {
-            events,
-            timing: Some(timing),
-            _cancel: cancel.drop_guard(),
-        }
-    }
-
-    /// Stores the record of `call` (once per call, when it ends).
-    async fn record_call(
-        &self,
-        call: &mut ProviderCall,
-        usage: Option<Usage>,
-        finish_reason: Option<String>,
-        error: Option<String>,
-    ) {
-        let Some(timing) = call.timing.take() else {
-            return;
-        };
-        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let record = runs::ProviderCallRecord {
-            model_call_id: self.model_call_id.clone(),
-            request_id: self.request_id.clone(),
-            conversation_id: self.conversation_id().to_owned(),
-            provider: self.provider.name.clone(),
-            model_id: self.model_id().to_owned(),
-            purpose: timing.purpose,
-            request_bytes: timing.request_bytes as u64,
-            started_at_ms: timing.started_at_ms,
-            first_event_ms: timing.first_event.map(millis),
-            total_ms: millis(timing.started.elapsed()),
-            usage: usage.unwrap_or_default(),
-            finish_reason,
-            error,
-        };
-        tracing::info!(
-            request_id = %record.request_id,
-            conversation_id = %record.conversation_id,
-            model_call_id = %record.model_call_id,
-            purpose = record.purpose.as_str(),
-            first_event_ms = record.first_event_ms,
-            total_ms = record.total_ms,
-            input_tokens = record.usage.input_tokens,
-            output_tokens = record.usage.output_tokens,
-            finish_reason = record.finish_reason.as_deref(),
-            error = record.error.as_deref(),
-            "provider call ended"
-        );
-        if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {
-            tracing::warn!(request_id = %self.request_id, "recording a provider call: {e}");
-        }
-    }
-
-    pub async fn append(&self, messages_to_add: &[CanonicalMessage]) -> Result<(), ServerError> {
-        messages::append(
-            &self.app.store,
-            self.conversation_id(),
-            &self.request_id,
-            messages_to_add,
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// What the checkpoint states besides the graph, folded from the run's own state.
-    pub fn state_details(
-        &self,
-        pending_tool_calls: Vec<ToolCall>,
-        turn_ended_at_ms: Option<u64>,
-    ) -> StateDetails {
-        let mut subagent_runs = self.subagent_runs.clone();
-        subagent_runs.extend(fold_subagent_runs(
-            &[],
-            pending_tool_calls
-                .iter()
-                .filter(|c| c.name == ToolKind::Task.name())
-                .map(|c| (c.call_id.as_str(), c.arguments.as_str())),
-        ));
-        StateDetails {
-            subagent_runs,
-            summaries: self.compactions,
-            pending_tool_calls,
-            todos: self.tool_env.todos.clone(),
-            mode: Some(self.mode()),
-            context: self.last_call_usage.map(|usage| ContextUse {
-                used_tokens: usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0),
-                max_tokens: u64::from(self.model.context_window),
-            }),
-            turn_ended_at_ms,
-        }
-    }
-
-    /// Counts a finished call's usage into the run and the bytes-per-token estimate.
-    fn count_usage(&mut self, usage: &Usage) {
-        if let Some(input_tokens) = usage.input_tokens.filter(|t| *t > 0) {
-            self.bytes_per_token =
-                (self.last_body_bytes as f64 / input_tokens as f64).clamp(1.0, 16.0);
-        }
-        self.last_call_usage = Some(*usage);
-        self.usage.accumulate(usage);
-    }
-}
-
 impl TurnLoop {
     /// Records the run, commits the user message and starts the first provider call.
     pub async fn start(
@@ -356,14 +117,13 @@ impl TurnLoop {
         input: RunRequestInput,
         out: &mut Downlink,
     ) -> Result<(TurnLoop, LoopStep), ServerError> {
-        opening::open(app, request_id, input, out).await
-    }
-
-    pub(super) fn new(turn: Turn) -> TurnLoop {
-        TurnLoop {
+        let (turn, first) = opening::open(app, request_id, input, out).await?;
+        let mut turn = TurnLoop {
             turn,
             phase: Phase::Done,
-        }
+        };
+        let step = turn.begin(first, out).await?;
+        Ok((turn, step))
     }
 
     pub(super) fn complete(&mut self) -> LoopStep {
@@ -462,7 +222,7 @@ impl TurnLoop {
         }
     }
 
-    fn call_timing(&mut self) -> Option<&mut CallTiming> {
+    fn call_timing(&mut self) -> Option<&mut super::turn::CallTiming> {
         match &mut self.phase {
             Phase::Streaming(Streaming { call, .. })
             | Phase::Compacting(Compacting { call, .. }) => call.timing.as_mut(),
@@ -884,46 +644,80 @@ impl Streaming {
     }
 }
 
-/// The subagents of `history`'s Task calls, plus the `running` Task calls (id, arguments) of the
-/// current batch.
-pub(super) fn fold_subagent_runs<'a>(
-    history: &[CanonicalMessage],
-    running: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> Vec<SubagentRunState> {
-    derived_state::fold_subagent_runs(
-        history,
-        running,
-        ToolKind::Task.name(),
-        task::task_title,
-        task::subagent_state,
-    )
-}
+impl TurnLoop {
+    /// The turn's first step, as its opener decided.
+    async fn begin(&mut self, first: First, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        match first {
+            First::Import(import) => {
+                self.phase = Phase::Importing(*import);
+                Ok(LoopStep::Continue)
+            }
+            First::Call => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+            First::Resume => self.resume(out).await,
+            First::Summarize => {
+                let history = &self.turn.history;
+                match latest_compaction(history) {
+                    Some((at, _, _)) if at + 1 == history.len() => Ok(self.complete()),
+                    _ if history.is_empty() => Ok(self.complete()),
+                    _ => {
+                        self.start_compaction(history.len(), AfterCompaction::EndTurn);
+                        Ok(LoopStep::Continue)
+                    }
+                }
+            }
+            First::Complete => Ok(self.complete()),
+        }
+    }
 
-pub(super) fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {
-    derived_state::fold_todos(history, ToolKind::TodoWrite.name(), todo::parse_todo_update)
-}
-
-/// The texts of the user-role messages among `appended` (runtime notices and the like), for the
-/// checkpoint's roots.
-pub(super) fn user_texts(appended: &[CanonicalMessage]) -> Vec<String> {
-    appended
-        .iter()
-        .filter_map(|m| match m {
-            CanonicalMessage::User(user) => Some(user.text.clone()),
+    /// Continues where the conversation stopped: runs the calls of the last tool batch that have
+    /// no stored result (completed ones never run twice), or asks the model again if the batch was
+    /// complete or the last turn never got an answer; otherwise there is nothing to do.
+    async fn resume(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
+        let history = &self.turn.history;
+        let last_assistant = history.iter().rev().find_map(|m| match m {
+            CanonicalMessage::Assistant(a) => Some(a.clone()),
             _ => None,
+        });
+        let answered_last = matches!(history.last(), Some(CanonicalMessage::Assistant(a)) if a.planned_calls.is_empty());
+        match last_assistant {
+            Some(assistant) if !assistant.planned_calls.is_empty() => {
+                let unfinished = unfinished_calls(history, &assistant);
+                tracing::info!(
+                    request_id = %self.turn.request_id,
+                    unfinished = unfinished.len(),
+                    of = assistant.planned_calls.len(),
+                    "resuming a tool batch"
+                );
+                self.turn.model_call_id = assistant.model_call_id.clone();
+                self.start_batch(unfinished, out).await
+            }
+            _ if answered_last || history.is_empty() => Ok(self.complete()),
+            _ => {
+                self.start_provider_call();
+                Ok(LoopStep::Continue)
+            }
+        }
+    }
+}
+
+/// The planned calls of `assistant` without a stored result, with their positions.
+fn unfinished_calls(
+    history: &[CanonicalMessage],
+    assistant: &crate::model::message::AssistantMessage,
+) -> Vec<(u32, ToolCall)> {
+    assistant
+        .planned_calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| (u32::try_from(i).unwrap_or(u32::MAX), call.clone()))
+        .filter(|(index, _)| {
+            !history.iter().any(|m| {
+                matches!(m, CanonicalMessage::ToolResult(r)
+                    if r.model_call_id == assistant.model_call_id && r.index == *index)
+            })
         })
         .collect()
-}
-
-/// A new mode's system prompt and tools for this run.
-pub(super) fn switch_mode(turn: &mut Turn, to: Mode) {
-    tracing::info!(request_id = %turn.request_id, from = ?turn.mode(), ?to, "mode switched");
-    turn.tool_env.mode = to;
-    let (system, mode_tools) = compiler::prompt_for(&turn.app.prompts, to, turn.subagent.as_ref());
-    turn.system = system;
-    turn.offered_tools = crate::cursor::tools::offered_tools(mode_tools, &turn.tool_options);
-}
-
-pub(super) const fn default_bytes_per_token() -> f64 {
-    DEFAULT_BYTES_PER_TOKEN
 }

@@ -9,3 +9,4 @@ pub mod lifecycle;
 pub mod loop_engine;
 mod opening;
 pub mod registry;
+mod turn;

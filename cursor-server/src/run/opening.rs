@@ -10,12 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::command::{ProtocolError, RunAction, RunRequestInput};
-use super::compaction::AfterCompaction;
 use super::lifecycle::{Checkpoints, TurnOpening};
-use super::loop_engine::{
-    LoopStep, Phase, Turn, TurnLoop, default_bytes_per_token, fold_subagent_runs, fold_todos,
-    user_texts,
-};
+use super::turn::{Turn, default_bytes_per_token, fold_subagent_runs, fold_todos, user_texts};
 use crate::app::AppState;
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvOutcome;
@@ -28,8 +24,8 @@ use crate::cursor::tools;
 use crate::error::ServerError;
 use crate::model::conversation::{BlobId, Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};
-use crate::model::runtime_tag::{RuntimeTag, current_mode, latest_compaction};
-use crate::model::tool::ToolCall;
+use crate::model::message::{current_mode, latest_compaction};
+use crate::model::runtime_tag::RuntimeTag;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
 use crate::store::{messages, runs};
@@ -54,7 +50,7 @@ struct Opened {
 }
 
 /// A turn's first step.
-enum First {
+pub(super) enum First {
     /// Fetch blobs only the client has, then call the model.
     Import(Box<Import>),
     Call,
@@ -75,13 +71,13 @@ pub(super) struct Import {
     context: Option<WorkspaceContext>,
 }
 
-/// Records the run, commits what the action brings and takes the turn's first step.
+/// Records the run and commits what the action brings; returns the run and the turn's first step.
 pub(super) async fn open(
     app: Arc<AppState>,
     request_id: &str,
     input: RunRequestInput,
     out: &mut Downlink,
-) -> Result<(TurnLoop, LoopStep), ServerError> {
+) -> Result<(Turn, First), ServerError> {
     let model_id = input
         .model_id
         .clone()
@@ -143,9 +139,7 @@ pub(super) async fn open(
         model,
         app,
     };
-    let mut turn = TurnLoop::new(turn);
-    let step = turn.begin(opened.first, out).await?;
-    Ok((turn, step))
+    Ok((turn, opened.first))
 }
 
 /// The configured model a run calls.
@@ -367,84 +361,6 @@ async fn open_background(
         turn_start,
         first: First::Call,
     })
-}
-
-impl TurnLoop {
-    /// The turn's first step, as its opener decided.
-    async fn begin(&mut self, first: First, out: &mut Downlink) -> Result<LoopStep, ServerError> {
-        match first {
-            First::Import(import) => {
-                self.phase = Phase::Importing(*import);
-                Ok(LoopStep::Continue)
-            }
-            First::Call => {
-                self.start_provider_call();
-                Ok(LoopStep::Continue)
-            }
-            First::Resume => self.resume(out).await,
-            First::Summarize => {
-                let history = &self.turn.history;
-                match latest_compaction(history) {
-                    Some((at, _, _)) if at + 1 == history.len() => Ok(self.complete()),
-                    _ if history.is_empty() => Ok(self.complete()),
-                    _ => {
-                        self.start_compaction(history.len(), AfterCompaction::EndTurn);
-                        Ok(LoopStep::Continue)
-                    }
-                }
-            }
-            First::Complete => Ok(self.complete()),
-        }
-    }
-
-    /// Continues where the conversation stopped: runs the calls of the last tool batch that have
-    /// no stored result (completed ones never run twice), or asks the model again if the batch was
-    /// complete or the last turn never got an answer; otherwise there is nothing to do.
-    async fn resume(&mut self, out: &mut Downlink) -> Result<LoopStep, ServerError> {
-        let history = &self.turn.history;
-        let last_assistant = history.iter().rev().find_map(|m| match m {
-            CanonicalMessage::Assistant(a) => Some(a.clone()),
-            _ => None,
-        });
-        let answered_last = matches!(history.last(), Some(CanonicalMessage::Assistant(a)) if a.planned_calls.is_empty());
-        match last_assistant {
-            Some(assistant) if !assistant.planned_calls.is_empty() => {
-                let unfinished = unfinished_calls(history, &assistant);
-                tracing::info!(
-                    request_id = %self.turn.request_id,
-                    unfinished = unfinished.len(),
-                    of = assistant.planned_calls.len(),
-                    "resuming a tool batch"
-                );
-                self.turn.model_call_id = assistant.model_call_id.clone();
-                self.start_batch(unfinished, out).await
-            }
-            _ if answered_last || history.is_empty() => Ok(self.complete()),
-            _ => {
-                self.start_provider_call();
-                Ok(LoopStep::Continue)
-            }
-        }
-    }
-}
-
-/// The planned calls of `assistant` without a stored result, with their positions.
-fn unfinished_calls(
-    history: &[CanonicalMessage],
-    assistant: &crate::model::message::AssistantMessage,
-) -> Vec<(u32, ToolCall)> {
-    assistant
-        .planned_calls
-        .iter()
-        .enumerate()
-        .map(|(i, call)| (u32::try_from(i).unwrap_or(u32::MAX), call.clone()))
-        .filter(|(index, _)| {
-            !history.iter().any(|m| {
-                matches!(m, CanonicalMessage::ToolResult(r)
-                    if r.model_call_id == assistant.model_call_id && r.index == *index)
-            })
-        })
-        .collect()
 }
 
 impl Import {
