@@ -11,11 +11,11 @@ use super::proto::agent::{
 };
 use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions};
+use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
 use crate::model::tool::McpTool;
 use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
-use crate::store::blobs::BlobId;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -70,223 +70,248 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             "AgentClientMessage with no message set".to_owned(),
         ));
     };
-    Ok(match message {
-        Message::RunRequest(request) => {
-            let conversation_id = request
-                .conversation_id
-                .clone()
-                .filter(|id| !id.is_empty())
-                .ok_or(ProtocolError::MissingConversationId)?;
-            let model_id = request
-                .requested_model
-                .as_ref()
-                .map(|m| m.model_id.clone())
-                .filter(|id| !id.is_empty())
-                .or_else(|| {
-                    request
-                        .model_details
-                        .as_ref()
-                        .map(|m| m.model_id.clone())
-                        .filter(|id| !id.is_empty())
-                });
-            let client_state = request
-                .conversation_state
-                .clone()
-                .filter(|state| !state.root_prompt_messages_json.is_empty())
-                .map(Box::new);
-            let parameters = request
-                .requested_model
-                .as_ref()
-                .map(|m| {
-                    m.parameters
-                        .iter()
-                        .map(|p| (p.id.clone(), p.value.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            match request.action.and_then(|a| a.action) {
-                Some(conversation_action::Action::UserMessageAction(action)) => {
-                    let user = action.user_message.unwrap_or_default();
-                    let user_text_is_empty = user.text.is_empty();
-                    let mode = match checkpoint::mode_of(user.mode) {
-                        Ok(mode) => mode,
-                        Err(message) => return Ok(ClientInput::Unsupported(message)),
-                    };
-                    let text_blob = match user.text_blob_id.as_deref() {
-                        None | Some([]) => None,
-                        Some(id) => Some(BlobId::from_slice(id).ok_or_else(|| {
-                            ProtocolError::Uplink(format!(
-                                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
-                                id.len()
-                            ))
-                        })?),
-                    };
-                    let run_action = RunAction::UserMessage {
-                        text: user.text,
-                        message_id: user.message_id,
-                        text_blob: text_blob.filter(|_| user_text_is_empty),
-                    };
-                    let terminals_folder = action
-                        .request_context
-                        .as_ref()
-                        .and_then(|c| c.env.as_ref())
-                        .map(|env| env.terminals_folder.clone())
-                        .unwrap_or_default();
-                    let context = action.request_context.as_ref().map(workspace_context);
-                    let context_part = action.request_context.as_ref();
-                    let mut tools = ToolOptions {
-                        web_fetch: context_part.is_none_or(|c| c.web_fetch_enabled != Some(false)),
-                        web_search: context_part
-                            .is_none_or(|c| c.web_search_enabled != Some(false)),
-                        mcp: mcp_tools(
-                            &request.mcp_tools,
-                            [
-                                request.mcp_file_system_options.as_ref(),
-                                context_part.and_then(|c| c.mcp_file_system_options.as_ref()),
-                            ],
-                        ),
-                        mcp_servers: Vec::new(),
-                        only: None,
-                    };
-                    tools.add_servers(
-                        context_part
-                            .into_iter()
-                            .flat_map(|c| &c.mcp_instructions)
-                            .map(|m| server_of(&m.server_identifier, &m.server_name)),
-                    );
-                    let subagent =
-                        subagent_role(request.subagent_type_name.as_deref(), context_part);
-                    if let Some(role) = &subagent {
-                        tools.restrict_to(role);
-                    }
-                    ClientInput::RunRequest(Box::new(RunRequestInput {
-                        conversation_id,
-                        action: run_action,
-                        model_id,
-                        terminals_folder,
-                        context,
-                        mode,
-                        tools,
-                        subagent,
-                        parameters,
-                        client_state,
-                    }))
-                }
-                // Runs without a new user message (and without a request context).
-                Some(
-                    action @ (conversation_action::Action::BackgroundTaskCompletionAction(_)
-                    | conversation_action::Action::ResumeAction(_)
-                    | conversation_action::Action::SummarizeAction(_)),
-                ) => {
-                    let (run_action, subagent) = match action {
-                        conversation_action::Action::BackgroundTaskCompletionAction(action) => {
-                            match background_completions(&action) {
-                                Ok(completions) => {
-                                    (RunAction::BackgroundTasksEnded(completions), None)
-                                }
-                                Err(message) => return Ok(ClientInput::Unsupported(message)),
-                            }
-                        }
-                        conversation_action::Action::SummarizeAction(_) => (
-                            RunAction::Summarize,
-                            subagent_role(request.subagent_type_name.as_deref(), None),
-                        ),
-                        _ => (
-                            RunAction::Resume,
-                            subagent_role(request.subagent_type_name.as_deref(), None),
-                        ),
-                    };
-                    let mut tools = ToolOptions::without_context(mcp_tools(
-                        &request.mcp_tools,
-                        [request.mcp_file_system_options.as_ref(), None],
-                    ));
-                    if let Some(role) = &subagent {
-                        tools.restrict_to(role);
-                    }
-                    ClientInput::RunRequest(Box::new(RunRequestInput {
-                        conversation_id,
-                        action: run_action,
-                        model_id,
-                        terminals_folder: String::new(),
-                        context: None,
-                        mode: Mode::default(),
-                        tools,
-                        subagent,
-                        parameters,
-                        client_state,
-                    }))
-                }
-                Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
-                Some(other) => {
-                    ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
-                }
-                None => ClientInput::Unsupported("run_request without an action".to_owned()),
-            }
-        }
-        Message::ConversationAction(action) => match action.action {
+    match message {
+        Message::RunRequest(request) => run_request(request),
+        Message::ConversationAction(action) => Ok(match action.action {
             Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
             Some(other) => {
                 ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
             }
             None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
-        },
+        }),
         Message::ExecClientMessage(result) => match result.message {
-            Some(payload) => ClientInput::ExecResult {
+            Some(payload) => Ok(ClientInput::ExecResult {
                 id: result.id,
                 payload: exec::ExecPayload(Box::new(payload)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "exec_client_message {} carries no result",
-                    result.id
-                )));
-            }
+            }),
+            None => Err(no_result("exec_client_message", result.id)),
         },
-        Message::ExecClientControlMessage(control) => match control.message {
-            Some(exec_client_control_message::Message::StreamClose(close)) => {
-                ClientInput::ExecControl {
-                    id: close.id,
-                    control: ExecControl::StreamClose,
-                }
-            }
-            Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
-                id: throw.id,
-                control: ExecControl::Throw { error: throw.error },
-            },
-            Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
-            None => {
-                return Err(ProtocolError::Uplink(
-                    "exec_client_control_message with no message set".to_owned(),
-                ));
-            }
-        },
+        Message::ExecClientControlMessage(control) => exec_control(control),
         Message::KvClientMessage(kv) => match kv.message {
-            Some(result) => ClientInput::KvResult {
+            Some(result) => Ok(ClientInput::KvResult {
                 id: kv.id,
                 payload: KvPayload(Box::new(result)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "kv_client_message {} carries no result",
-                    kv.id
-                )));
-            }
+            }),
+            None => Err(no_result("kv_client_message", kv.id)),
         },
         Message::InteractionResponse(response) => match response.result {
-            Some(result) => ClientInput::InteractionResponse {
+            Some(result) => Ok(ClientInput::InteractionResponse {
                 id: response.id,
                 payload: exec::QueryPayload(Box::new(result)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "interaction_response {} carries no result",
-                    response.id
-                )));
-            }
+            }),
+            None => Err(no_result("interaction_response", response.id)),
         },
-        Message::ClientHeartbeat(_) => ClientInput::Heartbeat,
-        Message::PrewarmRequest(_) => ClientInput::Prewarm,
+        Message::ClientHeartbeat(_) => Ok(ClientInput::Heartbeat),
+        Message::PrewarmRequest(_) => Ok(ClientInput::Prewarm),
+    }
+}
+
+fn no_result(kind: &str, id: u32) -> ProtocolError {
+    ProtocolError::Uplink(format!("{kind} {id} carries no result"))
+}
+
+fn exec_control(control: pb::ExecClientControlMessage) -> Result<ClientInput, ProtocolError> {
+    Ok(match control.message {
+        Some(exec_client_control_message::Message::StreamClose(close)) => {
+            ClientInput::ExecControl {
+                id: close.id,
+                control: ExecControl::StreamClose,
+            }
+        }
+        Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
+            id: throw.id,
+            control: ExecControl::Throw { error: throw.error },
+        },
+        Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
+        None => {
+            return Err(ProtocolError::Uplink(
+                "exec_client_control_message with no message set".to_owned(),
+            ));
+        }
     })
+}
+
+/// What every run request states whatever its action: the conversation, the model and its
+/// parameters, and the client's checkpoint (for a conversation this server has never seen).
+struct RunBasics {
+    conversation_id: String,
+    model_id: Option<String>,
+    parameters: Vec<(String, String)>,
+    client_state: Option<Box<pb::ConversationStateStructure>>,
+}
+
+impl RunBasics {
+    fn of(request: &pb::AgentRunRequest) -> Result<RunBasics, ProtocolError> {
+        let conversation_id = request
+            .conversation_id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .ok_or(ProtocolError::MissingConversationId)?;
+        let named = |id: Option<&String>| id.filter(|id| !id.is_empty()).cloned();
+        let model_id = named(request.requested_model.as_ref().map(|m| &m.model_id))
+            .or_else(|| named(request.model_details.as_ref().map(|m| &m.model_id)));
+        let client_state = request
+            .conversation_state
+            .clone()
+            .filter(|state| !state.root_prompt_messages_json.is_empty())
+            .map(Box::new);
+        let parameters = request
+            .requested_model
+            .as_ref()
+            .map(|m| {
+                m.parameters
+                    .iter()
+                    .map(|p| (p.id.clone(), p.value.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(RunBasics {
+            conversation_id,
+            model_id,
+            parameters,
+            client_state,
+        })
+    }
+}
+
+fn run_request(request: pb::AgentRunRequest) -> Result<ClientInput, ProtocolError> {
+    let basics = RunBasics::of(&request)?;
+    let action = request.action.clone().and_then(|a| a.action);
+    match action {
+        Some(conversation_action::Action::UserMessageAction(action)) => {
+            user_message_run(&request, action, basics)
+        }
+        // Runs without a new user message (and without a request context).
+        Some(
+            action @ (conversation_action::Action::BackgroundTaskCompletionAction(_)
+            | conversation_action::Action::ResumeAction(_)
+            | conversation_action::Action::SummarizeAction(_)),
+        ) => Ok(contextless_run(&request, action, basics)),
+        Some(conversation_action::Action::CancelAction(_)) => Ok(ClientInput::Cancel),
+        Some(other) => Ok(ClientInput::Unsupported(format!(
+            "run_request action {}",
+            action_name(&other)
+        ))),
+        None => Ok(ClientInput::Unsupported(
+            "run_request without an action".to_owned(),
+        )),
+    }
+}
+
+/// A run for a new user message, with the request context it carries.
+fn user_message_run(
+    request: &pb::AgentRunRequest,
+    action: pb::UserMessageAction,
+    basics: RunBasics,
+) -> Result<ClientInput, ProtocolError> {
+    let user = action.user_message.unwrap_or_default();
+    let mode = match checkpoint::mode_of(user.mode) {
+        Ok(mode) => mode,
+        Err(message) => return Ok(ClientInput::Unsupported(message)),
+    };
+    let text_blob = match user.text_blob_id.as_deref() {
+        None | Some([]) => None,
+        Some(id) => Some(BlobId::from_slice(id).ok_or_else(|| {
+            ProtocolError::Uplink(format!(
+                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
+                id.len()
+            ))
+        })?),
+    };
+    let run_action = RunAction::UserMessage {
+        text_blob: text_blob.filter(|_| user.text.is_empty()),
+        text: user.text,
+        message_id: user.message_id,
+    };
+    let context_part = action.request_context.as_ref();
+    let terminals_folder = context_part
+        .and_then(|c| c.env.as_ref())
+        .map(|env| env.terminals_folder.clone())
+        .unwrap_or_default();
+    let subagent = subagent_role(request.subagent_type_name.as_deref(), context_part);
+    let tools = request_tools(request, context_part, subagent.as_ref());
+    Ok(ClientInput::RunRequest(Box::new(RunRequestInput {
+        conversation_id: basics.conversation_id,
+        action: run_action,
+        model_id: basics.model_id,
+        terminals_folder,
+        context: context_part.map(workspace_context),
+        mode,
+        tools,
+        subagent,
+        parameters: basics.parameters,
+        client_state: basics.client_state,
+    })))
+}
+
+/// The tools a user-message run allows: the client's switches, MCP tools and servers, restricted
+/// to what a subagent may use.
+fn request_tools(
+    request: &pb::AgentRunRequest,
+    context: Option<&pb::RequestContext>,
+    subagent: Option<&SubagentRole>,
+) -> ToolOptions {
+    let mut tools = ToolOptions {
+        web_fetch: context.is_none_or(|c| c.web_fetch_enabled != Some(false)),
+        web_search: context.is_none_or(|c| c.web_search_enabled != Some(false)),
+        mcp: mcp_tools(
+            &request.mcp_tools,
+            [
+                request.mcp_file_system_options.as_ref(),
+                context.and_then(|c| c.mcp_file_system_options.as_ref()),
+            ],
+        ),
+        mcp_servers: Vec::new(),
+        only: None,
+    };
+    tools.add_servers(
+        context
+            .into_iter()
+            .flat_map(|c| &c.mcp_instructions)
+            .map(|m| server_of(&m.server_identifier, &m.server_name)),
+    );
+    if let Some(role) = subagent {
+        tools.restrict_to(role);
+    }
+    tools
+}
+
+/// A run without a new user message: background tasks ended, resume, summarize.
+fn contextless_run(
+    request: &pb::AgentRunRequest,
+    action: conversation_action::Action,
+    basics: RunBasics,
+) -> ClientInput {
+    let role = || subagent_role(request.subagent_type_name.as_deref(), None);
+    let (run_action, subagent) = match action {
+        conversation_action::Action::BackgroundTaskCompletionAction(action) => {
+            match background_completions(&action) {
+                Ok(completions) => (RunAction::BackgroundTasksEnded(completions), None),
+                Err(message) => return ClientInput::Unsupported(message),
+            }
+        }
+        conversation_action::Action::SummarizeAction(_) => (RunAction::Summarize, role()),
+        _ => (RunAction::Resume, role()),
+    };
+    let mut tools = ToolOptions::without_context(mcp_tools(
+        &request.mcp_tools,
+        [request.mcp_file_system_options.as_ref(), None],
+    ));
+    if let Some(role) = &subagent {
+        tools.restrict_to(role);
+    }
+    ClientInput::RunRequest(Box::new(RunRequestInput {
+        conversation_id: basics.conversation_id,
+        action: run_action,
+        model_id: basics.model_id,
+        terminals_folder: String::new(),
+        context: None,
+        mode: Mode::default(),
+        tools,
+        subagent,
+        parameters: basics.parameters,
+        client_state: basics.client_state,
+    }))
 }
 
 /// The user's MCP tools: `run_request.mcp_tools`, then tools described by the request's and the

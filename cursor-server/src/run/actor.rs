@@ -61,8 +61,25 @@ impl RunActor {
             State::Running(turn) => (turn.provider_calls(), turn.usage()),
             State::AwaitingRunRequest => (0, Usage::default()),
         };
+        self.wind_down(&end).await;
+        // Dropping the turn cancels its provider call before the client hears the ending.
+        self.state = State::AwaitingRunRequest;
+        let outcome = self.announce_end(&end, provider_calls, usage).await;
+        if self.recorded
+            && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
+        {
+            tracing::error!(request_id = %self.request_id, "recording the run's end: {e}");
+        }
+        tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
+        self.deliver_backlog().await;
+        self.refuse_late_commands();
+    }
+
+    /// Brings the turn to its end: the final checkpoints of a success, terminal cards and the
+    /// committed state of a failure, terminal cards of a cancel.
+    async fn wind_down(&mut self, end: &RunEnd) {
         if let State::Running(turn) = &mut self.state {
-            match &end {
+            match end {
                 RunEnd::Success { usage } => {
                     // SET the final blobs, turn_ended, the transitional checkpoint once the client
                     // has stored them, the final checkpoint, and it again (protocol.md §8).
@@ -93,9 +110,16 @@ impl RunActor {
                 RunEnd::Canceled { reason } => turn.abandon(reason, &mut self.downlink).await,
             }
         }
-        // Dropping the turn cancels its provider call before the client hears the ending.
-        self.state = State::AwaitingRunRequest;
-        let outcome = match &end {
+    }
+
+    /// Sends the ending's frames and says how the run ended, for its record.
+    async fn announce_end(
+        &mut self,
+        end: &RunEnd,
+        provider_calls: u32,
+        usage: Usage,
+    ) -> RunOutcome {
+        match end {
             RunEnd::Success { usage } => {
                 lifecycle::finish_success(&mut self.downlink).await;
                 RunOutcome {
@@ -125,15 +149,7 @@ impl RunActor {
                     error: Some((ConnectCode::Canceled.as_str().to_owned(), reason.clone())),
                 }
             }
-        };
-        if self.recorded
-            && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
-        {
-            tracing::error!(request_id = %self.request_id, "recording the run's end: {e}");
         }
-        tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
-        self.deliver_backlog().await;
-        self.refuse_late_commands();
     }
 
     /// Closes the command channel (later senders see the run as finished) and answers what was
@@ -189,20 +205,10 @@ impl RunActor {
         let mut last_client_traffic = Instant::now();
         loop {
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
-            // A client that dropped its RunSSE has `grace` to come back for the rest.
-            match (self.downlink.is_attached(), self.downlink.ever_attached()) {
-                (true, _) => reconnect_deadline = None,
-                (false, true) if reconnect_deadline.is_none() => {
-                    if grace.is_zero() || !self.downlink.resumable() {
-                        return RunEnd::Canceled {
-                            reason: "the client disconnected".to_owned(),
-                        };
-                    }
-                    tracing::info!(request_id = %self.request_id, grace_ms = grace.as_millis() as u64, "the client disconnected; waiting for it to reconnect");
-                    reconnect_deadline = Some(Instant::now() + grace);
-                }
-                _ => {}
-            }
+            reconnect_deadline = match self.reconnect_deadline(reconnect_deadline, grace) {
+                Ok(deadline) => deadline,
+                Err(end) => return end,
+            };
             let waiting_on_client = match &self.state {
                 State::Running(turn) => turn.waiting_on_client(),
                 State::AwaitingRunRequest => false,
@@ -243,12 +249,8 @@ impl RunActor {
                     }
                 }
                 event = next_loop_event(&mut self.state) => {
-                    let State::Running(turn) = &mut self.state else { continue };
-                    let step = turn.on_loop_event(event, &mut self.downlink).await;
-                    match step {
-                        Ok(LoopStep::Continue) => {}
-                        Ok(LoopStep::TurnComplete { usage }) => return RunEnd::Success { usage },
-                        Err(error) => return RunEnd::Failed(error),
+                    if let Some(end) = self.on_loop_event(event).await {
+                        return end;
                     }
                 }
                 _ = resend.tick(), if !awaiting => {
@@ -267,6 +269,40 @@ impl RunActor {
                     )));
                 }
             }
+        }
+    }
+
+    /// A client that dropped its RunSSE has `grace` to come back for the rest: the deadline by
+    /// which it must, or the run's end when it cannot come back.
+    fn reconnect_deadline(
+        &self,
+        current: Option<Instant>,
+        grace: Duration,
+    ) -> Result<Option<Instant>, RunEnd> {
+        match (self.downlink.is_attached(), self.downlink.ever_attached()) {
+            (true, _) => Ok(None),
+            (false, true) if current.is_none() => {
+                if grace.is_zero() || !self.downlink.resumable() {
+                    return Err(RunEnd::Canceled {
+                        reason: "the client disconnected".to_owned(),
+                    });
+                }
+                tracing::info!(request_id = %self.request_id, grace_ms = grace.as_millis() as u64, "the client disconnected; waiting for it to reconnect");
+                Ok(Some(Instant::now() + grace))
+            }
+            _ => Ok(current),
+        }
+    }
+
+    /// A provider event or finished search for the running turn.
+    async fn on_loop_event(&mut self, event: LoopEvent) -> Option<RunEnd> {
+        let State::Running(turn) = &mut self.state else {
+            return None;
+        };
+        match turn.on_loop_event(event, &mut self.downlink).await {
+            Ok(LoopStep::Continue) => None,
+            Ok(LoopStep::TurnComplete { usage }) => Some(RunEnd::Success { usage }),
+            Err(error) => Some(RunEnd::Failed(error)),
         }
     }
 

@@ -10,7 +10,8 @@ use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolStep, card, done, failed, i32_of, parse_args, unexpected_result,
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, parse_args,
+    unexpected_result,
 };
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -98,11 +99,35 @@ fn lints_step(
     stage: &mut Stage,
     result: pb::DiagnosticsResult,
 ) -> Vec<ToolStep> {
+    let path = lints
+        .paths
+        .get(stage.lints.len())
+        .cloned()
+        .unwrap_or_default();
+    let diagnostics = match diagnostics_of(result, &path) {
+        Ok(diagnostics) => diagnostics,
+        Err(message) => return vec![ToolStep::Done(failed(lints, call_id, &message))],
+    };
+    stage.lints.push(pb::FileDiagnostics {
+        path,
+        diagnostics_count: i32_of(diagnostics.len()),
+        diagnostics,
+    });
+    if let Some(next) = lints.paths.get(stage.lints.len()) {
+        return vec![ToolStep::Exec(diagnostics_request(next, call_id))];
+    }
+    let files = std::mem::take(&mut stage.lints);
+    vec![ToolStep::Done(report(lints, call_id, files))]
+}
+
+/// One path's diagnostics as the card lists them, or why there are none.
+fn diagnostics_of(
+    result: pb::DiagnosticsResult,
+    path: &str,
+) -> Result<Vec<pb::DiagnosticItem>, String> {
     use pb::diagnostics_result::Result as D;
-    let index = stage.lints.len();
-    let path = lints.paths.get(index).cloned().unwrap_or_default();
-    let diagnostics = match result.result {
-        Some(D::Success(success)) => success
+    match result.result {
+        Some(D::Success(success)) => Ok(success
             .diagnostics
             .into_iter()
             .map(|d| pb::DiagnosticItem {
@@ -116,52 +141,20 @@ fn lints_step(
                 code: d.code,
                 is_stale: d.is_stale,
             })
-            .collect::<Vec<_>>(),
-        Some(D::FileNotFound(_)) => {
-            return vec![ToolStep::Done(failed(
-                lints,
-                call_id,
-                &format!("file not found: {path}"),
-            ))];
-        }
-        Some(D::PermissionDenied(_)) => {
-            return vec![ToolStep::Done(failed(
-                lints,
-                call_id,
-                &format!("permission denied: {path}"),
-            ))];
-        }
-        Some(D::Rejected(r)) => {
-            return vec![ToolStep::Done(failed(
-                lints,
-                call_id,
-                &format!("reading diagnostics of {path} was rejected: {}", r.reason),
-            ))];
-        }
-        Some(D::Error(e)) => {
-            return vec![ToolStep::Done(failed(
-                lints,
-                call_id,
-                &format!("reading diagnostics of {path}: {}", e.error),
-            ))];
-        }
-        None => {
-            return vec![ToolStep::Done(failed(
-                lints,
-                call_id,
-                "the client returned an empty diagnostics result",
-            ))];
-        }
-    };
-    stage.lints.push(pb::FileDiagnostics {
-        path,
-        diagnostics_count: i32_of(diagnostics.len()),
-        diagnostics,
-    });
-    if let Some(next) = lints.paths.get(stage.lints.len()) {
-        return vec![ToolStep::Exec(diagnostics_request(next, call_id))];
+            .collect()),
+        Some(D::FileNotFound(_)) => Err(format!("file not found: {path}")),
+        Some(D::PermissionDenied(_)) => Err(format!("permission denied: {path}")),
+        Some(D::Rejected(r)) => Err(format!(
+            "reading diagnostics of {path} was rejected: {}",
+            r.reason
+        )),
+        Some(D::Error(e)) => Err(format!("reading diagnostics of {path}: {}", e.error)),
+        None => Err("the client returned an empty diagnostics result".to_owned()),
     }
-    let files = std::mem::take(&mut stage.lints);
+}
+
+/// Every path's diagnostics: the card's list and the model's lines.
+fn report(lints: &ReadLintsInput, call_id: &str, files: Vec<pb::FileDiagnostics>) -> ToolOutcome {
     let total: usize = files.iter().map(|f| f.diagnostics.len()).sum();
     let mut text = String::new();
     for file in &files {
@@ -202,5 +195,5 @@ fn lints_step(
             },
         )),
     };
-    vec![ToolStep::Done(done(lints, call_id, part, text, false))]
+    done(lints, call_id, part, text, false)
 }

@@ -312,6 +312,45 @@ pub fn mcp_args(mcp: &McpInput, call_id: &str) -> pb::McpArgs {
     }
 }
 
+/// A successful MCP call's content as the model reads it: text items joined, images described (not
+/// inlined), structured content as JSON when there is no text; the server's own `is_error` kept.
+fn success_text(success: &pb::McpSuccess, tool: &str, env: &ToolEnv) -> String {
+    let mut text = String::new();
+    for item in &success.content {
+        match &item.content {
+            Some(pb::mcp_tool_result_content_item::Content::Text(t)) => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&t.text);
+            }
+            Some(pb::mcp_tool_result_content_item::Content::Image(image)) => {
+                let _ = write!(
+                    text,
+                    "{}[image: {}, {} bytes]",
+                    if text.is_empty() { "" } else { "\n" },
+                    image.mime_type,
+                    image.data.len()
+                );
+            }
+            None => {}
+        }
+    }
+    if text.is_empty()
+        && let Some(structured) = &success.structured_content
+    {
+        text = exec::proto_to_json(&prost_types::Value {
+            kind: Some(prost_types::value::Kind::StructValue(structured.clone())),
+        })
+        .to_string();
+    }
+    match (success.is_error, text.is_empty()) {
+        (true, _) => format!("Error from MCP tool {tool}: {text}"),
+        (false, true) => format!("MCP tool {tool} returned no content."),
+        (false, false) => truncate_for_model(&text, env.max_output_bytes, 0),
+    }
+}
+
 /// An MCP tool's result: its text content for the model (images described, not inlined), the
 /// server's own `is_error` honoured, and the card's typed result.
 fn mcp_outcome(mcp: &McpInput, call_id: &str, result: pb::McpResult, env: &ToolEnv) -> ToolOutcome {
@@ -320,41 +359,8 @@ fn mcp_outcome(mcp: &McpInput, call_id: &str, result: pb::McpResult, env: &ToolE
     let tool = format!("{} ({})", mcp.tool.tool_name, mcp.tool.server);
     let (card_result, text, is_error) = match result.result {
         Some(M::Success(success)) => {
-            let mut text = String::new();
-            for item in &success.content {
-                match &item.content {
-                    Some(pb::mcp_tool_result_content_item::Content::Text(t)) => {
-                        if !text.is_empty() {
-                            text.push('\n');
-                        }
-                        text.push_str(&t.text);
-                    }
-                    Some(pb::mcp_tool_result_content_item::Content::Image(image)) => {
-                        let _ = write!(
-                            text,
-                            "{}[image: {}, {} bytes]",
-                            if text.is_empty() { "" } else { "\n" },
-                            image.mime_type,
-                            image.data.len()
-                        );
-                    }
-                    None => {}
-                }
-            }
-            if text.is_empty()
-                && let Some(structured) = &success.structured_content
-            {
-                text = exec::proto_to_json(&prost_types::Value {
-                    kind: Some(prost_types::value::Kind::StructValue(structured.clone())),
-                })
-                .to_string();
-            }
+            let text = success_text(&success, &tool, env);
             let is_error = success.is_error;
-            let text = match (is_error, text.is_empty()) {
-                (true, _) => format!("Error from MCP tool {tool}: {text}"),
-                (false, true) => format!("MCP tool {tool} returned no content."),
-                (false, false) => truncate_for_model(&text, env.max_output_bytes, 0),
-            };
             (C::Success(success), text, is_error)
         }
         Some(M::Error(error)) => (

@@ -127,148 +127,42 @@ fn shell_step(
     env: &ToolEnv,
 ) -> Vec<ToolStep> {
     use pb::shell_stream::Event as E;
-    let command = shell.command.clone();
-    let working_directory = shell.working_directory.clone().unwrap_or_default();
-    let delta = |delta: pb::shell_tool_call_delta::Delta| {
-        ToolStep::Delta(pb::ToolCallDelta {
-            delta: Some(pb::tool_call_delta::Delta::ShellToolCallDelta(
-                pb::ShellToolCallDelta { delta: Some(delta) },
-            )),
-        })
+    use pb::shell_tool_call_delta::Delta;
+    let result = |part: pb::shell_result::Result, text: String| {
+        let part = pb::ShellResult {
+            result: Some(part),
+            ..pb::ShellResult::default()
+        };
+        vec![ToolStep::Done(done(shell, call_id, part, text, true))]
     };
     match stream.event {
         Some(E::Start(_)) | Some(E::HookContext(_)) | None => Vec::new(),
         Some(E::Stdout(out)) => {
             stage.stdout.push(&out.data);
-            vec![delta(pb::shell_tool_call_delta::Delta::Stdout(
-                pb::ShellToolCallStdoutDelta { content: out.data },
-            ))]
+            vec![delta(Delta::Stdout(pb::ShellToolCallStdoutDelta {
+                content: out.data,
+            }))]
         }
         Some(E::Stderr(err)) => {
             stage.stderr.push(&err.data);
-            vec![delta(pb::shell_tool_call_delta::Delta::Stderr(
-                pb::ShellToolCallStderrDelta { content: err.data },
-            ))]
+            vec![delta(Delta::Stderr(pb::ShellToolCallStderrDelta {
+                content: err.data,
+            }))]
         }
-        Some(E::Exit(exit)) => {
-            let code = i32::try_from(exit.code).unwrap_or(i32::MAX);
-            let stdout = std::mem::take(&mut stage.stdout);
-            let stderr = std::mem::take(&mut stage.stderr);
-            let mut text = if exit.aborted {
-                format!("The command was aborted (exit code {code}).\n")
-            } else {
-                format!("Exit code: {code}\n")
-            };
-            text.push_str(&model_output(&stdout, &stderr, env.max_output_bytes));
-            if let Some(location) = &exit.output_location {
-                let _ = write!(
-                    text,
-                    "\nFull output ({} bytes) is in {}",
-                    location.size_bytes, location.file_path
-                );
-            }
-            let wd = if exit.cwd.is_empty() {
-                working_directory
-            } else {
-                exit.cwd.clone()
-            };
-            let result = if code == 0 && !exit.aborted {
-                pb::shell_result::Result::Success(pb::ShellSuccess {
-                    command,
-                    working_directory: wd,
-                    exit_code: code,
-                    stdout: stdout.text,
-                    stderr: stderr.text,
-                    output_location: exit.output_location,
-                    local_execution_time_ms: exit.local_execution_time_ms,
-                    ..pb::ShellSuccess::default()
-                })
-            } else {
-                pb::shell_result::Result::Failure(pb::ShellFailure {
-                    command,
-                    working_directory: wd,
-                    exit_code: code,
-                    stdout: stdout.text,
-                    stderr: stderr.text,
-                    output_location: exit.output_location,
-                    abort_reason: exit.abort_reason,
-                    aborted: exit.aborted,
-                    local_execution_time_ms: exit.local_execution_time_ms,
-                    ..pb::ShellFailure::default()
-                })
-            };
-            let is_error = !matches!(result, pb::shell_result::Result::Success(_));
-            let part = pb::ShellResult {
-                result: Some(result),
-                ..pb::ShellResult::default()
-            };
-            vec![ToolStep::Done(done(shell, call_id, part, text, is_error))]
-        }
+        Some(E::Exit(exit)) => vec![ToolStep::Done(exited(shell, call_id, stage, exit, env))],
         Some(E::Backgrounded(bg)) => {
-            let stdout = std::mem::take(&mut stage.stdout);
-            let stderr = std::mem::take(&mut stage.stderr);
-            let mut text = format!(
-                "The command is running in the background (shell id {}",
-                bg.shell_id
-            );
-            if let Some(pid) = bg.pid {
-                let _ = write!(text, ", pid {pid}");
-            }
-            text.push_str(").");
-            if !env.terminals_folder.is_empty() {
-                let _ = write!(
-                    text,
-                    " Its output is written to {}/{}.txt; read that file to check on it.",
-                    env.terminals_folder.trim_end_matches('/'),
-                    bg.shell_id
-                );
-            }
-            let so_far = model_output(&stdout, &stderr, env.max_output_bytes);
-            if !so_far.trim().is_empty() {
-                let _ = write!(text, "\nOutput so far:\n{so_far}");
-            }
-            let part = pb::ShellResult {
-                is_background: Some(true),
-                terminals_folder: (!env.terminals_folder.is_empty())
-                    .then(|| env.terminals_folder.clone()),
-                pid: bg.pid,
-                result: Some(pb::shell_result::Result::Success(pb::ShellSuccess {
-                    command,
-                    working_directory: if bg.working_directory.is_empty() {
-                        working_directory
-                    } else {
-                        bg.working_directory
-                    },
-                    stdout: stdout.text,
-                    stderr: stderr.text,
-                    shell_id: Some(bg.shell_id),
-                    pid: bg.pid,
-                    ms_to_wait: bg.ms_to_wait,
-                    background_reason: bg.reason,
-                    ..pb::ShellSuccess::default()
-                })),
-                ..pb::ShellResult::default()
-            };
-            vec![ToolStep::Done(done(shell, call_id, part, text, false))]
+            vec![ToolStep::Done(backgrounded(shell, call_id, stage, bg, env))]
         }
         Some(E::Rejected(rejected)) => {
             let text = format!("Error: the user rejected the command: {}", rejected.reason);
-            let part = pb::ShellResult {
-                result: Some(pb::shell_result::Result::Rejected(rejected)),
-                ..pb::ShellResult::default()
-            };
-            vec![ToolStep::Done(done(shell, call_id, part, text, true))]
+            result(pb::shell_result::Result::Rejected(rejected), text)
         }
         Some(E::PermissionDenied(denied)) => {
             let text = format!(
                 "Error: permission denied running the command: {}",
                 denied.error
             );
-            let part = pb::ShellResult {
-                result: Some(pb::shell_result::Result::PermissionDenied(denied)),
-                ..pb::ShellResult::default()
-            };
-            vec![ToolStep::Done(done(shell, call_id, part, text, true))]
+            result(pb::shell_result::Result::PermissionDenied(denied), text)
         }
         Some(E::SandboxUnsupported(unsupported)) => vec![ToolStep::Done(failed(
             shell,
@@ -279,6 +173,133 @@ fn shell_step(
             ),
         ))],
     }
+}
+
+/// Live output on the card.
+fn delta(delta: pb::shell_tool_call_delta::Delta) -> ToolStep {
+    ToolStep::Delta(pb::ToolCallDelta {
+        delta: Some(pb::tool_call_delta::Delta::ShellToolCallDelta(
+            pb::ShellToolCallDelta { delta: Some(delta) },
+        )),
+    })
+}
+
+/// The command exited: its exit code and output (or where the full output went).
+fn exited(
+    shell: &ShellInput,
+    call_id: &str,
+    stage: &mut Stage,
+    exit: pb::ShellStreamExit,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    let code = i32::try_from(exit.code).unwrap_or(i32::MAX);
+    let stdout = std::mem::take(&mut stage.stdout);
+    let stderr = std::mem::take(&mut stage.stderr);
+    let mut text = if exit.aborted {
+        format!("The command was aborted (exit code {code}).\n")
+    } else {
+        format!("Exit code: {code}\n")
+    };
+    text.push_str(&model_output(&stdout, &stderr, env.max_output_bytes));
+    if let Some(location) = &exit.output_location {
+        let _ = write!(
+            text,
+            "\nFull output ({} bytes) is in {}",
+            location.size_bytes, location.file_path
+        );
+    }
+    let command = shell.command.clone();
+    let working_directory = if exit.cwd.is_empty() {
+        shell.working_directory.clone().unwrap_or_default()
+    } else {
+        exit.cwd.clone()
+    };
+    let result = if code == 0 && !exit.aborted {
+        pb::shell_result::Result::Success(pb::ShellSuccess {
+            command,
+            working_directory,
+            exit_code: code,
+            stdout: stdout.text,
+            stderr: stderr.text,
+            output_location: exit.output_location,
+            local_execution_time_ms: exit.local_execution_time_ms,
+            ..pb::ShellSuccess::default()
+        })
+    } else {
+        pb::shell_result::Result::Failure(pb::ShellFailure {
+            command,
+            working_directory,
+            exit_code: code,
+            stdout: stdout.text,
+            stderr: stderr.text,
+            output_location: exit.output_location,
+            abort_reason: exit.abort_reason,
+            aborted: exit.aborted,
+            local_execution_time_ms: exit.local_execution_time_ms,
+            ..pb::ShellFailure::default()
+        })
+    };
+    let is_error = !matches!(result, pb::shell_result::Result::Success(_));
+    let part = pb::ShellResult {
+        result: Some(result),
+        ..pb::ShellResult::default()
+    };
+    done(shell, call_id, part, text, is_error)
+}
+
+/// The command moved to the background: where its output goes, and what it printed so far.
+fn backgrounded(
+    shell: &ShellInput,
+    call_id: &str,
+    stage: &mut Stage,
+    bg: pb::ShellStreamBackgrounded,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    let stdout = std::mem::take(&mut stage.stdout);
+    let stderr = std::mem::take(&mut stage.stderr);
+    let mut text = format!(
+        "The command is running in the background (shell id {}",
+        bg.shell_id
+    );
+    if let Some(pid) = bg.pid {
+        let _ = write!(text, ", pid {pid}");
+    }
+    text.push_str(").");
+    if !env.terminals_folder.is_empty() {
+        let _ = write!(
+            text,
+            " Its output is written to {}/{}.txt; read that file to check on it.",
+            env.terminals_folder.trim_end_matches('/'),
+            bg.shell_id
+        );
+    }
+    let so_far = model_output(&stdout, &stderr, env.max_output_bytes);
+    if !so_far.trim().is_empty() {
+        let _ = write!(text, "\nOutput so far:\n{so_far}");
+    }
+    let working_directory = if bg.working_directory.is_empty() {
+        shell.working_directory.clone().unwrap_or_default()
+    } else {
+        bg.working_directory
+    };
+    let part = pb::ShellResult {
+        is_background: Some(true),
+        terminals_folder: (!env.terminals_folder.is_empty()).then(|| env.terminals_folder.clone()),
+        pid: bg.pid,
+        result: Some(pb::shell_result::Result::Success(pb::ShellSuccess {
+            command: shell.command.clone(),
+            working_directory,
+            stdout: stdout.text,
+            stderr: stderr.text,
+            shell_id: Some(bg.shell_id),
+            pid: bg.pid,
+            ms_to_wait: bg.ms_to_wait,
+            background_reason: bg.reason,
+            ..pb::ShellSuccess::default()
+        })),
+        ..pb::ShellResult::default()
+    };
+    done(shell, call_id, part, text, false)
 }
 
 /// stdout then stderr, labelled, within the model's byte budget.
