@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use super::tools::{ToolKind, task};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
 };
@@ -516,6 +517,9 @@ impl Import {
                 Value::String(text) => text.clone(),
                 other => other.to_string(),
             };
+            // The client's record of a Task says only whether it failed.
+            let meta =
+                (call.name == ToolKind::Task.name()).then(|| task::untold_meta(&call.arguments));
             self.out.push(CanonicalMessage::ToolCall(ToolCallRecord {
                 model_call_id: model_call_id.clone(),
                 index,
@@ -529,6 +533,7 @@ impl Import {
                         call_id: id.to_owned(),
                         content: result,
                         is_error: part["isError"].as_bool().unwrap_or(false),
+                        meta,
                     },
                 }));
         }

@@ -7,7 +7,7 @@
 use super::exec::{ExecKind, ExecRequest, QueryRequest};
 use super::proto::agent::{self as pb, exec_client_message, interaction_response, tool_call};
 use crate::model::conversation::{Mode, Todo};
-use crate::model::tool::McpTool;
+use crate::model::tool::{McpTool, ToolMeta};
 
 /// The end of one tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,8 @@ pub struct ToolOutcome {
     /// What the model gets back (always text).
     pub model_text: String,
     pub is_error: bool,
+    /// Typed facts stored with the result for the conversation's derived state.
+    pub meta: Option<ToolMeta>,
 }
 
 /// What the loop must do next for one tool call.
@@ -251,6 +253,7 @@ pub fn done<T: Tool>(
         card: Box::new(T::card(Some(args), call_id, Some(result))),
         model_text,
         is_error,
+        meta: None,
     }
 }
 
@@ -264,6 +267,7 @@ pub fn failed<T: Tool>(args: &T, call_id: &str, message: &str) -> ToolOutcome {
         )),
         model_text: format!("Error: {message}"),
         is_error: true,
+        meta: None,
     }
 }
 

@@ -214,9 +214,6 @@ pub struct SubagentRunState {
     pub status: SubagentStatus,
 }
 
-/// What a finished Task call's result says: (status, agent id).
-pub type TaskOutcome = (SubagentStatus, Option<String>);
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,24 @@ pub struct ToolResult {
     /// Always text: JSON values are serialised once, before they get here.
     pub content: String,
     pub is_error: bool,
+    /// Typed facts later state is folded from (stored in its own column, never shown to the
+    /// model; not part of the message body).
+    #[serde(skip)]
+    pub meta: Option<ToolMeta>,
+}
+
+/// What a result states for the conversation's derived state, as data rather than as the text the
+/// model was shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolMeta {
+    /// A Task call's subagent: its title (the call's description), the agent the client started
+    /// (when it said), and whether it went on in the background.
+    Subagent {
+        title: String,
+        agent_id: Option<String>,
+        backgrounded: bool,
+    },
 }
 
 /// One of the user's MCP tools as the model is offered it.

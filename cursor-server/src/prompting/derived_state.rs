@@ -3,9 +3,10 @@
 
 use std::collections::HashSet;
 
-use crate::model::conversation::{SubagentRunState, SubagentStatus, TaskOutcome, Todo, TodoUpdate};
+use crate::model::conversation::{SubagentRunState, SubagentStatus, Todo, TodoUpdate};
 use crate::model::message::{CanonicalMessage, UserMessage};
 use crate::model::runtime_tag::{BackgroundOutcome, RuntimeEvent};
+use crate::model::tool::ToolMeta;
 
 /// The todo list after every successful TodoWrite call in `history`, in order.
 /// `parse` turns a TodoWrite call's argument text into an update (owned by the tool registry).
@@ -34,33 +35,34 @@ pub fn fold_todos(
     todos
 }
 
-/// Every Task call in `history` with its state, plus the `running` calls of the current batch.
-/// `title` reads a call's arguments and `outcome` its result (both owned by the tool registry).
-pub fn fold_subagent_runs<'a>(
+/// Every Task call in `history` with its state, folded from the typed metadata stored with each
+/// Task result and the background completions told since, then the `running` calls of the current
+/// batch.
+pub fn fold_subagent_runs(
     history: &[CanonicalMessage],
-    running: impl IntoIterator<Item = (&'a str, &'a str)>,
-    tool_name: &str,
-    title: impl Fn(&str) -> Option<String>,
-    outcome: impl Fn(&str, bool) -> TaskOutcome,
+    running: impl IntoIterator<Item = SubagentRunState>,
 ) -> Vec<SubagentRunState> {
     let mut runs: Vec<SubagentRunState> = Vec::new();
     for message in history {
         match message {
-            CanonicalMessage::ToolCall(record) if record.call.name == tool_name => {
-                runs.push(SubagentRunState {
-                    parent_tool_call_id: record.call.call_id.clone(),
-                    title: title(&record.call.arguments).unwrap_or_default(),
-                    agent_id: None,
-                    status: SubagentStatus::Running,
-                });
-            }
-            CanonicalMessage::ToolResult(result) => {
-                if let Some(run) = runs
-                    .iter_mut()
-                    .find(|r| r.parent_tool_call_id == result.result.call_id)
+            CanonicalMessage::ToolResult(record) => {
+                if let Some(ToolMeta::Subagent {
+                    title,
+                    agent_id,
+                    backgrounded,
+                }) = &record.result.meta
                 {
-                    (run.status, run.agent_id) =
-                        outcome(&result.result.content, result.result.is_error);
+                    let failed = record.result.is_error;
+                    runs.push(SubagentRunState {
+                        parent_tool_call_id: record.result.call_id.clone(),
+                        title: title.clone(),
+                        agent_id: agent_id.clone().filter(|_| !failed),
+                        status: match (failed, backgrounded) {
+                            (true, _) => SubagentStatus::Failed,
+                            (false, true) => SubagentStatus::Backgrounded,
+                            (false, false) => SubagentStatus::Succeeded,
+                        },
+                    });
                 }
             }
             CanonicalMessage::User(UserMessage {
@@ -86,13 +88,6 @@ pub fn fold_subagent_runs<'a>(
             _ => {}
         }
     }
-    for (call_id, arguments) in running {
-        runs.push(SubagentRunState {
-            parent_tool_call_id: call_id.to_owned(),
-            title: title(arguments).unwrap_or_default(),
-            agent_id: None,
-            status: SubagentStatus::Running,
-        });
-    }
+    runs.extend(running);
     runs
 }

@@ -490,6 +490,7 @@ mod tests {
                     call_id: format!("c{index}"),
                     content: format!("content {index}"),
                     is_error: false,
+                    meta: None,
                 },
             })
         };

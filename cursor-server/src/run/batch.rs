@@ -15,10 +15,10 @@ use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::{ToolOutcome, ToolStep};
-use crate::cursor::tools::{ToolKind, ToolRun};
+use crate::cursor::tools::{ToolKind, ToolRun, task};
 use crate::error::ServerError;
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
-use crate::model::tool::{ToolCall, ToolResult};
+use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
 use crate::store::messages;
@@ -40,11 +40,13 @@ struct Slot {
     run: Option<ToolRun>,
 }
 
-/// How one call ended: its final card (when one was drawn) and what the model reads.
+/// How one call ended: its final card (when one was drawn), what the model reads, and the typed
+/// facts stored with the result.
 struct Ending {
     outcome: Option<ToolOutcome>,
     model_text: String,
     is_error: bool,
+    meta: Option<ToolMeta>,
 }
 
 pub(super) struct Batch {
@@ -112,11 +114,13 @@ impl Batch {
                     card,
                     model_text: rejected.model_text.clone(),
                     is_error: true,
+                    meta: None,
                 });
                 let ending = Ending {
                     outcome,
                     model_text: rejected.model_text,
                     is_error: true,
+                    meta: None,
                 };
                 self.finish_slot(turn, slot, ending, out).await
             }
@@ -166,6 +170,7 @@ impl Batch {
                 let ending = Ending {
                     model_text: outcome.model_text.clone(),
                     is_error: outcome.is_error,
+                    meta: outcome.meta.clone(),
                     outcome: Some(outcome),
                 };
                 self.finish_slot(turn, slot, ending, out).await?;
@@ -307,6 +312,11 @@ impl Batch {
                 call_id: entry.call.call_id.clone(),
                 content: ending.model_text,
                 is_error: ending.is_error,
+                meta: ending.meta.or_else(|| {
+                    // A Task that ended without its subagent's result still lists (as failed).
+                    (entry.call.name == ToolKind::Task.name())
+                        .then(|| task::untold_meta(&entry.call.arguments))
+                }),
             },
         );
         let notices = persist(turn, entry.index, &call, &result, switched_to).await?;
@@ -391,6 +401,6 @@ fn refold(turn: &mut Turn, kind: Option<ToolKind>, call: &ToolCall) {
         turn.tool_env.todos = fold_todos(&turn.history);
     }
     if call.name == ToolKind::Task.name() {
-        turn.subagent_runs = fold_subagent_runs(&turn.history, []);
+        turn.subagent_runs = fold_subagent_runs(&turn.history);
     }
 }

@@ -126,7 +126,7 @@ pub(super) async fn open(
         offered_tools: tools::offered_tools(mode_tools, &tool_options),
         tool_options,
         subagent: input.subagent,
-        subagent_runs: fold_subagent_runs(&opened.history, []),
+        subagent_runs: fold_subagent_runs(&opened.history),
         turn_start: opened.turn_start.unwrap_or(opened.history.len()),
         compactions: latest_compaction(&opened.history).map_or(0, |(_, n, _)| n),
         last_body_bytes: 0,

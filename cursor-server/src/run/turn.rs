@@ -227,13 +227,12 @@ impl Turn {
         turn_ended_at_ms: Option<u64>,
     ) -> StateDetails {
         let mut subagent_runs = self.subagent_runs.clone();
-        subagent_runs.extend(fold_subagent_runs(
-            &[],
+        subagent_runs.extend(
             pending_tool_calls
                 .iter()
                 .filter(|c| c.name == ToolKind::Task.name())
-                .map(|c| (c.call_id.as_str(), c.arguments.as_str())),
-        ));
+                .map(|c| task::running(&c.call_id, &c.arguments)),
+        );
         StateDetails {
             subagent_runs,
             summaries: self.compactions,
@@ -259,19 +258,9 @@ impl Turn {
     }
 }
 
-/// The subagents of `history`'s Task calls, plus the `running` Task calls (id, arguments) of the
-/// current batch.
-pub(super) fn fold_subagent_runs<'a>(
-    history: &[CanonicalMessage],
-    running: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> Vec<SubagentRunState> {
-    derived_state::fold_subagent_runs(
-        history,
-        running,
-        ToolKind::Task.name(),
-        task::task_title,
-        task::subagent_state,
-    )
+/// The subagents of `history`'s Task calls.
+pub(super) fn fold_subagent_runs(history: &[CanonicalMessage]) -> Vec<SubagentRunState> {
+    derived_state::fold_subagent_runs(history, [])
 }
 
 pub(super) fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {

@@ -113,8 +113,8 @@ async fn insert(
         let seq = next + i64::try_from(offset).unwrap_or(i64::MAX);
         sqlx::query(
             "INSERT INTO messages
-                 (conversation_id, seq, role, origin, body, request_id, created_at_ms, runtime_event_id)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (conversation_id, seq, role, origin, body, request_id, created_at_ms, runtime_event_id, tool_meta)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(conversation_id)
         .bind(seq)
@@ -124,6 +124,7 @@ async fn insert(
         .bind(request_id)
         .bind(created)
         .bind(runtime_event_id)
+        .bind(tool_meta(message)?)
         .execute(&mut *conn)
         .await
         .context("appending message")?;
@@ -146,22 +147,43 @@ pub async fn load(
     store: &Store,
     conversation_id: &str,
 ) -> Result<Vec<CanonicalMessage>, StoreError> {
-    let rows = sqlx::query("SELECT seq, body FROM messages WHERE conversation_id = ? ORDER BY seq")
-        .bind(conversation_id)
-        .fetch_all(store.pool())
-        .await
-        .context("loading history")?;
+    let rows = sqlx::query(
+        "SELECT seq, body, tool_meta FROM messages WHERE conversation_id = ? ORDER BY seq",
+    )
+    .bind(conversation_id)
+    .fetch_all(store.pool())
+    .await
+    .context("loading history")?;
     rows.into_iter()
         .map(|row| {
             let seq: i64 = row.get("seq");
-            let body: String = row.get("body");
-            serde_json::from_str(&body).map_err(|source| StoreError::CorruptMessage {
+            let corrupt = |source| StoreError::CorruptMessage {
                 conversation_id: conversation_id.to_owned(),
                 seq,
                 source,
-            })
+            };
+            let body: String = row.get("body");
+            let mut message: CanonicalMessage = serde_json::from_str(&body).map_err(corrupt)?;
+            let meta: Option<String> = row.get("tool_meta");
+            if let (CanonicalMessage::ToolResult(record), Some(meta)) = (&mut message, meta) {
+                record.result.meta = Some(serde_json::from_str(&meta).map_err(corrupt)?);
+            }
+            Ok(message)
         })
         .collect()
+}
+
+/// The typed metadata stored beside a tool result (`NULL` for every other message).
+fn tool_meta(message: &CanonicalMessage) -> Result<Option<String>, StoreError> {
+    match message {
+        CanonicalMessage::ToolResult(record) => Ok(record
+            .result
+            .meta
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()?),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -237,5 +259,110 @@ mod tests {
             .unwrap();
         assert_eq!(other.len(), 1);
         assert_eq!(load(&store, "c").await.unwrap().len(), 3);
+    }
+
+    /// A Task call and its result as version 4 stored them (no metadata column yet).
+    async fn old_task_rows(
+        pool: &sqlx::SqlitePool,
+        seq: i64,
+        call_id: &str,
+        description: &str,
+        result: &str,
+        is_error: bool,
+    ) {
+        use crate::model::message::{ToolCallRecord, ToolResultRecord};
+        use crate::model::tool::{ToolCall, ToolResult};
+        let call = CanonicalMessage::ToolCall(ToolCallRecord {
+            model_call_id: "m".into(),
+            index: 0,
+            call: ToolCall {
+                call_id: call_id.into(),
+                provider_call_id: call_id.into(),
+                name: "Task".into(),
+                arguments: format!(r#"{{"description":"{description}","prompt":"go"}}"#),
+            },
+        });
+        let result = CanonicalMessage::ToolResult(ToolResultRecord {
+            model_call_id: "m".into(),
+            index: 0,
+            result: ToolResult {
+                call_id: call_id.into(),
+                content: result.into(),
+                is_error,
+                meta: None,
+            },
+        });
+        for (offset, message) in [call, result].iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO messages (conversation_id, seq, role, origin, body, request_id, created_at_ms)
+                 VALUES ('c', ?, ?, ?, ?, 'r', 0)",
+            )
+            .bind(seq + offset as i64)
+            .bind(message.role().as_str())
+            .bind(if offset == 0 { "model" } else { "tool" })
+            .bind(serde_json::to_string(message).unwrap())
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn subagent_state_of_rows_stored_before_tool_metadata_is_read_by_the_migration() {
+        use crate::model::conversation::SubagentStatus;
+        use crate::prompting::derived_state::fold_subagent_runs;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::migrate!("./migrations")
+            .run_to(4, &pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('c', 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let background =
+            "[subagent agent-7 is running in the background; you will be told when it finishes]";
+        let finished = "[subagent agent-8 finished after 3 tool calls; call Task with resume: \"agent-8\" to continue it]\n\nFound it.";
+        old_task_rows(&pool, 0, "t1", "Find the parser", background, false).await;
+        old_task_rows(&pool, 2, "t2", "Fix the test", finished, false).await;
+        old_task_rows(
+            &pool,
+            4,
+            "t3",
+            "Break it",
+            "Error: the subagent agent-9 failed: no",
+            true,
+        )
+        .await;
+        pool.close().await;
+
+        let store = Store::open(&format!("sqlite://{}", dir.path().join("old.db").display()))
+            .await
+            .unwrap();
+        let history = load(&store, "c").await.unwrap();
+        let runs: Vec<_> = fold_subagent_runs(&history, [])
+            .into_iter()
+            .map(|r| (r.parent_tool_call_id, r.title, r.agent_id, r.status))
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                (
+                    "t1".into(),
+                    "Find the parser".into(),
+                    Some("agent-7".into()),
+                    SubagentStatus::Backgrounded
+                ),
+                (
+                    "t2".into(),
+                    "Fix the test".into(),
+                    Some("agent-8".into()),
+                    SubagentStatus::Succeeded
+                ),
+                ("t3".into(), "Break it".into(), None, SubagentStatus::Failed),
+            ]
+        );
     }
 }

@@ -12,7 +12,8 @@ use crate::cursor::tool_result::{
     Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
     unexpected_result,
 };
-use crate::model::conversation::{Mode, SubagentStatus, TaskOutcome};
+use crate::model::conversation::{Mode, SubagentRunState, SubagentStatus};
+use crate::model::tool::ToolMeta;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TaskInput {
@@ -143,14 +144,31 @@ fn task_mode(mode: Mode) -> pb::TaskMode {
     }
 }
 
-/// The first line of a Task result the model reads; `subagent_state` reads it back for the
-/// checkpoint's subagent list, so the two live side by side.
+/// The first line of a Task result the model reads (it names the agent, so the model can resume
+/// it); the checkpoint's subagent list is folded from the result's `ToolMeta`, not from this text.
 const SUBAGENT_TAG: &str = "[subagent ";
 const SUBAGENT_BACKGROUND: &str = "is running in the background";
 
 /// A subagent's result completes the parent's Task card; the model reads the subagent's final
 /// message under a line naming the agent id (so it can `resume` it).
 fn task_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult) -> ToolOutcome {
+    let (agent_id, backgrounded) = match &result.result {
+        Some(pb::subagent_result::Result::Success(success)) => (
+            Some(success.agent_id.clone()),
+            success.background_reason != pb::SubagentBackgroundReason::Unspecified as i32,
+        ),
+        _ => (None, false),
+    };
+    let mut outcome = subagent_outcome(task, call_id, result);
+    outcome.meta = Some(ToolMeta::Subagent {
+        title: task.description.clone(),
+        agent_id: agent_id.filter(|_| !outcome.is_error),
+        backgrounded: backgrounded && !outcome.is_error,
+    });
+    outcome
+}
+
+fn subagent_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult) -> ToolOutcome {
     use pb::subagent_result::Result as S;
     match result.result {
         Some(S::Success(success)) => {
@@ -202,24 +220,6 @@ fn task_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult) -> 
     }
 }
 
-/// The state of a finished Task call, read from the result text `task_outcome` wrote.
-pub fn subagent_state(result_text: &str, is_error: bool) -> TaskOutcome {
-    if is_error {
-        return (SubagentStatus::Failed, None);
-    }
-    let first_line = result_text.lines().next().unwrap_or_default();
-    let agent_id = first_line
-        .strip_prefix(SUBAGENT_TAG)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_owned);
-    let status = if first_line.contains(SUBAGENT_BACKGROUND) {
-        SubagentStatus::Backgrounded
-    } else {
-        SubagentStatus::Succeeded
-    };
-    (status, agent_id)
-}
-
 /// A Task call's title (its description), for the checkpoint's subagent list.
 pub fn task_title(arguments: &str) -> Option<String> {
     let text = if arguments.trim().is_empty() {
@@ -228,4 +228,24 @@ pub fn task_title(arguments: &str) -> Option<String> {
         arguments
     };
     TaskInput::parse(text).ok().map(|task| task.description)
+}
+
+/// What a Task call whose subagent result the server never read (bad arguments, a client error,
+/// a conversation imported from the client) states for the subagent list: its title, no agent.
+pub fn untold_meta(arguments: &str) -> ToolMeta {
+    ToolMeta::Subagent {
+        title: task_title(arguments).unwrap_or_default(),
+        agent_id: None,
+        backgrounded: false,
+    }
+}
+
+/// A Task call still running, as the checkpoint's subagent list shows it.
+pub fn running(call_id: &str, arguments: &str) -> SubagentRunState {
+    SubagentRunState {
+        parent_tool_call_id: call_id.to_owned(),
+        title: task_title(arguments).unwrap_or_default(),
+        agent_id: None,
+        status: SubagentStatus::Running,
+    }
 }
