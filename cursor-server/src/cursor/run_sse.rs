@@ -1,23 +1,19 @@
-//! The downlink transports: the RunSSE route (a server stream of `AgentServerMessage` envelopes for
-//! the IDE's HTTP/1.1 mode) and the streaming response body shared with the HTTP/2 `Run` route.
+//! The downlink: the response body that streams a run's `AgentServerMessage` envelopes, shared by
+//! the RunSSE route (the IDE's HTTP/1.1 mode) and the HTTP/2 `Run` route, and the stream-shaped
+//! error response. The routes themselves are in `handlers.rs`; nothing here knows about runs, so
+//! `run/` can hand its frames to these types without an import cycle.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::connect::{self, ConnectCode, ConnectError, Encoding};
-use super::handlers::unary_error;
-use super::proto::aiserver::BidiRequestId;
-use crate::app::AppState;
-use crate::run::command::RunCommand;
-use crate::run::registry::{RegistryError, RunRegistry};
+use super::connect::{self, ConnectError};
 
 /// Frames buffered between a run's actor and a slow client before the actor waits.
 pub const DOWNLINK_BUFFER: usize = 256;
@@ -94,68 +90,18 @@ pub fn stream_response(body: DownlinkBody) -> Response {
         .into_response()
 }
 
-/// A stream that consists of one end-of-stream error (HTTP 200, as Connect streams always are).
-pub fn stream_error(error: &ConnectError) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)],
-        connect::end_stream_error(error),
-    )
-        .into_response()
-}
+/// A stream that consists of one end-of-stream error (HTTP 200, as Connect streams always are):
+/// how a streaming route fails once the request itself was understood.
+#[derive(Debug)]
+pub struct StreamError(pub ConnectError);
 
-/// `POST /agent.v1.AgentService/RunSSE`: body = one enveloped `BidiRequestId`.
-pub async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let encoding = match Encoding::parse(
-        headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        Ok(encoding) => encoding,
-        Err(e) => {
-            return unary_error(&ConnectError::new(
-                ConnectCode::InvalidArgument,
-                e.to_string(),
-            ));
-        }
-    };
-    let request_id =
-        match connect::decode_stream_request(&body, encoding, state.config.max_frame_bytes)
-            .and_then(|payload| {
-                connect::decode_message::<BidiRequestId>(&payload, "aiserver.v1.BidiRequestId")
-            }) {
-            Ok(id) if !id.request_id.trim().is_empty() => id.request_id,
-            Ok(_) => {
-                return unary_error(&ConnectError::new(
-                    ConnectCode::InvalidArgument,
-                    "RunSSE: missing request_id",
-                ));
-            }
-            Err(e) => {
-                return unary_error(&ConnectError::new(
-                    ConnectCode::InvalidArgument,
-                    format!("RunSSE: {e}"),
-                ));
-            }
-        };
-    let handle = match RunRegistry::get_or_start(&state, &request_id) {
-        Ok(handle) => handle,
-        Err(e @ RegistryError::Finished(_)) => {
-            return stream_error(&ConnectError::new(ConnectCode::NotFound, e.to_string()));
-        }
-        Err(e @ RegistryError::AlreadyRunning(_)) => {
-            return stream_error(&ConnectError::new(
-                ConnectCode::InvalidArgument,
-                e.to_string(),
-            ));
-        }
-    };
-    let (sink, body) = downlink_channel(true);
-    if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
-        return stream_error(&ConnectError::new(
-            ConnectCode::NotFound,
-            format!("request {request_id} has already finished"),
-        ));
+impl IntoResponse for StreamError {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)],
+            connect::end_stream_error(&self.0),
+        )
+            .into_response()
     }
-    stream_response(body)
 }
