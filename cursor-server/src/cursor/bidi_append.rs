@@ -69,222 +69,283 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
             "AgentClientMessage with no message set".to_owned(),
         ));
     };
-    Ok(match message {
-        Message::RunRequest(request) => {
-            let conversation_id = request
-                .conversation_id
-                .clone()
-                .filter(|id| !id.is_empty())
-                .ok_or(ProtocolError::MissingConversationId)?;
-            let model_id = request
-                .requested_model
-                .as_ref()
-                .map(|m| m.model_id.clone())
-                .filter(|id| !id.is_empty())
-                .or_else(|| {
-                    request
-                        .model_details
-                        .as_ref()
-                        .map(|m| m.model_id.clone())
-                        .filter(|id| !id.is_empty())
-                });
-            let client_state = request
-                .conversation_state
-                .clone()
-                .filter(|state| !state.root_prompt_messages_json.is_empty())
-                .map(Box::new);
-            let parameters = request
-                .requested_model
-                .as_ref()
-                .map(|m| {
-                    m.parameters
-                        .iter()
-                        .map(|p| (p.id.clone(), p.value.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            match request.action.and_then(|a| a.action) {
-                Some(conversation_action::Action::UserMessageAction(action)) => {
-                    let user = action.user_message.unwrap_or_default();
-                    let user_text_is_empty = user.text.is_empty();
-                    let mode = match checkpoint::mode_of(user.mode) {
-                        Ok(mode) => mode,
-                        Err(message) => return Ok(ClientInput::Unsupported(message)),
-                    };
-                    let text_blob = match user.text_blob_id.as_deref() {
-                        None | Some([]) => None,
-                        Some(id) => Some(BlobId::from_slice(id).ok_or_else(|| {
-                            ProtocolError::Uplink(format!(
-                                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
-                                id.len()
-                            ))
-                        })?),
-                    };
-                    let run_action = RunAction::UserMessage {
-                        text: user.text,
-                        message_id: user.message_id,
-                        text_blob: text_blob.filter(|_| user_text_is_empty),
-                    };
-                    let terminals_folder = action
-                        .request_context
-                        .as_ref()
-                        .and_then(|c| c.env.as_ref())
-                        .map(|env| env.terminals_folder.clone())
-                        .unwrap_or_default();
-                    let context = action.request_context.as_ref().map(workspace_context);
-                    let context_part = action.request_context.as_ref();
-                    let mut tools = ToolOptions {
-                        web_fetch: context_part.is_none_or(|c| c.web_fetch_enabled != Some(false)),
-                        web_search: context_part
-                            .is_none_or(|c| c.web_search_enabled != Some(false)),
-                        mcp: mcp_tools(
-                            &request.mcp_tools,
-                            [
-                                request.mcp_file_system_options.as_ref(),
-                                context_part.and_then(|c| c.mcp_file_system_options.as_ref()),
-                            ],
-                        ),
-                        mcp_servers: Vec::new(),
-                        only: None,
-                    };
-                    tools.add_servers(
-                        context_part
-                            .into_iter()
-                            .flat_map(|c| &c.mcp_instructions)
-                            .map(|m| server_of(&m.server_identifier, &m.server_name)),
-                    );
-                    let subagent =
-                        subagent_role(request.subagent_type_name.as_deref(), context_part);
-                    if let Some(role) = &subagent {
-                        tools.restrict_to(role);
-                    }
-                    ClientInput::RunRequest(Box::new(RunRequestInput {
-                        conversation_id,
-                        action: run_action,
-                        model_id,
-                        terminals_folder,
-                        context,
-                        mode,
-                        tools,
-                        subagent,
-                        parameters,
-                        client_state,
-                    }))
-                }
-                // Runs without a new user message (and without a request context).
-                Some(
-                    action @ (conversation_action::Action::BackgroundTaskCompletionAction(_)
-                    | conversation_action::Action::ResumeAction(_)
-                    | conversation_action::Action::SummarizeAction(_)),
-                ) => {
-                    let (run_action, subagent) = match action {
-                        conversation_action::Action::BackgroundTaskCompletionAction(action) => {
-                            match background_completions(&action) {
-                                Ok(completions) => {
-                                    (RunAction::BackgroundTasksEnded(completions), None)
-                                }
-                                Err(message) => return Ok(ClientInput::Unsupported(message)),
-                            }
-                        }
-                        conversation_action::Action::SummarizeAction(_) => (
-                            RunAction::Summarize,
-                            subagent_role(request.subagent_type_name.as_deref(), None),
-                        ),
-                        _ => (
-                            RunAction::Resume,
-                            subagent_role(request.subagent_type_name.as_deref(), None),
-                        ),
-                    };
-                    let mut tools = ToolOptions::without_context(mcp_tools(
-                        &request.mcp_tools,
-                        [request.mcp_file_system_options.as_ref(), None],
-                    ));
-                    if let Some(role) = &subagent {
-                        tools.restrict_to(role);
-                    }
-                    ClientInput::RunRequest(Box::new(RunRequestInput {
-                        conversation_id,
-                        action: run_action,
-                        model_id,
-                        terminals_folder: String::new(),
-                        context: None,
-                        mode: Mode::default(),
-                        tools,
-                        subagent,
-                        parameters,
-                        client_state,
-                    }))
-                }
-                Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
-                Some(other) => {
-                    ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
-                }
-                None => ClientInput::Unsupported("run_request without an action".to_owned()),
+    match message {
+        Message::RunRequest(request) => run_request(request),
+        Message::ConversationAction(action) => Ok(conversation_action(action)),
+        Message::ExecClientMessage(result) => exec_result(result),
+        Message::ExecClientControlMessage(control) => exec_control(control),
+        Message::KvClientMessage(kv) => kv_result(kv),
+        Message::InteractionResponse(response) => interaction_response(response),
+        Message::ClientHeartbeat(_) => Ok(ClientInput::Heartbeat),
+        Message::PrewarmRequest(_) => Ok(ClientInput::Prewarm),
+    }
+}
+
+/// What every run action takes from the `run_request` itself.
+struct RequestBasics {
+    conversation_id: String,
+    model_id: Option<String>,
+    parameters: Vec<(String, String)>,
+    client_state: Option<Box<pb::ConversationStateStructure>>,
+}
+
+impl RequestBasics {
+    fn of(request: &pb::AgentRunRequest) -> Result<Self, ProtocolError> {
+        let conversation_id = request
+            .conversation_id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .ok_or(ProtocolError::MissingConversationId)?;
+        let model_id = request
+            .requested_model
+            .as_ref()
+            .map(|m| m.model_id.clone())
+            .filter(|id| !id.is_empty())
+            .or_else(|| {
+                request
+                    .model_details
+                    .as_ref()
+                    .map(|m| m.model_id.clone())
+                    .filter(|id| !id.is_empty())
+            });
+        let client_state = request
+            .conversation_state
+            .clone()
+            .filter(|state| !state.root_prompt_messages_json.is_empty())
+            .map(Box::new);
+        let parameters = request
+            .requested_model
+            .as_ref()
+            .map(|m| {
+                m.parameters
+                    .iter()
+                    .map(|p| (p.id.clone(), p.value.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(RequestBasics {
+            conversation_id,
+            model_id,
+            parameters,
+            client_state,
+        })
+    }
+}
+
+/// A `run_request`, by the action it carries.
+fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, ProtocolError> {
+    use conversation_action::Action;
+    let basics = RequestBasics::of(&request)?;
+    let subagent_type = request.subagent_type_name.as_deref();
+    Ok(match request.action.take().and_then(|a| a.action) {
+        Some(Action::UserMessageAction(action)) => user_message_run(&request, action, basics)?,
+        Some(Action::BackgroundTaskCompletionAction(action)) => {
+            match background_completions(&action) {
+                Ok(completions) => contextless_run(
+                    &request,
+                    RunAction::BackgroundTasksEnded(completions),
+                    None,
+                    basics,
+                ),
+                Err(message) => ClientInput::Unsupported(message),
             }
         }
-        Message::ConversationAction(action) => match action.action {
-            Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
-            Some(other) => {
-                ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
-            }
-            None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
-        },
-        Message::ExecClientMessage(result) => match result.message {
-            Some(payload) => ClientInput::ExecResult {
-                id: result.id,
-                payload: exec::ExecPayload(Box::new(payload)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "exec_client_message {} carries no result",
-                    result.id
-                )));
-            }
-        },
-        Message::ExecClientControlMessage(control) => match control.message {
-            Some(exec_client_control_message::Message::StreamClose(close)) => {
-                ClientInput::ExecControl {
-                    id: close.id,
-                    control: ExecControl::StreamClose,
-                }
-            }
-            Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
-                id: throw.id,
-                control: ExecControl::Throw { error: throw.error },
-            },
-            Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
-            None => {
-                return Err(ProtocolError::Uplink(
-                    "exec_client_control_message with no message set".to_owned(),
-                ));
-            }
-        },
-        Message::KvClientMessage(kv) => match kv.message {
-            Some(result) => ClientInput::KvResult {
-                id: kv.id,
-                payload: KvPayload(Box::new(result)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "kv_client_message {} carries no result",
-                    kv.id
-                )));
-            }
-        },
-        Message::InteractionResponse(response) => match response.result {
-            Some(result) => ClientInput::InteractionResponse {
-                id: response.id,
-                payload: exec::QueryPayload(Box::new(result)),
-            },
-            None => {
-                return Err(ProtocolError::Uplink(format!(
-                    "interaction_response {} carries no result",
-                    response.id
-                )));
-            }
-        },
-        Message::ClientHeartbeat(_) => ClientInput::Heartbeat,
-        Message::PrewarmRequest(_) => ClientInput::Prewarm,
+        Some(Action::SummarizeAction(_)) => contextless_run(
+            &request,
+            RunAction::Summarize,
+            subagent_role(subagent_type, None),
+            basics,
+        ),
+        Some(Action::ResumeAction(_)) => contextless_run(
+            &request,
+            RunAction::Resume,
+            subagent_role(subagent_type, None),
+            basics,
+        ),
+        Some(Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(other) => {
+            ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
+        }
+        None => ClientInput::Unsupported("run_request without an action".to_owned()),
+    })
+}
+
+/// A `user_message_action`: a new turn, with the request context (workspace, rules, the client's
+/// tool switches).
+fn user_message_run(
+    request: &pb::AgentRunRequest,
+    action: pb::UserMessageAction,
+    basics: RequestBasics,
+) -> Result<ClientInput, ProtocolError> {
+    let user = action.user_message.unwrap_or_default();
+    let mode = match checkpoint::mode_of(user.mode) {
+        Ok(mode) => mode,
+        Err(message) => return Ok(ClientInput::Unsupported(message)),
+    };
+    // A text blob stands for the text only when the text itself is empty.
+    let text_blob = text_blob_id(user.text_blob_id.as_deref())?.filter(|_| user.text.is_empty());
+    let run_action = RunAction::UserMessage {
+        text: user.text,
+        message_id: user.message_id,
+        text_blob,
+    };
+    let context = action.request_context.as_ref();
+    let terminals_folder = context
+        .and_then(|c| c.env.as_ref())
+        .map(|env| env.terminals_folder.clone())
+        .unwrap_or_default();
+    let subagent = subagent_role(request.subagent_type_name.as_deref(), context);
+    let mut tools = user_message_tools(request, context);
+    if let Some(role) = &subagent {
+        tools.restrict_to(role);
+    }
+    Ok(ClientInput::RunRequest(Box::new(RunRequestInput {
+        conversation_id: basics.conversation_id,
+        action: run_action,
+        model_id: basics.model_id,
+        terminals_folder,
+        context: context.map(workspace_context),
+        mode,
+        tools,
+        subagent,
+        parameters: basics.parameters,
+        client_state: basics.client_state,
+    })))
+}
+
+/// `user_message.text_blob_id`, which must be a blob id when present.
+fn text_blob_id(id: Option<&[u8]>) -> Result<Option<BlobId>, ProtocolError> {
+    match id {
+        None | Some([]) => Ok(None),
+        Some(id) => BlobId::from_slice(id).map(Some).ok_or_else(|| {
+            ProtocolError::Uplink(format!(
+                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
+                id.len()
+            ))
+        }),
+    }
+}
+
+/// The tools a user message's request allows beyond the mode's: the client's web switches, its
+/// MCP tools and the MCP servers that sent instructions.
+fn user_message_tools(
+    request: &pb::AgentRunRequest,
+    context: Option<&pb::RequestContext>,
+) -> ToolOptions {
+    let mut tools = ToolOptions {
+        web_fetch: context.is_none_or(|c| c.web_fetch_enabled != Some(false)),
+        web_search: context.is_none_or(|c| c.web_search_enabled != Some(false)),
+        mcp: mcp_tools(
+            &request.mcp_tools,
+            [
+                request.mcp_file_system_options.as_ref(),
+                context.and_then(|c| c.mcp_file_system_options.as_ref()),
+            ],
+        ),
+        mcp_servers: Vec::new(),
+        only: None,
+    };
+    tools.add_servers(
+        context
+            .into_iter()
+            .flat_map(|c| &c.mcp_instructions)
+            .map(|m| server_of(&m.server_identifier, &m.server_name)),
+    );
+    tools
+}
+
+/// A run without a new user message (resume, summarize, background tasks ended): the client sends
+/// no request context with these, so there is no workspace and no tool switches, and the
+/// conversation keeps its mode.
+fn contextless_run(
+    request: &pb::AgentRunRequest,
+    action: RunAction,
+    subagent: Option<SubagentRole>,
+    basics: RequestBasics,
+) -> ClientInput {
+    let mut tools = ToolOptions::without_context(mcp_tools(
+        &request.mcp_tools,
+        [request.mcp_file_system_options.as_ref(), None],
+    ));
+    if let Some(role) = &subagent {
+        tools.restrict_to(role);
+    }
+    ClientInput::RunRequest(Box::new(RunRequestInput {
+        conversation_id: basics.conversation_id,
+        action,
+        model_id: basics.model_id,
+        terminals_folder: String::new(),
+        context: None,
+        mode: Mode::default(),
+        tools,
+        subagent,
+        parameters: basics.parameters,
+        client_state: basics.client_state,
+    }))
+}
+
+/// A `conversation_action` outside a run request: only cancel is meaningful there.
+fn conversation_action(action: pb::ConversationAction) -> ClientInput {
+    match action.action {
+        Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(other) => {
+            ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
+        }
+        None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
+    }
+}
+
+fn exec_result(result: pb::ExecClientMessage) -> Result<ClientInput, ProtocolError> {
+    let payload = result.message.ok_or_else(|| {
+        ProtocolError::Uplink(format!(
+            "exec_client_message {} carries no result",
+            result.id
+        ))
+    })?;
+    Ok(ClientInput::ExecResult {
+        id: result.id,
+        payload: exec::ExecPayload(Box::new(payload)),
+    })
+}
+
+fn exec_control(control: pb::ExecClientControlMessage) -> Result<ClientInput, ProtocolError> {
+    use exec_client_control_message::Message;
+    match control.message {
+        Some(Message::StreamClose(close)) => Ok(ClientInput::ExecControl {
+            id: close.id,
+            control: ExecControl::StreamClose,
+        }),
+        Some(Message::Throw(throw)) => Ok(ClientInput::ExecControl {
+            id: throw.id,
+            control: ExecControl::Throw { error: throw.error },
+        }),
+        Some(Message::Heartbeat(_)) => Ok(ClientInput::Heartbeat),
+        None => Err(ProtocolError::Uplink(
+            "exec_client_control_message with no message set".to_owned(),
+        )),
+    }
+}
+
+fn kv_result(kv: pb::KvClientMessage) -> Result<ClientInput, ProtocolError> {
+    let result = kv.message.ok_or_else(|| {
+        ProtocolError::Uplink(format!("kv_client_message {} carries no result", kv.id))
+    })?;
+    Ok(ClientInput::KvResult {
+        id: kv.id,
+        payload: KvPayload(Box::new(result)),
+    })
+}
+
+fn interaction_response(response: pb::InteractionResponse) -> Result<ClientInput, ProtocolError> {
+    let result = response.result.ok_or_else(|| {
+        ProtocolError::Uplink(format!(
+            "interaction_response {} carries no result",
+            response.id
+        ))
+    })?;
+    Ok(ClientInput::InteractionResponse {
+        id: response.id,
+        payload: exec::QueryPayload(Box::new(result)),
     })
 }
 
