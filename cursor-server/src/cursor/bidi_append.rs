@@ -11,9 +11,10 @@ use super::proto::agent::{
 };
 use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions};
+use crate::error::ProtocolError;
 use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
-use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
+use crate::run::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 use crate::store::blobs::BlobId;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -27,7 +27,8 @@ use super::proto::aiserver::{
 };
 use super::run_sse::{self, StreamError};
 use crate::app::AppState;
-use crate::run::command::{ProtocolError, RunCommand};
+use crate::error::ProtocolError;
+use crate::run::command::RunCommand;
 use crate::run::registry::{RegistryError, RunHandle, RunRegistry};
 
 pub fn router(state: Arc<AppState>) -> Router {

@@ -3,14 +3,13 @@
 //! along the way.
 
 use super::actor::Downlink;
-use super::command::ProtocolError;
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
-use crate::error::ServerError;
+use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::Mode;
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::model::usage::Usage;

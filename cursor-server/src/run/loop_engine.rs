@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::actor::Downlink;
-use super::command::{ExecControl, ProtocolError, RunAction, RunRequestInput};
+use super::command::{ExecControl, RunAction, RunRequestInput};
 use super::lifecycle::{Checkpoints, TurnOpening};
 use crate::app::AppState;
 use crate::cursor::blob_sync::{KvOutcome, KvPayload};
@@ -23,7 +23,7 @@ use crate::cursor::tools::{
     self, FieldStreamer, ToolEnv, ToolKind, ToolOptions, ToolRun, ToolStep,
 };
 use crate::cursor::{interaction, tool_result::parse_todo_update};
-use crate::error::ServerError;
+use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::{ContextUse, Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ProviderReplay, ToolCallRecord, ToolResultRecord,
