@@ -99,7 +99,7 @@ pub enum ConfigError {
 pub struct Secret(String);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
+    fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
     pub fn expose(&self) -> &str {

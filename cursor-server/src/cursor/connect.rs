@@ -295,7 +295,7 @@ impl ConnectCode {
     }
 
     /// HTTP status of a unary error response with this code (Connect protocol mapping).
-    pub fn http_status(self) -> u16 {
+    fn http_status(self) -> u16 {
         match self {
             ConnectCode::Canceled => 499,
             ConnectCode::InvalidArgument => 400,
@@ -349,7 +349,7 @@ impl ConnectError {
     }
 
     /// The `{"code","message","details"}` object shared by unary bodies and end-of-stream errors.
-    pub fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         let mut error = serde_json::json!({
             "code": self.code.as_str(),
             "message": self.message,
