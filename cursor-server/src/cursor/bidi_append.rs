@@ -547,3 +547,219 @@ fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_request(action: conversation_action::Action) -> AgentClientMessage {
+        AgentClientMessage {
+            message: Some(agent_client_message::Message::RunRequest(
+                pb::AgentRunRequest {
+                    conversation_id: Some("c1".to_owned()),
+                    requested_model: Some(pb::RequestedModel {
+                        model_id: "m1".to_owned(),
+                        ..Default::default()
+                    }),
+                    subagent_type_name: Some("explore".to_owned()),
+                    action: Some(pb::ConversationAction {
+                        action: Some(action),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
+    fn user_message(message: pb::UserMessage) -> AgentClientMessage {
+        run_request(conversation_action::Action::UserMessageAction(
+            pb::UserMessageAction {
+                user_message: Some(message),
+                ..Default::default()
+            },
+        ))
+    }
+
+    fn request_input(input: ClientInput) -> RunRequestInput {
+        match input {
+            ClientInput::RunRequest(request) => *request,
+            other => panic!("not a run request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_user_message_starts_a_turn_with_the_request_basics() {
+        let message = user_message(pb::UserMessage {
+            text: "hi".to_owned(),
+            message_id: "u1".to_owned(),
+            ..Default::default()
+        });
+        let input = request_input(translate(message).expect("translates"));
+        assert_eq!(input.conversation_id, "c1");
+        assert_eq!(input.model_id.as_deref(), Some("m1"));
+        assert_eq!(
+            input.action,
+            RunAction::UserMessage {
+                text: "hi".to_owned(),
+                message_id: "u1".to_owned(),
+                text_blob: None,
+            }
+        );
+        assert_eq!(input.mode, Mode::Agent);
+        assert!(input.context.is_none());
+        let role = input.subagent.expect("subagent role");
+        assert_eq!(role.type_name, "explore");
+    }
+
+    #[test]
+    fn a_text_blob_stands_for_the_text_only_when_the_text_is_empty() {
+        let id = vec![7u8; 32];
+        let with_text = user_message(pb::UserMessage {
+            text: "hi".to_owned(),
+            text_blob_id: Some(id.clone()),
+            ..Default::default()
+        });
+        let input = request_input(translate(with_text).expect("translates"));
+        assert!(matches!(
+            input.action,
+            RunAction::UserMessage {
+                text_blob: None,
+                ..
+            }
+        ));
+        let blob_only = user_message(pb::UserMessage {
+            text_blob_id: Some(id.clone()),
+            ..Default::default()
+        });
+        let input = request_input(translate(blob_only).expect("translates"));
+        assert!(matches!(
+            input.action,
+            RunAction::UserMessage { text_blob: Some(blob), .. } if blob == BlobId::from_slice(&id).expect("32 bytes")
+        ));
+        let short = user_message(pb::UserMessage {
+            text_blob_id: Some(vec![1, 2, 3]),
+            ..Default::default()
+        });
+        assert_eq!(
+            translate(short).expect_err("not a blob id").to_string(),
+            "request stream: user_message.text_blob_id is 3 bytes, not a 32-byte blob id"
+        );
+    }
+
+    #[test]
+    fn runs_without_a_user_message_have_no_context_and_keep_the_subagent_role() {
+        let resume = run_request(conversation_action::Action::ResumeAction(
+            pb::ResumeAction::default(),
+        ));
+        let input = request_input(translate(resume).expect("translates"));
+        assert_eq!(input.action, RunAction::Resume);
+        assert!(input.context.is_none());
+        assert!(input.terminals_folder.is_empty());
+        assert_eq!(input.subagent.expect("role").type_name, "explore");
+        let summarize = run_request(conversation_action::Action::SummarizeAction(
+            pb::SummarizeAction::default(),
+        ));
+        let input = request_input(translate(summarize).expect("translates"));
+        assert_eq!(input.action, RunAction::Summarize);
+    }
+
+    #[test]
+    fn background_completions_without_any_are_unsupported_and_drop_the_subagent_role() {
+        let empty = run_request(conversation_action::Action::BackgroundTaskCompletionAction(
+            pb::BackgroundTaskCompletionAction::default(),
+        ));
+        assert_eq!(
+            translate(empty).expect("translates"),
+            ClientInput::Unsupported(
+                "background_task_completion_action without completions".to_owned()
+            )
+        );
+        let one = run_request(conversation_action::Action::BackgroundTaskCompletionAction(
+            pb::BackgroundTaskCompletionAction {
+                completions: vec![pb::BackgroundTaskCompletion {
+                    task_id: "t1".to_owned(),
+                    kind: pb::BackgroundTaskKind::Shell as i32,
+                    status: pb::BackgroundTaskStatus::Success as i32,
+                    ..Default::default()
+                }],
+            },
+        ));
+        let input = request_input(translate(one).expect("translates"));
+        assert!(matches!(input.action, RunAction::BackgroundTasksEnded(ref c) if c.len() == 1));
+        assert!(input.subagent.is_none());
+    }
+
+    #[test]
+    fn a_run_request_without_a_conversation_id_is_a_protocol_error() {
+        let mut message = run_request(conversation_action::Action::CancelAction(
+            pb::CancelAction::default(),
+        ));
+        if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+            request.conversation_id = None;
+        }
+        assert_eq!(
+            translate(message).expect_err("no conversation"),
+            ProtocolError::MissingConversationId
+        );
+    }
+
+    #[test]
+    fn actions_this_server_does_not_run_are_named() {
+        let plan = run_request(conversation_action::Action::StartPlanAction(
+            pb::StartPlanAction::default(),
+        ));
+        assert_eq!(
+            translate(plan).expect("translates"),
+            ClientInput::Unsupported("run_request action start_plan_action".to_owned())
+        );
+        let cancel = AgentClientMessage {
+            message: Some(agent_client_message::Message::ConversationAction(
+                pb::ConversationAction {
+                    action: Some(conversation_action::Action::CancelAction(
+                        pb::CancelAction::default(),
+                    )),
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(translate(cancel).expect("translates"), ClientInput::Cancel);
+    }
+
+    #[test]
+    fn results_without_a_payload_are_protocol_errors() {
+        let exec = AgentClientMessage {
+            message: Some(agent_client_message::Message::ExecClientMessage(
+                pb::ExecClientMessage {
+                    id: 4,
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(
+            translate(exec).expect_err("empty").to_string(),
+            "request stream: exec_client_message 4 carries no result"
+        );
+        let kv = AgentClientMessage {
+            message: Some(agent_client_message::Message::KvClientMessage(
+                pb::KvClientMessage {
+                    id: 5,
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(
+            translate(kv).expect_err("empty").to_string(),
+            "request stream: kv_client_message 5 carries no result"
+        );
+        let control = AgentClientMessage {
+            message: Some(agent_client_message::Message::ExecClientControlMessage(
+                pb::ExecClientControlMessage::default(),
+            )),
+        };
+        assert_eq!(
+            translate(control).expect_err("empty").to_string(),
+            "request stream: exec_client_control_message with no message set"
+        );
+    }
+}
