@@ -385,43 +385,9 @@ impl FileConfig {
             .or(self.database_url)
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
 
-        if self.providers.is_empty() {
-            return Err(ConfigError::NoProviders);
-        }
-        let mut providers = Vec::with_capacity(self.providers.len());
-        let mut provider_names = HashSet::new();
-        for provider in self.providers {
-            if !provider_names.insert(provider.name.clone()) {
-                return Err(ConfigError::DuplicateProvider(provider.name));
-            }
-            providers.push(provider.validate(env)?);
-        }
-        let mut model_owner: HashMap<&str, &str> = HashMap::new();
-        for provider in &providers {
-            for model in &provider.models {
-                if let Some(first) = model_owner.insert(&model.id, &provider.name) {
-                    return Err(ConfigError::DuplicateModel {
-                        model: model.id.clone(),
-                        first: first.to_owned(),
-                        second: provider.name.clone(),
-                    });
-                }
-            }
-        }
-
-        let all_models: Vec<&str> = providers
-            .iter()
-            .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
-            .collect();
-        let default_model = env(ENV_DEFAULT_MODEL)
-            .or(self.default_model)
-            .unwrap_or_else(|| all_models[0].to_owned());
-        if !all_models.contains(&default_model.as_str()) {
-            return Err(ConfigError::UnknownDefaultModel {
-                model: default_model,
-                configured: all_models.join(", "),
-            });
-        }
+        let providers = validate_providers(self.providers, env)?;
+        let default_model =
+            default_model(env(ENV_DEFAULT_MODEL).or(self.default_model), &providers)?;
 
         let tool_output_max_bytes = nonzero(
             self.tool_output_max_bytes,
@@ -462,20 +428,7 @@ impl FileConfig {
             tool_output_max_bytes,
             compact_at_percent,
             web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
-            upstream: match self.pass_through.unwrap_or(true) {
-                false => None,
-                true => {
-                    let url = self
-                        .upstream_url
-                        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
-                        .trim_end_matches('/')
-                        .to_owned();
-                    Some(UpstreamConfig {
-                        url: http_url("upstream_url", url)?,
-                        proxy: self.upstream_proxy.filter(|p| !p.trim().is_empty()),
-                    })
-                }
-            },
+            upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)?,
             reconnect_grace: millis(self.reconnect_grace_ms, DEFAULT_RECONNECT_GRACE_MS),
             client_idle_timeout: positive_secs(
                 self.client_idle_timeout_secs,
@@ -509,6 +462,75 @@ impl FileConfig {
             providers,
         })
     }
+}
+
+/// Every provider, validated; provider names and model ids are unique across the file.
+fn validate_providers(
+    file: Vec<FileProvider>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<ProviderConfig>, ConfigError> {
+    if file.is_empty() {
+        return Err(ConfigError::NoProviders);
+    }
+    let mut providers = Vec::with_capacity(file.len());
+    let mut provider_names = HashSet::new();
+    for provider in file {
+        if !provider_names.insert(provider.name.clone()) {
+            return Err(ConfigError::DuplicateProvider(provider.name));
+        }
+        providers.push(provider.validate(env)?);
+    }
+    let mut model_owner: HashMap<&str, &str> = HashMap::new();
+    for provider in &providers {
+        for model in &provider.models {
+            if let Some(first) = model_owner.insert(&model.id, &provider.name) {
+                return Err(ConfigError::DuplicateModel {
+                    model: model.id.clone(),
+                    first: first.to_owned(),
+                    second: provider.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(providers)
+}
+
+/// The model a run without one uses: `chosen` if it is configured, else the first configured one.
+fn default_model(
+    chosen: Option<String>,
+    providers: &[ProviderConfig],
+) -> Result<String, ConfigError> {
+    let all_models: Vec<&str> = providers
+        .iter()
+        .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
+        .collect();
+    let default_model = chosen.unwrap_or_else(|| all_models[0].to_owned());
+    if !all_models.contains(&default_model.as_str()) {
+        return Err(ConfigError::UnknownDefaultModel {
+            model: default_model,
+            configured: all_models.join(", "),
+        });
+    }
+    Ok(default_model)
+}
+
+/// Where pass-through goes (`None`: pass-through is off).
+fn upstream(
+    pass_through: Option<bool>,
+    url: Option<String>,
+    proxy: Option<String>,
+) -> Result<Option<UpstreamConfig>, ConfigError> {
+    if !pass_through.unwrap_or(true) {
+        return Ok(None);
+    }
+    let url = url
+        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
+        .trim_end_matches('/')
+        .to_owned();
+    Ok(Some(UpstreamConfig {
+        url: http_url("upstream_url", url)?,
+        proxy: proxy.filter(|p| !p.trim().is_empty()),
+    }))
 }
 
 /// `value` (or `default` when unset), which must not be zero.
