@@ -232,3 +232,38 @@ fn available_models(config: &Config) -> AvailableModelsResponse {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(name: &str) -> available_models_response::AvailableModel {
+        available_models_response::AvailableModel {
+            name: name.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn merged_models_put_ours_first_once_and_keep_our_default() {
+        let ours = AvailableModelsResponse {
+            models: vec![model("a"), model("b")],
+            composer_model_config: Some(available_models_response::FeatureModelConfig {
+                default_model: "a".to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let theirs = AvailableModelsResponse {
+            models: vec![model("b"), model("c")],
+            ..Default::default()
+        };
+        let merged = merge_available_models(ours, theirs);
+        assert_eq!(merged.model_names, ["a", "b", "c"]);
+        assert_eq!(merged.models.len(), 3);
+        assert_eq!(
+            merged.composer_model_config.map(|c| c.default_model),
+            Some("a".to_owned())
+        );
+    }
+}

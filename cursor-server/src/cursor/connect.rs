@@ -462,3 +462,32 @@ fn hop_by_hop_headers(headers: &HeaderMap) -> Vec<HeaderName> {
     }
     names
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unary_error_is_json_with_the_status_of_its_code() {
+        let response = ConnectError::new(ConnectCode::NotFound, "gone").into_response();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], CONTENT_TYPE_JSON);
+        let response = ConnectError::new(ConnectCode::Canceled, "stop").into_response();
+        assert_eq!(response.status().as_u16(), 499);
+    }
+
+    #[test]
+    fn connection_headers_and_those_connection_names_are_not_forwarded() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            "keep-alive, x-hop".parse().expect("value"),
+        );
+        headers.insert("x-hop", "1".parse().expect("value"));
+        headers.insert(header::HOST, "localhost".parse().expect("value"));
+        headers.insert(header::AUTHORIZATION, "Bearer t".parse().expect("value"));
+        let forwarded = end_to_end_headers(&headers);
+        assert_eq!(forwarded.len(), 1);
+        assert_eq!(forwarded[header::AUTHORIZATION], "Bearer t");
+    }
+}

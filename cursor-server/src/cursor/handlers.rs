@@ -308,3 +308,34 @@ async fn drain_frames(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uplink_failures_keep_their_texts() {
+        assert_eq!(
+            UplinkError::EndStream.to_string(),
+            "end-of-stream frame in a request stream"
+        );
+        assert_eq!(UplinkError::RunEnded.to_string(), "the run has ended");
+        assert_eq!(
+            UplinkError::from(WireError::UnknownFlags(0x80)).to_string(),
+            WireError::UnknownFlags(0x80).to_string()
+        );
+        assert_eq!(
+            UplinkError::from(ProtocolError::MissingConversationId).to_string(),
+            "run_request without conversation_id"
+        );
+    }
+
+    #[test]
+    fn registry_errors_map_to_connect_codes() {
+        let finished = registry_error(RegistryError::Finished("r1".to_owned()));
+        assert_eq!(finished.code, ConnectCode::NotFound);
+        assert_eq!(finished.message, "request r1 has already finished");
+        let running = registry_error(RegistryError::AlreadyRunning("r1".to_owned()));
+        assert_eq!(running.code, ConnectCode::InvalidArgument);
+    }
+}
