@@ -99,7 +99,7 @@ pub enum ConfigError {
 pub struct Secret(String);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
+    fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
     pub fn expose(&self) -> &str {
@@ -385,65 +385,26 @@ impl FileConfig {
             .or(self.database_url)
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
 
-        if self.providers.is_empty() {
-            return Err(ConfigError::NoProviders);
-        }
-        let mut providers = Vec::with_capacity(self.providers.len());
-        let mut provider_names = HashSet::new();
-        for provider in self.providers {
-            if !provider_names.insert(provider.name.clone()) {
-                return Err(ConfigError::DuplicateProvider(provider.name));
-            }
-            providers.push(provider.validate(env)?);
-        }
-        let mut model_owner: HashMap<&str, &str> = HashMap::new();
-        for provider in &providers {
-            for model in &provider.models {
-                if let Some(first) = model_owner.insert(&model.id, &provider.name) {
-                    return Err(ConfigError::DuplicateModel {
-                        model: model.id.clone(),
-                        first: first.to_owned(),
-                        second: provider.name.clone(),
-                    });
-                }
-            }
-        }
+        let providers = validate_providers(self.providers, env)?;
+        let default_model =
+            default_model(env(ENV_DEFAULT_MODEL).or(self.default_model), &providers)?;
 
-        let all_models: Vec<&str> = providers
-            .iter()
-            .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
-            .collect();
-        let default_model = match env(ENV_DEFAULT_MODEL).or(self.default_model) {
-            Some(model) => model,
-            None => all_models[0].to_owned(),
-        };
-        if !all_models.contains(&default_model.as_str()) {
-            return Err(ConfigError::UnknownDefaultModel {
-                model: default_model,
-                configured: all_models.join(", "),
-            });
-        }
-
-        let tool_output_max_bytes = self
-            .tool_output_max_bytes
-            .unwrap_or(DEFAULT_TOOL_OUTPUT_MAX_BYTES);
-        if tool_output_max_bytes == 0 {
-            return Err(ConfigError::Zero {
-                field: "tool_output_max_bytes",
-            });
-        }
+        let tool_output_max_bytes = nonzero(
+            self.tool_output_max_bytes,
+            DEFAULT_TOOL_OUTPUT_MAX_BYTES,
+            "tool_output_max_bytes",
+        )?;
         let compact_at_percent = self
             .compact_at_percent
             .unwrap_or(DEFAULT_COMPACT_AT_PERCENT);
         if !(10..=100).contains(&compact_at_percent) {
             return Err(ConfigError::CompactAtPercent(compact_at_percent));
         }
-        let max_frame_bytes = self.max_frame_bytes.unwrap_or(DEFAULT_MAX_FRAME_BYTES);
-        if max_frame_bytes == 0 {
-            return Err(ConfigError::Zero {
-                field: "max_frame_bytes",
-            });
-        }
+        let max_frame_bytes = nonzero(
+            self.max_frame_bytes,
+            DEFAULT_MAX_FRAME_BYTES,
+            "max_frame_bytes",
+        )?;
         Ok(Config {
             listen,
             database_url,
@@ -467,72 +428,35 @@ impl FileConfig {
             tool_output_max_bytes,
             compact_at_percent,
             web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
-            upstream: match self.pass_through.unwrap_or(true) {
-                false => None,
-                true => {
-                    let url = self
-                        .upstream_url
-                        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
-                        .trim_end_matches('/')
-                        .to_owned();
-                    if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        return Err(ConfigError::BaseUrl {
-                            provider: "upstream_url".to_owned(),
-                            value: url,
-                        });
-                    }
-                    Some(UpstreamConfig {
-                        url,
-                        proxy: self.upstream_proxy.filter(|p| !p.trim().is_empty()),
-                    })
-                }
-            },
-            reconnect_grace: Duration::from_millis(
-                self.reconnect_grace_ms
-                    .unwrap_or(DEFAULT_RECONNECT_GRACE_MS),
-            ),
+            upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)?,
+            reconnect_grace: millis(self.reconnect_grace_ms, DEFAULT_RECONNECT_GRACE_MS),
             client_idle_timeout: positive_secs(
                 self.client_idle_timeout_secs,
                 DEFAULT_CLIENT_IDLE_TIMEOUT_SECS,
                 "client_idle_timeout_secs",
             )?,
-            heartbeat_interval: match self
-                .heartbeat_interval_ms
-                .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS)
-            {
-                0 => {
-                    return Err(ConfigError::Zero {
-                        field: "heartbeat_interval_ms",
-                    });
-                }
-                ms => Duration::from_millis(ms),
-            },
-            checkpoint_ack_timeout: Duration::from_millis(
-                self.checkpoint_ack_timeout_ms
-                    .unwrap_or(DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS),
+            heartbeat_interval: Duration::from_millis(nonzero(
+                self.heartbeat_interval_ms,
+                DEFAULT_HEARTBEAT_INTERVAL_MS,
+                "heartbeat_interval_ms",
+            )?),
+            checkpoint_ack_timeout: millis(
+                self.checkpoint_ack_timeout_ms,
+                DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS,
             ),
-            kv_retry_after: match self.kv_retry_after_ms.unwrap_or(DEFAULT_KV_RETRY_AFTER_MS) {
-                0 => {
-                    return Err(ConfigError::Zero {
-                        field: "kv_retry_after_ms",
-                    });
-                }
-                ms => Duration::from_millis(ms),
-            },
-            provider_max_attempts: match self
-                .provider_max_attempts
-                .unwrap_or(DEFAULT_PROVIDER_MAX_ATTEMPTS)
-            {
-                0 => {
-                    return Err(ConfigError::Zero {
-                        field: "provider_max_attempts",
-                    });
-                }
-                n => n,
-            },
-            provider_retry_base_delay: Duration::from_millis(
-                self.provider_retry_base_delay_ms
-                    .unwrap_or(DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS),
+            kv_retry_after: Duration::from_millis(nonzero(
+                self.kv_retry_after_ms,
+                DEFAULT_KV_RETRY_AFTER_MS,
+                "kv_retry_after_ms",
+            )?),
+            provider_max_attempts: nonzero(
+                self.provider_max_attempts,
+                DEFAULT_PROVIDER_MAX_ATTEMPTS,
+                "provider_max_attempts",
+            )?,
+            provider_retry_base_delay: millis(
+                self.provider_retry_base_delay_ms,
+                DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS,
             ),
             prompt_dir: self.prompt_dir,
             providers,
@@ -540,15 +464,109 @@ impl FileConfig {
     }
 }
 
+/// Every provider, validated; provider names and model ids are unique across the file.
+fn validate_providers(
+    file: Vec<FileProvider>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<ProviderConfig>, ConfigError> {
+    if file.is_empty() {
+        return Err(ConfigError::NoProviders);
+    }
+    let mut providers = Vec::with_capacity(file.len());
+    let mut provider_names = HashSet::new();
+    for provider in file {
+        if !provider_names.insert(provider.name.clone()) {
+            return Err(ConfigError::DuplicateProvider(provider.name));
+        }
+        providers.push(provider.validate(env)?);
+    }
+    let mut model_owner: HashMap<&str, &str> = HashMap::new();
+    for provider in &providers {
+        for model in &provider.models {
+            if let Some(first) = model_owner.insert(&model.id, &provider.name) {
+                return Err(ConfigError::DuplicateModel {
+                    model: model.id.clone(),
+                    first: first.to_owned(),
+                    second: provider.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(providers)
+}
+
+/// The model a run without one uses: `chosen` if it is configured, else the first configured one.
+fn default_model(
+    chosen: Option<String>,
+    providers: &[ProviderConfig],
+) -> Result<String, ConfigError> {
+    let all_models: Vec<&str> = providers
+        .iter()
+        .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
+        .collect();
+    let default_model = chosen.unwrap_or_else(|| all_models[0].to_owned());
+    if !all_models.contains(&default_model.as_str()) {
+        return Err(ConfigError::UnknownDefaultModel {
+            model: default_model,
+            configured: all_models.join(", "),
+        });
+    }
+    Ok(default_model)
+}
+
+/// Where pass-through goes (`None`: pass-through is off).
+fn upstream(
+    pass_through: Option<bool>,
+    url: Option<String>,
+    proxy: Option<String>,
+) -> Result<Option<UpstreamConfig>, ConfigError> {
+    if !pass_through.unwrap_or(true) {
+        return Ok(None);
+    }
+    let url = url
+        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
+        .trim_end_matches('/')
+        .to_owned();
+    Ok(Some(UpstreamConfig {
+        url: http_url("upstream_url", url)?,
+        proxy: proxy.filter(|p| !p.trim().is_empty()),
+    }))
+}
+
+/// `value` (or `default` when unset), which must not be zero.
+fn nonzero<T: Default + PartialEq>(
+    value: Option<T>,
+    default: T,
+    field: &'static str,
+) -> Result<T, ConfigError> {
+    let value = value.unwrap_or(default);
+    if value == T::default() {
+        return Err(ConfigError::Zero { field });
+    }
+    Ok(value)
+}
+
+fn millis(value: Option<u64>, default: u64) -> Duration {
+    Duration::from_millis(value.unwrap_or(default))
+}
+
 fn positive_secs(
     value: Option<u64>,
     default: u64,
     field: &'static str,
 ) -> Result<Duration, ConfigError> {
-    match value.unwrap_or(default) {
-        0 => Err(ConfigError::Zero { field }),
-        secs => Ok(Duration::from_secs(secs)),
+    nonzero(value, default, field).map(Duration::from_secs)
+}
+
+/// `url` if it is an http(s) URL; `owner` names the setting in the error.
+fn http_url(owner: &str, url: String) -> Result<String, ConfigError> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ConfigError::BaseUrl {
+            provider: owner.to_owned(),
+            value: url,
+        });
     }
+    Ok(url)
 }
 
 /// `api_key` or the variable `api_key_env` names (never both); `None` when neither is set.
@@ -646,24 +664,18 @@ impl FileWebSearch {
             })?
             .trim_end_matches('/')
             .to_owned();
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(ConfigError::BaseUrl {
-                provider: OWNER.to_owned(),
-                value: base_url,
-            });
-        }
+        let base_url = http_url(OWNER, base_url)?;
         let api_key = resolve_key(OWNER, self.api_key, self.api_key_env, env)?;
         if api_key.is_none() && kind != WebSearchKind::Searxng {
             return Err(ConfigError::MissingKey {
                 provider: OWNER.to_owned(),
             });
         }
-        let max_results = self.max_results.unwrap_or(DEFAULT_WEB_SEARCH_RESULTS);
-        if max_results == 0 {
-            return Err(ConfigError::Zero {
-                field: "web_search.max_results",
-            });
-        }
+        let max_results = nonzero(
+            self.max_results,
+            DEFAULT_WEB_SEARCH_RESULTS,
+            "web_search.max_results",
+        )?;
         Ok(WebSearchConfig {
             kind,
             base_url,
@@ -679,12 +691,7 @@ impl FileProvider {
             provider: self.name.clone(),
             kind: self.kind.clone(),
         })?;
-        if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
-            return Err(ConfigError::BaseUrl {
-                provider: self.name,
-                value: self.base_url,
-            });
-        }
+        let base_url = http_url(&self.name, self.base_url)?;
         let Some(api_key) = resolve_key(&self.name, self.api_key, self.api_key_env, env)? else {
             return Err(ConfigError::MissingKey {
                 provider: self.name,
@@ -710,11 +717,10 @@ impl FileProvider {
                     max_output_tokens,
                 });
             }
-            let extra_body = match serde_json::to_value(&model.quirks.extra_body) {
-                Ok(serde_json::Value::Object(map)) => map,
-                _ => {
-                    return Err(ConfigError::ExtraBody { model: model.id });
-                }
+            let Ok(serde_json::Value::Object(extra_body)) =
+                serde_json::to_value(&model.quirks.extra_body)
+            else {
+                return Err(ConfigError::ExtraBody { model: model.id });
             };
             models.push(ModelConfig {
                 upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
@@ -737,7 +743,7 @@ impl FileProvider {
         Ok(ProviderConfig {
             name: self.name,
             kind,
-            base_url: self.base_url.trim_end_matches('/').to_owned(),
+            base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
             models,
         })
@@ -745,111 +751,4 @@ impl FileProvider {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::from_toml(text, Path::new("test.toml"), &|name| match name {
-            "TEST_KEY" => Some("sk-test".to_owned()),
-            _ => None,
-        })
-    }
-
-    const PROVIDER: &str = r#"
-        [[providers]]
-        name = "p"
-        kind = "openai-chat"
-        base_url = "http://127.0.0.1:9/v1/"
-        api_key_env = "TEST_KEY"
-        [[providers.models]]
-        id = "m1"
-        display_name = "Model One"
-        reasoning = true
-    "#;
-
-    #[test]
-    fn defaults_apply_and_key_comes_from_env() {
-        let config = parse(PROVIDER).expect("valid");
-        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
-        assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
-        assert_eq!(config.default_model, "m1");
-        let provider = &config.providers[0];
-        assert_eq!(provider.api_key.expose(), "sk-test");
-        assert_eq!(provider.base_url, "http://127.0.0.1:9/v1");
-        assert!(provider.models[0].reasoning);
-        assert_eq!(format!("{:?}", provider.api_key), "Secret(***)");
-    }
-
-    #[test]
-    fn unknown_kind_is_named() {
-        let err = parse(&PROVIDER.replace("openai-chat", "gemini")).unwrap_err();
-        assert!(err.to_string().contains("unknown kind \"gemini\""), "{err}");
-    }
-
-    #[test]
-    fn missing_key_env_is_named() {
-        let err = parse(&PROVIDER.replace("TEST_KEY", "NOPE_KEY")).unwrap_err();
-        assert!(err.to_string().contains("NOPE_KEY"), "{err}");
-    }
-
-    #[test]
-    fn duplicate_model_ids_are_rejected_across_providers() {
-        let text = format!(
-            "{PROVIDER}{}",
-            PROVIDER.replace("name = \"p\"", "name = \"q\"")
-        );
-        let err = parse(&text).unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::DuplicateModel { model, first, second } if model == "m1" && first == "p" && second == "q"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn duplicate_model_ids_are_rejected_within_a_provider() {
-        let text = format!("{PROVIDER}\n[[providers.models]]\nid = \"m1\"\n");
-        let err = parse(&text).unwrap_err();
-        assert!(matches!(err, ConfigError::DuplicateModel { .. }), "{err}");
-    }
-
-    #[test]
-    fn unknown_default_model_lists_configured_ones() {
-        let err = parse(&format!("default_model = \"zz\"\n{PROVIDER}")).unwrap_err();
-        assert!(err.to_string().contains("configured: m1"), "{err}");
-    }
-
-    #[test]
-    fn unknown_fields_are_rejected() {
-        let err = parse(&format!("lisen = \"x\"\n{PROVIDER}")).unwrap_err();
-        assert!(err.to_string().contains("lisen"), "{err}");
-    }
-
-    #[test]
-    fn example_config_is_valid() {
-        let text = include_str!("../cursor-byok.example.toml");
-        let config = Config::from_toml(text, Path::new("example"), &|name| {
-            name.ends_with("_API_KEY").then(|| "sk-x".to_owned())
-        })
-        .expect("the shipped example config must validate");
-        assert!(config.resolve_model(&config.default_model).is_some());
-    }
-    #[test]
-    fn every_example_configuration_in_the_provider_docs_loads() {
-        let docs = include_str!("../../docs/providers.md");
-        let blocks: Vec<&str> = docs
-            .split("```toml\n")
-            .skip(1)
-            .map(|rest| rest.split("```").next().unwrap_or_default())
-            .collect();
-        assert!(blocks.len() >= 8, "one example per provider kind");
-        for block in blocks {
-            let env = |name: &str| {
-                name.ends_with("_API_KEY")
-                    .then(|| "key-from-env".to_owned())
-            };
-            let config = Config::from_toml(block, Path::new("docs.toml"), &env)
-                .unwrap_or_else(|e| panic!("{e} in:\n{block}"));
-            assert!(!config.providers[0].models.is_empty());
-        }
-    }
-}
+mod tests;

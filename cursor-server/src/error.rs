@@ -2,11 +2,12 @@
 //!
 //! Each layer has its own precise error (`ConfigError`, `StoreError`, `ProviderError`, `ProtocolError`);
 //! this enum is where they meet, and the only place that decides which Connect code a failure gets.
+//! `ProtocolError` is defined here rather than in `run/`: the uplink translator (`cursor/`) raises it
+//! and the run reports it, and neither layer should import the other's files to name it.
 
 use crate::config::ConfigError;
 use crate::cursor::connect::ConnectCode;
 use crate::provider::ProviderError;
-use crate::run::command::ProtocolError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,4 +54,25 @@ impl ServerError {
             | ServerError::Assets(_) => ConnectCode::Internal,
         }
     }
+}
+
+/// A client that broke the protocol at run time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("{0}")]
+    Exec(String),
+    #[error("{0}")]
+    Kv(String),
+    #[error("a second run_request arrived for a run that already started")]
+    DuplicateRunRequest,
+    #[error("{0} before run_request")]
+    BeforeRunRequest(&'static str),
+    #[error("run_request without conversation_id")]
+    MissingConversationId,
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("append_seqno {seqno}: {reason}")]
+    Seqno { seqno: i64, reason: String },
+    #[error("request stream: {0}")]
+    Uplink(String),
 }

@@ -11,11 +11,12 @@ use super::proto::agent::{
 };
 use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions};
+use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
 use crate::model::tool::McpTool;
-use crate::run::command::{ClientInput, ExecControl, ProtocolError, RunAction, RunRequestInput};
+use crate::run::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -72,84 +73,43 @@ pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolErr
     };
     match message {
         Message::RunRequest(request) => run_request(request),
-        Message::ConversationAction(action) => Ok(match action.action {
-            Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
-            Some(other) => {
-                ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
-            }
-            None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
-        }),
-        Message::ExecClientMessage(result) => match result.message {
-            Some(payload) => Ok(ClientInput::ExecResult {
-                id: result.id,
-                payload: exec::ExecPayload(Box::new(payload)),
-            }),
-            None => Err(no_result("exec_client_message", result.id)),
-        },
+        Message::ConversationAction(action) => Ok(conversation_action(action)),
+        Message::ExecClientMessage(result) => exec_result(result),
         Message::ExecClientControlMessage(control) => exec_control(control),
-        Message::KvClientMessage(kv) => match kv.message {
-            Some(result) => Ok(ClientInput::KvResult {
-                id: kv.id,
-                payload: KvPayload(Box::new(result)),
-            }),
-            None => Err(no_result("kv_client_message", kv.id)),
-        },
-        Message::InteractionResponse(response) => match response.result {
-            Some(result) => Ok(ClientInput::InteractionResponse {
-                id: response.id,
-                payload: exec::QueryPayload(Box::new(result)),
-            }),
-            None => Err(no_result("interaction_response", response.id)),
-        },
+        Message::KvClientMessage(kv) => kv_result(kv),
+        Message::InteractionResponse(response) => interaction_response(response),
         Message::ClientHeartbeat(_) => Ok(ClientInput::Heartbeat),
         Message::PrewarmRequest(_) => Ok(ClientInput::Prewarm),
     }
 }
 
-fn no_result(kind: &str, id: u32) -> ProtocolError {
-    ProtocolError::Uplink(format!("{kind} {id} carries no result"))
-}
-
-fn exec_control(control: pb::ExecClientControlMessage) -> Result<ClientInput, ProtocolError> {
-    Ok(match control.message {
-        Some(exec_client_control_message::Message::StreamClose(close)) => {
-            ClientInput::ExecControl {
-                id: close.id,
-                control: ExecControl::StreamClose,
-            }
-        }
-        Some(exec_client_control_message::Message::Throw(throw)) => ClientInput::ExecControl {
-            id: throw.id,
-            control: ExecControl::Throw { error: throw.error },
-        },
-        Some(exec_client_control_message::Message::Heartbeat(_)) => ClientInput::Heartbeat,
-        None => {
-            return Err(ProtocolError::Uplink(
-                "exec_client_control_message with no message set".to_owned(),
-            ));
-        }
-    })
-}
-
-/// What every run request states whatever its action: the conversation, the model and its
-/// parameters, and the client's checkpoint (for a conversation this server has never seen).
-struct RunBasics {
+/// What every run action takes from the `run_request` itself.
+struct RequestBasics {
     conversation_id: String,
     model_id: Option<String>,
     parameters: Vec<(String, String)>,
     client_state: Option<Box<pb::ConversationStateStructure>>,
 }
 
-impl RunBasics {
-    fn of(request: &pb::AgentRunRequest) -> Result<RunBasics, ProtocolError> {
+impl RequestBasics {
+    fn of(request: &pb::AgentRunRequest) -> Result<Self, ProtocolError> {
         let conversation_id = request
             .conversation_id
             .clone()
             .filter(|id| !id.is_empty())
             .ok_or(ProtocolError::MissingConversationId)?;
-        let named = |id: Option<&String>| id.filter(|id| !id.is_empty()).cloned();
-        let model_id = named(request.requested_model.as_ref().map(|m| &m.model_id))
-            .or_else(|| named(request.model_details.as_ref().map(|m| &m.model_id)));
+        let model_id = request
+            .requested_model
+            .as_ref()
+            .map(|m| m.model_id.clone())
+            .filter(|id| !id.is_empty())
+            .or_else(|| {
+                request
+                    .model_details
+                    .as_ref()
+                    .map(|m| m.model_id.clone())
+                    .filter(|id| !id.is_empty())
+            });
         let client_state = request
             .conversation_state
             .clone()
@@ -165,7 +125,7 @@ impl RunBasics {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(RunBasics {
+        Ok(RequestBasics {
             conversation_id,
             model_id,
             parameters,
@@ -174,68 +134,79 @@ impl RunBasics {
     }
 }
 
-fn run_request(request: pb::AgentRunRequest) -> Result<ClientInput, ProtocolError> {
-    let basics = RunBasics::of(&request)?;
-    let action = request.action.clone().and_then(|a| a.action);
-    match action {
-        Some(conversation_action::Action::UserMessageAction(action)) => {
-            user_message_run(&request, action, basics)
+/// A `run_request`, by the action it carries.
+fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, ProtocolError> {
+    use conversation_action::Action;
+    let basics = RequestBasics::of(&request)?;
+    let subagent_type = request.subagent_type_name.as_deref();
+    Ok(match request.action.take().and_then(|a| a.action) {
+        Some(Action::UserMessageAction(action)) => user_message_run(&request, action, basics)?,
+        Some(Action::BackgroundTaskCompletionAction(action)) => {
+            match background_completions(&action) {
+                Ok(completions) => contextless_run(
+                    &request,
+                    RunAction::BackgroundTasksEnded(completions),
+                    None,
+                    basics,
+                ),
+                Err(message) => ClientInput::Unsupported(message),
+            }
         }
-        // Runs without a new user message (and without a request context).
-        Some(
-            action @ (conversation_action::Action::BackgroundTaskCompletionAction(_)
-            | conversation_action::Action::ResumeAction(_)
-            | conversation_action::Action::SummarizeAction(_)),
-        ) => Ok(contextless_run(&request, action, basics)),
-        Some(conversation_action::Action::CancelAction(_)) => Ok(ClientInput::Cancel),
-        Some(other) => Ok(ClientInput::Unsupported(format!(
-            "run_request action {}",
-            action_name(&other)
-        ))),
-        None => Ok(ClientInput::Unsupported(
-            "run_request without an action".to_owned(),
-        )),
-    }
+        Some(Action::SummarizeAction(_)) => contextless_run(
+            &request,
+            RunAction::Summarize,
+            subagent_role(subagent_type, None),
+            basics,
+        ),
+        Some(Action::ResumeAction(_)) => contextless_run(
+            &request,
+            RunAction::Resume,
+            subagent_role(subagent_type, None),
+            basics,
+        ),
+        Some(Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(other) => {
+            ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
+        }
+        None => ClientInput::Unsupported("run_request without an action".to_owned()),
+    })
 }
 
-/// A run for a new user message, with the request context it carries.
+/// A `user_message_action`: a new turn, with the request context (workspace, rules, the client's
+/// tool switches).
 fn user_message_run(
     request: &pb::AgentRunRequest,
     action: pb::UserMessageAction,
-    basics: RunBasics,
+    basics: RequestBasics,
 ) -> Result<ClientInput, ProtocolError> {
     let user = action.user_message.unwrap_or_default();
     let mode = match checkpoint::mode_of(user.mode) {
         Ok(mode) => mode,
         Err(message) => return Ok(ClientInput::Unsupported(message)),
     };
-    let text_blob = match user.text_blob_id.as_deref() {
-        None | Some([]) => None,
-        Some(id) => Some(BlobId::from_slice(id).ok_or_else(|| {
-            ProtocolError::Uplink(format!(
-                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
-                id.len()
-            ))
-        })?),
-    };
+    // A text blob stands for the text only when the text itself is empty.
+    let text_blob = text_blob_id(user.text_blob_id.as_deref())?.filter(|_| user.text.is_empty());
     let run_action = RunAction::UserMessage {
-        text_blob: text_blob.filter(|_| user.text.is_empty()),
         text: user.text,
         message_id: user.message_id,
+        text_blob,
     };
-    let context_part = action.request_context.as_ref();
-    let terminals_folder = context_part
+    let context = action.request_context.as_ref();
+    let terminals_folder = context
         .and_then(|c| c.env.as_ref())
         .map(|env| env.terminals_folder.clone())
         .unwrap_or_default();
-    let subagent = subagent_role(request.subagent_type_name.as_deref(), context_part);
-    let tools = request_tools(request, context_part, subagent.as_ref());
+    let subagent = subagent_role(request.subagent_type_name.as_deref(), context);
+    let mut tools = user_message_tools(request, context);
+    if let Some(role) = &subagent {
+        tools.restrict_to(role);
+    }
     Ok(ClientInput::RunRequest(Box::new(RunRequestInput {
         conversation_id: basics.conversation_id,
         action: run_action,
         model_id: basics.model_id,
         terminals_folder,
-        context: context_part.map(workspace_context),
+        context: context.map(workspace_context),
         mode,
         tools,
         subagent,
@@ -244,12 +215,24 @@ fn user_message_run(
     })))
 }
 
-/// The tools a user-message run allows: the client's switches, MCP tools and servers, restricted
-/// to what a subagent may use.
-fn request_tools(
+/// `user_message.text_blob_id`, which must be a blob id when present.
+fn text_blob_id(id: Option<&[u8]>) -> Result<Option<BlobId>, ProtocolError> {
+    match id {
+        None | Some([]) => Ok(None),
+        Some(id) => BlobId::from_slice(id).map(Some).ok_or_else(|| {
+            ProtocolError::Uplink(format!(
+                "user_message.text_blob_id is {} bytes, not a 32-byte blob id",
+                id.len()
+            ))
+        }),
+    }
+}
+
+/// The tools a user message's request allows beyond the mode's: the client's web switches, its
+/// MCP tools and the MCP servers that sent instructions.
+fn user_message_tools(
     request: &pb::AgentRunRequest,
     context: Option<&pb::RequestContext>,
-    subagent: Option<&SubagentRole>,
 ) -> ToolOptions {
     let mut tools = ToolOptions {
         web_fetch: context.is_none_or(|c| c.web_fetch_enabled != Some(false)),
@@ -270,29 +253,18 @@ fn request_tools(
             .flat_map(|c| &c.mcp_instructions)
             .map(|m| server_of(&m.server_identifier, &m.server_name)),
     );
-    if let Some(role) = subagent {
-        tools.restrict_to(role);
-    }
     tools
 }
 
-/// A run without a new user message: background tasks ended, resume, summarize.
+/// A run without a new user message (resume, summarize, background tasks ended): the client sends
+/// no request context with these, so there is no workspace and no tool switches, and the
+/// conversation keeps its mode.
 fn contextless_run(
     request: &pb::AgentRunRequest,
-    action: conversation_action::Action,
-    basics: RunBasics,
+    action: RunAction,
+    subagent: Option<SubagentRole>,
+    basics: RequestBasics,
 ) -> ClientInput {
-    let role = || subagent_role(request.subagent_type_name.as_deref(), None);
-    let (run_action, subagent) = match action {
-        conversation_action::Action::BackgroundTaskCompletionAction(action) => {
-            match background_completions(&action) {
-                Ok(completions) => (RunAction::BackgroundTasksEnded(completions), None),
-                Err(message) => return ClientInput::Unsupported(message),
-            }
-        }
-        conversation_action::Action::SummarizeAction(_) => (RunAction::Summarize, role()),
-        _ => (RunAction::Resume, role()),
-    };
     let mut tools = ToolOptions::without_context(mcp_tools(
         &request.mcp_tools,
         [request.mcp_file_system_options.as_ref(), None],
@@ -302,7 +274,7 @@ fn contextless_run(
     }
     ClientInput::RunRequest(Box::new(RunRequestInput {
         conversation_id: basics.conversation_id,
-        action: run_action,
+        action,
         model_id: basics.model_id,
         terminals_folder: String::new(),
         context: None,
@@ -312,6 +284,71 @@ fn contextless_run(
         parameters: basics.parameters,
         client_state: basics.client_state,
     }))
+}
+
+/// A `conversation_action` outside a run request: only cancel is meaningful there.
+fn conversation_action(action: pb::ConversationAction) -> ClientInput {
+    match action.action {
+        Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(other) => {
+            ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
+        }
+        None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
+    }
+}
+
+fn exec_result(result: pb::ExecClientMessage) -> Result<ClientInput, ProtocolError> {
+    let payload = result.message.ok_or_else(|| {
+        ProtocolError::Uplink(format!(
+            "exec_client_message {} carries no result",
+            result.id
+        ))
+    })?;
+    Ok(ClientInput::ExecResult {
+        id: result.id,
+        payload: exec::ExecPayload(Box::new(payload)),
+    })
+}
+
+fn exec_control(control: pb::ExecClientControlMessage) -> Result<ClientInput, ProtocolError> {
+    use exec_client_control_message::Message;
+    match control.message {
+        Some(Message::StreamClose(close)) => Ok(ClientInput::ExecControl {
+            id: close.id,
+            control: ExecControl::StreamClose,
+        }),
+        Some(Message::Throw(throw)) => Ok(ClientInput::ExecControl {
+            id: throw.id,
+            control: ExecControl::Throw { error: throw.error },
+        }),
+        Some(Message::Heartbeat(_)) => Ok(ClientInput::Heartbeat),
+        None => Err(ProtocolError::Uplink(
+            "exec_client_control_message with no message set".to_owned(),
+        )),
+    }
+}
+
+fn kv_result(kv: pb::KvClientMessage) -> Result<ClientInput, ProtocolError> {
+    let result = kv.message.ok_or_else(|| {
+        ProtocolError::Uplink(format!("kv_client_message {} carries no result", kv.id))
+    })?;
+    Ok(ClientInput::KvResult {
+        id: kv.id,
+        payload: KvPayload(Box::new(result)),
+    })
+}
+
+fn interaction_response(response: pb::InteractionResponse) -> Result<ClientInput, ProtocolError> {
+    let result = response.result.ok_or_else(|| {
+        ProtocolError::Uplink(format!(
+            "interaction_response {} carries no result",
+            response.id
+        ))
+    })?;
+    Ok(ClientInput::InteractionResponse {
+        id: response.id,
+        payload: exec::QueryPayload(Box::new(result)),
+    })
 }
 
 /// The user's MCP tools: `run_request.mcp_tools`, then tools described by the request's and the
@@ -509,5 +546,221 @@ fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
             .iter()
             .map(|agent| (agent.name.clone(), agent.description.clone()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_request(action: conversation_action::Action) -> AgentClientMessage {
+        AgentClientMessage {
+            message: Some(agent_client_message::Message::RunRequest(
+                pb::AgentRunRequest {
+                    conversation_id: Some("c1".to_owned()),
+                    requested_model: Some(pb::RequestedModel {
+                        model_id: "m1".to_owned(),
+                        ..Default::default()
+                    }),
+                    subagent_type_name: Some("explore".to_owned()),
+                    action: Some(pb::ConversationAction {
+                        action: Some(action),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
+    fn user_message(message: pb::UserMessage) -> AgentClientMessage {
+        run_request(conversation_action::Action::UserMessageAction(
+            pb::UserMessageAction {
+                user_message: Some(message),
+                ..Default::default()
+            },
+        ))
+    }
+
+    fn request_input(input: ClientInput) -> RunRequestInput {
+        match input {
+            ClientInput::RunRequest(request) => *request,
+            other => panic!("not a run request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_user_message_starts_a_turn_with_the_request_basics() {
+        let message = user_message(pb::UserMessage {
+            text: "hi".to_owned(),
+            message_id: "u1".to_owned(),
+            ..Default::default()
+        });
+        let input = request_input(translate(message).expect("translates"));
+        assert_eq!(input.conversation_id, "c1");
+        assert_eq!(input.model_id.as_deref(), Some("m1"));
+        assert_eq!(
+            input.action,
+            RunAction::UserMessage {
+                text: "hi".to_owned(),
+                message_id: "u1".to_owned(),
+                text_blob: None,
+            }
+        );
+        assert_eq!(input.mode, Mode::Agent);
+        assert!(input.context.is_none());
+        let role = input.subagent.expect("subagent role");
+        assert_eq!(role.type_name, "explore");
+    }
+
+    #[test]
+    fn a_text_blob_stands_for_the_text_only_when_the_text_is_empty() {
+        let id = vec![7u8; 32];
+        let with_text = user_message(pb::UserMessage {
+            text: "hi".to_owned(),
+            text_blob_id: Some(id.clone()),
+            ..Default::default()
+        });
+        let input = request_input(translate(with_text).expect("translates"));
+        assert!(matches!(
+            input.action,
+            RunAction::UserMessage {
+                text_blob: None,
+                ..
+            }
+        ));
+        let blob_only = user_message(pb::UserMessage {
+            text_blob_id: Some(id.clone()),
+            ..Default::default()
+        });
+        let input = request_input(translate(blob_only).expect("translates"));
+        assert!(matches!(
+            input.action,
+            RunAction::UserMessage { text_blob: Some(blob), .. } if blob == BlobId::from_slice(&id).expect("32 bytes")
+        ));
+        let short = user_message(pb::UserMessage {
+            text_blob_id: Some(vec![1, 2, 3]),
+            ..Default::default()
+        });
+        assert_eq!(
+            translate(short).expect_err("not a blob id").to_string(),
+            "request stream: user_message.text_blob_id is 3 bytes, not a 32-byte blob id"
+        );
+    }
+
+    #[test]
+    fn runs_without_a_user_message_have_no_context_and_keep_the_subagent_role() {
+        let resume = run_request(conversation_action::Action::ResumeAction(
+            pb::ResumeAction::default(),
+        ));
+        let input = request_input(translate(resume).expect("translates"));
+        assert_eq!(input.action, RunAction::Resume);
+        assert!(input.context.is_none());
+        assert!(input.terminals_folder.is_empty());
+        assert_eq!(input.subagent.expect("role").type_name, "explore");
+        let summarize = run_request(conversation_action::Action::SummarizeAction(
+            pb::SummarizeAction::default(),
+        ));
+        let input = request_input(translate(summarize).expect("translates"));
+        assert_eq!(input.action, RunAction::Summarize);
+    }
+
+    #[test]
+    fn background_completions_without_any_are_unsupported_and_drop_the_subagent_role() {
+        let empty = run_request(conversation_action::Action::BackgroundTaskCompletionAction(
+            pb::BackgroundTaskCompletionAction::default(),
+        ));
+        assert_eq!(
+            translate(empty).expect("translates"),
+            ClientInput::Unsupported(
+                "background_task_completion_action without completions".to_owned()
+            )
+        );
+        let one = run_request(conversation_action::Action::BackgroundTaskCompletionAction(
+            pb::BackgroundTaskCompletionAction {
+                completions: vec![pb::BackgroundTaskCompletion {
+                    task_id: "t1".to_owned(),
+                    kind: pb::BackgroundTaskKind::Shell as i32,
+                    status: pb::BackgroundTaskStatus::Success as i32,
+                    ..Default::default()
+                }],
+            },
+        ));
+        let input = request_input(translate(one).expect("translates"));
+        assert!(matches!(input.action, RunAction::BackgroundTasksEnded(ref c) if c.len() == 1));
+        assert!(input.subagent.is_none());
+    }
+
+    #[test]
+    fn a_run_request_without_a_conversation_id_is_a_protocol_error() {
+        let mut message = run_request(conversation_action::Action::CancelAction(
+            pb::CancelAction::default(),
+        ));
+        if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+            request.conversation_id = None;
+        }
+        assert_eq!(
+            translate(message).expect_err("no conversation"),
+            ProtocolError::MissingConversationId
+        );
+    }
+
+    #[test]
+    fn actions_this_server_does_not_run_are_named() {
+        let plan = run_request(conversation_action::Action::StartPlanAction(
+            pb::StartPlanAction::default(),
+        ));
+        assert_eq!(
+            translate(plan).expect("translates"),
+            ClientInput::Unsupported("run_request action start_plan_action".to_owned())
+        );
+        let cancel = AgentClientMessage {
+            message: Some(agent_client_message::Message::ConversationAction(
+                pb::ConversationAction {
+                    action: Some(conversation_action::Action::CancelAction(
+                        pb::CancelAction::default(),
+                    )),
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(translate(cancel).expect("translates"), ClientInput::Cancel);
+    }
+
+    #[test]
+    fn results_without_a_payload_are_protocol_errors() {
+        let exec = AgentClientMessage {
+            message: Some(agent_client_message::Message::ExecClientMessage(
+                pb::ExecClientMessage {
+                    id: 4,
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(
+            translate(exec).expect_err("empty").to_string(),
+            "request stream: exec_client_message 4 carries no result"
+        );
+        let kv = AgentClientMessage {
+            message: Some(agent_client_message::Message::KvClientMessage(
+                pb::KvClientMessage {
+                    id: 5,
+                    ..Default::default()
+                },
+            )),
+        };
+        assert_eq!(
+            translate(kv).expect_err("empty").to_string(),
+            "request stream: kv_client_message 5 carries no result"
+        );
+        let control = AgentClientMessage {
+            message: Some(agent_client_message::Message::ExecClientControlMessage(
+                pb::ExecClientControlMessage::default(),
+            )),
+        };
+        assert_eq!(
+            translate(control).expect_err("empty").to_string(),
+            "request stream: exec_client_control_message with no message set"
+        );
     }
 }

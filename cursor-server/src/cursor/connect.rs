@@ -1,8 +1,11 @@
 //! The Connect wire: 5-byte envelopes (`flags:u8`, `length:u32 BE`, payload), end-of-stream JSON, unary
-//! bodies (raw or enveloped, gzip) and unary error responses. Bytes in, frames out; no meaning here.
+//! bodies (raw or enveloped, gzip), unary responses (success and error) and which HTTP headers
+//! belong to the message rather than the connection. Bytes in, frames out; no meaning here.
 
 use std::io::Read as _;
 
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
@@ -292,7 +295,7 @@ impl ConnectCode {
     }
 
     /// HTTP status of a unary error response with this code (Connect protocol mapping).
-    pub fn http_status(self) -> u16 {
+    fn http_status(self) -> u16 {
         match self {
             ConnectCode::Canceled => 499,
             ConnectCode::InvalidArgument => 400,
@@ -310,7 +313,8 @@ impl ConnectCode {
 pub struct ConnectError {
     pub code: ConnectCode,
     pub message: String,
-    pub details: Option<ErrorDetails>,
+    /// Boxed: the details are rare and large, and a `Result<_, ConnectError>` should stay small.
+    pub details: Option<Box<ErrorDetails>>,
 }
 
 impl ConnectError {
@@ -329,7 +333,7 @@ impl ConnectError {
         ConnectError {
             code: ConnectCode::Unavailable,
             message: detail.clone(),
-            details: Some(ErrorDetails {
+            details: Some(Box::new(ErrorDetails {
                 error: error_details::Error::ProviderError as i32,
                 details: Some(CustomErrorDetails {
                     title: title.into(),
@@ -340,12 +344,12 @@ impl ConnectError {
                     ..CustomErrorDetails::default()
                 }),
                 is_expected: Some(false),
-            }),
+            })),
         }
     }
 
     /// The `{"code","message","details"}` object shared by unary bodies and end-of-stream errors.
-    pub fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         let mut error = serde_json::json!({
             "code": self.code.as_str(),
             "message": self.message,
@@ -371,4 +375,119 @@ pub fn end_stream_ok() -> Bytes {
 pub fn end_stream_error(error: &ConnectError) -> Bytes {
     let body = serde_json::json!({ "error": error.to_json() });
     encode_frame(FLAG_END_STREAM, body.to_string().as_bytes())
+}
+
+/// A Connect unary error: HTTP status from the code, JSON `{"code","message","details"?}` body.
+impl IntoResponse for ConnectError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+        (
+            status,
+            [(header::CONTENT_TYPE, CONTENT_TYPE_JSON)],
+            self.to_json().to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// A successful unary response: 200, `application/proto`, the encoded message.
+pub fn unary_ok<M: Message>(message: &M) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, CONTENT_TYPE_UNARY)],
+        message.encode_to_vec(),
+    )
+        .into_response()
+}
+
+/// The protobuf payload of a unary request, whatever its `content-encoding` and framing.
+pub fn unary_payload(
+    headers: &HeaderMap,
+    body: &[u8],
+    max_bytes: usize,
+) -> Result<Bytes, WireError> {
+    let encoding = Encoding::parse(header_str(headers, header::CONTENT_ENCODING.as_str()))?;
+    decode_unary_body(body, encoding, max_bytes)
+}
+
+/// A unary request's message, whatever its `content-encoding` and framing.
+pub fn decode_unary<M: Message + Default>(
+    headers: &HeaderMap,
+    body: &[u8],
+    max_bytes: usize,
+    name: &'static str,
+) -> Result<M, WireError> {
+    unary_payload(headers, body, max_bytes).and_then(|payload| decode_message(&payload, name))
+}
+
+/// A header's value, if present and text.
+pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// `headers` without those that belong to one connection rather than to the message (RFC 9110
+/// §7.6.1): what is forwarded between the client and Cursor's backend, both ways.
+pub fn end_to_end_headers(headers: &HeaderMap) -> HeaderMap {
+    let hop_by_hop = hop_by_hop_headers(headers);
+    let mut forwarded = headers.clone();
+    for name in &hop_by_hop {
+        forwarded.remove(name);
+    }
+    forwarded
+}
+
+/// Headers that belong to one connection, not to the message: never forwarded.
+fn hop_by_hop_headers(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut names = vec![
+        header::CONNECTION,
+        header::HOST,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ];
+    // Whatever `Connection` names is hop-by-hop too.
+    for value in headers.get_all(header::CONNECTION) {
+        if let Ok(list) = value.to_str() {
+            names.extend(
+                list.split(',')
+                    .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
+            );
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unary_error_is_json_with_the_status_of_its_code() {
+        let response = ConnectError::new(ConnectCode::NotFound, "gone").into_response();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], CONTENT_TYPE_JSON);
+        let response = ConnectError::new(ConnectCode::Canceled, "stop").into_response();
+        assert_eq!(response.status().as_u16(), 499);
+    }
+
+    #[test]
+    fn connection_headers_and_those_connection_names_are_not_forwarded() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            "keep-alive, x-hop".parse().expect("value"),
+        );
+        headers.insert("x-hop", "1".parse().expect("value"));
+        headers.insert(header::HOST, "localhost".parse().expect("value"));
+        headers.insert(header::AUTHORIZATION, "Bearer t".parse().expect("value"));
+        let forwarded = end_to_end_headers(&headers);
+        assert_eq!(forwarded.len(), 1);
+        assert_eq!(forwarded[header::AUTHORIZATION], "Bearer t");
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod bidi_append;
 pub mod blob_sync;
+pub mod catalog;
 pub mod checkpoint;
 pub mod connect;
 pub mod exec;

@@ -1,6 +1,8 @@
 //! The downlink: a run's outgoing `AgentServerMessage` frames (`Downlink`: backlog until a client
-//! attaches, replay after a reconnect) and the streaming response body they travel in, shared by
-//! the RunSSE route (the IDE's HTTP/1.1 mode) and the HTTP/2 `Run` route.
+//! attaches, replay after a reconnect), the response body they travel in — shared by the RunSSE
+//! route (the IDE's HTTP/1.1 mode) and the HTTP/2 `Run` route — and the stream-shaped error
+//! response. The routes themselves are in `handlers.rs`; nothing here knows about runs, so `run/`
+//! can hand its frames to these types without an import cycle.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -92,15 +94,10 @@ pub fn stream_response(body: DownlinkBody) -> Response {
         .into_response()
 }
 
-/// A stream that consists of one end-of-stream error (HTTP 200, as Connect streams always are).
-pub fn stream_error(error: &ConnectError) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)],
-        connect::end_stream_error(error),
-    )
-        .into_response()
-}
+/// A stream that consists of one end-of-stream error (HTTP 200, as Connect streams always are):
+/// how a streaming route fails once the request itself was understood.
+#[derive(Debug)]
+pub struct StreamError(pub ConnectError);
 
 /// The run's outgoing frames. Frames produced while no RunSSE is attached (before the first one,
 /// or after a client dropped and until it reconnects) are kept and replayed to the next one in
@@ -235,5 +232,16 @@ impl Downlink {
     /// Whether frames are still waiting for a RunSSE that never came.
     pub fn has_undelivered(&self) -> bool {
         !self.backlog.is_empty()
+    }
+}
+
+impl IntoResponse for StreamError {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)],
+            connect::end_stream_error(&self.0),
+        )
+            .into_response()
     }
 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{ClientInput, ProtocolError, RunCommand};
+use super::command::{ClientInput, RunCommand};
 use super::inbox::{Accepted, Inbox};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use crate::app::AppState;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::run_sse::Downlink;
-use crate::error::ServerError;
+use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 

@@ -6,6 +6,7 @@ use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
+use crate::error::ProtocolError;
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::BackgroundCompletion;
 use crate::store::blobs::BlobId;
@@ -99,25 +100,4 @@ pub enum RunCommand {
     ClientGone,
     /// A new run (`by`) took over this run's conversation: this one stops (`canceled`).
     Superseded { by: String },
-}
-
-/// A client that broke the protocol at run time.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error("{0}")]
-    Exec(String),
-    #[error("{0}")]
-    Kv(String),
-    #[error("a second run_request arrived for a run that already started")]
-    DuplicateRunRequest,
-    #[error("{0} before run_request")]
-    BeforeRunRequest(&'static str),
-    #[error("run_request without conversation_id")]
-    MissingConversationId,
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    #[error("append_seqno {seqno}: {reason}")]
-    Seqno { seqno: i64, reason: String },
-    #[error("request stream: {0}")]
-    Uplink(String),
 }

@@ -2,7 +2,6 @@
 //! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
 //! along the way.
 
-use super::command::ProtocolError;
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
@@ -10,7 +9,7 @@ use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
 use crate::cursor::run_sse::Downlink;
-use crate::error::ServerError;
+use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
 use crate::model::tool::{ToolCall, ToolResult};

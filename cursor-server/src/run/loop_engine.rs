@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::{Batch, SearchDone};
-use super::command::{ExecControl, ProtocolError, RunRequestInput};
+use super::command::{ExecControl, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
 use super::opening::{self, First, Import};
 use super::turn::{ProviderCall, Turn};
@@ -25,6 +25,7 @@ use crate::cursor::pending::Match;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tools::ToolKind;
 use crate::cursor::tools::edit::FieldStreamer;
+use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::message::latest_compaction;
 use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay};

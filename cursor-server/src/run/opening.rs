@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::command::{ProtocolError, RunAction, RunRequestInput};
+use super::command::{RunAction, RunRequestInput};
 use super::lifecycle::{Checkpoints, TurnOpening};
 use super::turn::{Turn, default_bytes_per_token, fold_subagent_runs, fold_todos, user_texts};
 use crate::app::AppState;
@@ -21,6 +21,7 @@ use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::ToolEnv;
 use crate::cursor::tools;
+use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::conversation::{BlobId, Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};
