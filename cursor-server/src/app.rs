@@ -13,23 +13,8 @@ use crate::cursor::tools::check_prompt_tools;
 use crate::error::ServerError;
 use crate::prompting::assets::PromptAssets;
 use crate::run::registry::RunRegistry;
+use crate::state::AppState;
 use crate::store::Store;
-
-/// Everything a request handler or run actor needs, shared read-only (run state lives in actors).
-pub struct AppState {
-    pub config: Arc<Config>,
-    pub store: Store,
-    /// The single HTTP client for every provider call (connection pooling, TLS sessions).
-    pub http: reqwest::Client,
-    /// The client for pass-through to Cursor's backend (its own proxy setting, no redirects
-    /// followed, bodies never decoded), when pass-through is on.
-    pub upstream: Option<reqwest::Client>,
-    pub runs: RunRegistry,
-    /// Every mode's system prompt, tools and reminders, validated once at start-up.
-    pub prompts: PromptAssets,
-    /// Fires on shutdown: runs end `canceled`, the server stops accepting.
-    pub shutdown: CancellationToken,
-}
 
 pub struct App {
     state: Arc<AppState>,

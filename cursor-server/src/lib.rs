@@ -11,4 +11,5 @@ pub mod model;
 pub mod prompting;
 pub mod provider;
 pub mod run;
+pub mod state;
 pub mod store;

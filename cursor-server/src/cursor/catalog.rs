@@ -21,8 +21,8 @@ use super::proto::agent::{
 use super::proto::aiserver::{
     AvailableModelsRequest, AvailableModelsResponse, ai_service_routes, available_models_response,
 };
-use crate::app::AppState;
 use crate::config::Config;
+use crate::state::AppState;
 
 /// How long the picker waits for Cursor's own list before answering with the configured models.
 const CATALOG_UPSTREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);

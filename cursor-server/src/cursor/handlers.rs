@@ -26,10 +26,11 @@ use super::proto::aiserver::{
     BidiAppendResponse, BidiRequestId, ai_service_routes, bidi_service_routes,
 };
 use super::run_sse::{self, StreamError};
-use crate::app::AppState;
 use crate::error::ProtocolError;
+use crate::run::actor;
 use crate::run::command::RunCommand;
-use crate::run::registry::{RegistryError, RunHandle, RunRegistry};
+use crate::run::registry::{RegistryError, RunHandle};
+use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
     // Bodies are limited by our own checks (max_frame_bytes), with a little room for envelopes.
@@ -140,7 +141,7 @@ async fn bidi_append_route(
         header_str(&headers, "x-parent-request-id"),
         header_str(&headers, "x-parent-agent-tool-call-id"),
     );
-    let handle = RunRegistry::get_or_start(&state, &append.request_id).map_err(registry_error)?;
+    let handle = actor::get_or_start(&state, &append.request_id).map_err(registry_error)?;
     let command = RunCommand::Appended {
         seqno: append.seqno,
         input,
@@ -178,8 +179,8 @@ async fn attach_run_sse(
     state: &Arc<AppState>,
     request_id: String,
 ) -> Result<Response, StreamError> {
-    let handle = RunRegistry::get_or_start(state, &request_id)
-        .map_err(|e| StreamError(registry_error(e)))?;
+    let handle =
+        actor::get_or_start(state, &request_id).map_err(|e| StreamError(registry_error(e)))?;
     let (sink, body) = run_sse::downlink_channel(true);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return Err(StreamError(ConnectError::new(
@@ -216,7 +217,7 @@ async fn start_run_bidi(
     encoding: Encoding,
     request_id: &str,
 ) -> Result<Response, StreamError> {
-    let handle = RunRegistry::start_new(&state, request_id).map_err(|e| {
+    let handle = actor::start_new(&state, request_id).map_err(|e| {
         StreamError(ConnectError::new(
             ConnectCode::InvalidArgument,
             e.to_string(),

@@ -11,11 +11,12 @@ use super::command::{ClientInput, RunCommand};
 use super::inbox::{Accepted, Inbox};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
-use crate::app::AppState;
+use super::registry::{Lookup, RegistryError, RunHandle};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::run_sse::Downlink;
 use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
+use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
 /// How long a new run waits for the run it interrupts to end.
@@ -35,6 +36,48 @@ pub struct RunActor {
     state: State,
     /// Set once the run is recorded in the store (a run_request was accepted).
     recorded: bool,
+}
+
+/// The run for `request_id`, its actor started if this is the first message for it.
+pub fn get_or_start(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
+    start(app, request_id, false)
+}
+
+/// Starts a new run for a transport that owns its request id (HTTP/2 `Run`).
+pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
+    start(app, request_id, true)
+}
+
+fn start(
+    app: &Arc<AppState>,
+    request_id: &str,
+    must_be_new: bool,
+) -> Result<RunHandle, RegistryError> {
+    let (handle, commands) = match app.runs.lookup(request_id, must_be_new)? {
+        Lookup::Running(handle) => return Ok(handle),
+        Lookup::New(handle, commands) => (handle, commands),
+    };
+    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands);
+    let done = handle.done().clone();
+    let app = Arc::clone(app);
+    let request_id = request_id.to_owned();
+    tokio::spawn(async move {
+        // The actor runs on its own task so that even a panic marks the run finished.
+        // Every log line of the run carries its ids (conversation and model call are filled
+        // in as they become known).
+        let span = tracing::info_span!(
+            "run",
+            request_id = %request_id,
+            conversation_id = tracing::field::Empty,
+            model_call_id = tracing::field::Empty,
+        );
+        if let Err(panic) = tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await {
+            tracing::error!(request_id = %request_id, "run actor panicked: {panic}");
+        }
+        app.runs.mark_finished(&request_id);
+        done.cancel();
+    });
+    Ok(handle)
 }
 
 impl RunActor {

@@ -17,7 +17,6 @@ use super::command::{ExecControl, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
 use super::opening::{self, First, Import};
 use super::turn::{ProviderCall, Turn};
-use crate::app::AppState;
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::cursor::interaction;
@@ -32,6 +31,7 @@ use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay};
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::provider::{FinishReason, ProviderError, ResponseEvent};
+use crate::state::AppState;
 use crate::store::now_ms;
 use crate::store::runs::CallPurpose;
 

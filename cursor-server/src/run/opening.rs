@@ -12,7 +12,6 @@ use std::sync::Arc;
 use super::command::{RunAction, RunRequestInput};
 use super::lifecycle::{Checkpoints, TurnOpening};
 use super::turn::{Turn, default_bytes_per_token, fold_subagent_runs, fold_todos, user_texts};
-use crate::app::AppState;
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
@@ -29,6 +28,7 @@ use crate::model::message::{current_mode, latest_compaction};
 use crate::model::runtime_tag::RuntimeTag;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
+use crate::state::AppState;
 use crate::store::{messages, runs};
 
 /// What every opener knows about the request.

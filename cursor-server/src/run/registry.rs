@@ -1,16 +1,14 @@
-//! request_id → RunHandle. Creates the run's actor on first sight of a request id (RunSSE or
-//! BidiAppend, whichever comes first) and remembers recently finished ids so late traffic for them
-//! gets a clear error instead of a new, orphaned session.
+//! request_id → RunHandle. Registers a run on first sight of a request id (RunSSE or BidiAppend,
+//! whichever comes first; `run/actor.rs` starts its actor) and remembers recently finished ids so
+//! late traffic for them gets a clear error instead of a new, orphaned session.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::actor::RunActor;
 use super::command::RunCommand;
-use crate::app::AppState;
 
 /// Commands that may queue for one run before senders wait.
 const COMMAND_BUFFER: usize = 256;
@@ -61,27 +59,19 @@ struct Inner {
     finished_order: VecDeque<String>,
 }
 
+/// What a lookup found: the run already there, or a new one whose actor the caller starts with
+/// the receiving end of its command channel.
+pub enum Lookup {
+    Running(RunHandle),
+    New(RunHandle, mpsc::Receiver<RunCommand>),
+}
+
 impl RunRegistry {
-    /// The run for `request_id`, started if this is the first message for it.
-    pub fn get_or_start(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-        Self::lookup(app, request_id, false)
-    }
-
-    /// Starts a new run for a transport that owns its request id (HTTP/2 `Run`).
-    pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-        Self::lookup(app, request_id, true)
-    }
-
-    fn lookup(
-        app: &Arc<AppState>,
-        request_id: &str,
-        must_be_new: bool,
-    ) -> Result<RunHandle, RegistryError> {
-        let mut inner = app
-            .runs
-            .inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    /// The run for `request_id`: the active one, else (unless it finished) a new one, registered
+    /// here before its actor starts so concurrent first messages meet the same run. `must_be_new`
+    /// refuses an active run (a transport that owns its request id: HTTP/2 `Run`).
+    pub fn lookup(&self, request_id: &str, must_be_new: bool) -> Result<Lookup, RegistryError> {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if inner.finished.contains(request_id) {
             return Err(RegistryError::Finished(request_id.to_owned()));
         }
@@ -89,7 +79,7 @@ impl RunRegistry {
             if must_be_new {
                 return Err(RegistryError::AlreadyRunning(request_id.to_owned()));
             }
-            return Ok(handle.clone());
+            return Ok(Lookup::Running(handle.clone()));
         }
         let (tx, rx) = mpsc::channel(COMMAND_BUFFER);
         let handle = RunHandle {
@@ -97,30 +87,7 @@ impl RunRegistry {
             done: CancellationToken::new(),
         };
         inner.active.insert(request_id.to_owned(), handle.clone());
-        drop(inner);
-        let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), rx);
-        let done = handle.done.clone();
-        let app = Arc::clone(app);
-        let request_id = request_id.to_owned();
-        tokio::spawn(async move {
-            // The actor runs on its own task so that even a panic marks the run finished.
-            // Every log line of the run carries its ids (conversation and model call are filled
-            // in as they become known).
-            let span = tracing::info_span!(
-                "run",
-                request_id = %request_id,
-                conversation_id = tracing::field::Empty,
-                model_call_id = tracing::field::Empty,
-            );
-            if let Err(panic) =
-                tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await
-            {
-                tracing::error!(request_id = %request_id, "run actor panicked: {panic}");
-            }
-            app.runs.mark_finished(&request_id);
-            done.cancel();
-        });
-        Ok(handle)
+        Ok(Lookup::New(handle, rx))
     }
 
     /// Makes `request_id` the run of `conversation_id` and returns the run it takes over from, if
@@ -142,7 +109,8 @@ impl RunRegistry {
             .map(|handle| (previous, handle))
     }
 
-    fn mark_finished(&self, request_id: &str) {
+    /// The run's actor has exited: late traffic for it gets `Finished`.
+    pub fn mark_finished(&self, request_id: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.active.remove(request_id);
         // A finished run owns nothing (a run that took its conversation over already replaced it).
@@ -157,14 +125,5 @@ impl RunRegistry {
                 inner.finished.remove(&old);
             }
         }
-    }
-
-    /// Number of runs currently alive (for tests and diagnostics).
-    pub fn active_count(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .active
-            .len()
     }
 }

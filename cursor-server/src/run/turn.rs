@@ -12,7 +12,6 @@ use std::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::lifecycle::Checkpoints;
-use crate::app::AppState;
 use crate::config::{ModelConfig, ProviderConfig};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::pending::PendingExecs;
@@ -26,6 +25,7 @@ use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
 use crate::prompting::{derived_state, projector};
 use crate::provider::{self, CallLimits, EventReceiver, ProviderError, RequestBody};
+use crate::state::AppState;
 use crate::store::runs::{self, CallPurpose};
 use crate::store::{messages, now_ms};
 
