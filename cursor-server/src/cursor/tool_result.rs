@@ -293,3 +293,33 @@ mod tests {
         assert!(multibyte.starts_with('é'), "{multibyte}");
     }
 }
+
+/// What the family files' unit tests share.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+
+    /// A run's facts as a test sets them.
+    pub fn env() -> ToolEnv {
+        ToolEnv {
+            terminals_folder: "/tmp/terminals".into(),
+            max_output_bytes: 10_000,
+            conversation_id: "conv".into(),
+            model_id: "model".into(),
+            ..ToolEnv::default()
+        }
+    }
+
+    /// The outcome of steps that end the call at once.
+    pub fn ended(steps: Vec<ToolStep>) -> ToolOutcome {
+        match <[ToolStep; 1]>::try_from(steps) {
+            Ok([ToolStep::Done(outcome)]) => outcome,
+            other => panic!("expected one Done step, got {other:?}"),
+        }
+    }
+
+    /// The single step as an outcome.
+    pub fn ended_step(step: ToolStep) -> ToolOutcome {
+        ended(vec![step])
+    }
+}

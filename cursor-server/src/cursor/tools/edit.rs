@@ -566,6 +566,61 @@ impl FieldStreamer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    #[test]
+    fn a_write_reports_the_lines_written_on_its_edit_card() {
+        let write = WriteInput::parse(r#"{"path":"a.txt","contents":"x\ny\n"}"#).unwrap();
+        let result = pb::WriteResult {
+            result: Some(pb::write_result::Result::Success(pb::WriteSuccess {
+                path: "a.txt".into(),
+                lines_created: 2,
+                ..Default::default()
+            })),
+        };
+        let outcome = ended(write.on_result(
+            "c1",
+            exec_client_message::Message::WriteResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(outcome.model_text, "Wrote 2 lines to a.txt.");
+        let Some(tool_call::Tool::EditToolCall(card)) = outcome.card.tool else {
+            panic!("an edit card")
+        };
+        let Some(pb::edit_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+        else {
+            panic!("a success")
+        };
+        assert_eq!(
+            (success.path.as_str(), success.lines_added),
+            ("a.txt", Some(2))
+        );
+    }
+
+    #[test]
+    fn failed_edits_and_deletes_name_their_path_on_the_error_card() {
+        let edit =
+            StrReplaceInput::parse(r#"{"path":"b.rs","old_string":"a","new_string":"b"}"#).unwrap();
+        let outcome = failed(&edit, "c1", "no match");
+        assert_eq!(outcome.model_text, "Error: no match");
+        let Some(tool_call::Tool::EditToolCall(card)) = outcome.card.tool else {
+            panic!("an edit card")
+        };
+        assert_eq!(card.result, Some(edit_error("b.rs", "no match")));
+        let delete = DeleteInput::parse(r#"{"path":"c.rs"}"#).unwrap();
+        let Some(tool_call::Tool::DeleteToolCall(card)) = failed(&delete, "c2", "gone").card.tool
+        else {
+            panic!("a delete card")
+        };
+        assert_eq!(
+            card.result.and_then(|r| r.result),
+            Some(pb::delete_result::Result::Error(pb::DeleteError {
+                path: "c.rs".into(),
+                error: "gone".into()
+            }))
+        );
+    }
 
     #[test]
     fn the_streamed_field_decodes_incrementally_whatever_the_fragment_boundaries() {

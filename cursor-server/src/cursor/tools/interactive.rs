@@ -416,3 +416,56 @@ fn answers_text(ask: &AskQuestionInput, success: &pb::AskQuestionSuccess) -> Str
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended_step, env};
+
+    #[test]
+    fn an_approved_switch_moves_the_mode_and_says_so() {
+        let switch = SwitchModeInput::parse(r#"{"target_mode_id":"plan"}"#).unwrap();
+        let response = interaction_response::Result::SwitchModeRequestResponse(
+            pb::SwitchModeRequestResponse {
+                result: Some(pb::switch_mode_request_response::Result::Approved(
+                    Default::default(),
+                )),
+            },
+        );
+        let outcome = ended_step(switch.on_response("c1", response, &env()));
+        assert_eq!(
+            outcome.model_text,
+            "The user approved: the conversation is now in Plan mode."
+        );
+        let Some(tool_call::Tool::SwitchModeToolCall(card)) = outcome.card.tool else {
+            panic!("a SwitchMode card")
+        };
+        assert_eq!(
+            card.result.and_then(|r| r.result),
+            Some(pb::switch_mode_result::Result::Success(
+                pb::SwitchModeSuccess {
+                    from_mode_id: "agent".into(),
+                    to_mode_id: "plan".into(),
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn a_question_that_could_not_be_asked_has_the_question_error_card() {
+        let ask = AskQuestionInput::parse(
+            r#"{"questions":[{"id":"q","prompt":"Which?","options":[{"id":"a","label":"A"}]}]}"#,
+        )
+        .unwrap();
+        let outcome = crate::cursor::tool_result::failed(&ask, "c1", "no UI");
+        assert_eq!(outcome.model_text, "Error: no UI");
+        let Some(tool_call::Tool::AskQuestionToolCall(card)) = outcome.card.tool else {
+            panic!("an AskQuestion card")
+        };
+        assert_eq!(card.args.map(|a| a.questions.len()), Some(1));
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::ask_question_result::Result::Error(_))
+        ));
+    }
+}

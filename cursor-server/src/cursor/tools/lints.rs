@@ -197,3 +197,49 @@ fn report(lints: &ReadLintsInput, call_id: &str, files: Vec<pb::FileDiagnostics>
     };
     done(lints, call_id, part, text, false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    #[test]
+    fn a_clean_file_says_so_and_the_card_counts_it() {
+        let lints = ReadLintsInput::parse(r#"{"paths":["a.rs"]}"#).unwrap();
+        let result = pb::DiagnosticsResult {
+            result: Some(pb::diagnostics_result::Result::Success(
+                pb::DiagnosticsSuccess::default(),
+            )),
+        };
+        let outcome = ended(lints.on_result(
+            "c1",
+            exec_client_message::Message::DiagnosticsResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(outcome.model_text, "No linter errors found in a.rs.");
+        let Some(tool_call::Tool::ReadLintsToolCall(card)) = outcome.card.tool else {
+            panic!("a ReadLints card")
+        };
+        let Some(pb::read_lints_tool_result::Result::Success(success)) =
+            card.result.and_then(|r| r.result)
+        else {
+            panic!("a success")
+        };
+        assert_eq!((success.total_files, success.total_diagnostics), (1, 0));
+    }
+
+    #[test]
+    fn failed_lints_have_the_lints_error_card() {
+        let lints = ReadLintsInput::parse(r#"{"paths":["a.rs"]}"#).unwrap();
+        let outcome = failed(&lints, "c1", "no language server");
+        assert_eq!(outcome.model_text, "Error: no language server");
+        let Some(tool_call::Tool::ReadLintsToolCall(card)) = outcome.card.tool else {
+            panic!("a ReadLints card")
+        };
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::read_lints_tool_result::Result::Error(_))
+        ));
+    }
+}

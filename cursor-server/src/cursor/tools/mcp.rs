@@ -519,6 +519,67 @@ fn mcp_resource_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    fn call() -> McpInput {
+        let tool = &mcp_tools([(
+            "docs".to_owned(),
+            "docs-search".to_owned(),
+            "search".to_owned(),
+            "Searches the docs".to_owned(),
+            serde_json::json!({"type": "object", "required": ["q"]}),
+        )])[0];
+        parse_mcp_input(tool, r#"{"q":"tokio"}"#).unwrap()
+    }
+
+    #[test]
+    fn an_mcp_result_gives_the_model_its_text_and_the_card_its_content() {
+        let result = pb::McpResult {
+            result: Some(pb::mcp_result::Result::Success(pb::McpSuccess {
+                content: vec![pb::McpToolResultContentItem {
+                    content: Some(pb::mcp_tool_result_content_item::Content::Text(
+                        pb::McpTextContent {
+                            text: "tokio is a runtime".into(),
+                            ..Default::default()
+                        },
+                    )),
+                }],
+                ..Default::default()
+            })),
+        };
+        let outcome = ended(call().on_result(
+            "c1",
+            exec_client_message::Message::McpResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(
+            (outcome.model_text.as_str(), outcome.is_error),
+            ("tokio is a runtime", false)
+        );
+        let Some(tool_call::Tool::McpToolCall(card)) = outcome.card.tool else {
+            panic!("an MCP card")
+        };
+        assert_eq!(card.args.map(|a| a.tool_name), Some("search".to_owned()));
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::mcp_tool_result::Result::Success(_))
+        ));
+    }
+
+    #[test]
+    fn a_failed_mcp_call_has_the_mcp_error_card() {
+        let outcome = failed(&call(), "c1", "server down");
+        assert_eq!(outcome.model_text, "Error: server down");
+        let Some(tool_call::Tool::McpToolCall(card)) = outcome.card.tool else {
+            panic!("an MCP card")
+        };
+        let Some(pb::mcp_tool_result::Result::Error(error)) = card.result.and_then(|r| r.result)
+        else {
+            panic!("an error")
+        };
+        assert_eq!(error.error, "server down");
+    }
 
     #[test]
     fn mcp_tool_names_are_provider_safe_unique_and_stable() {

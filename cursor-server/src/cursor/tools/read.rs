@@ -220,6 +220,55 @@ fn select_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    fn read() -> ReadInput {
+        ReadInput::parse(r#"{"path":"src/a.rs"}"#).unwrap()
+    }
+
+    #[test]
+    fn a_read_shows_numbered_lines_and_its_card_the_lines_shown() {
+        let result = pb::ReadResult {
+            result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+                path: "src/a.rs".into(),
+                total_lines: 2,
+                output: Some(pb::read_success::Output::Content("one\ntwo".into())),
+                ..Default::default()
+            })),
+        };
+        let outcome = ended(read().on_result(
+            "c1",
+            exec_client_message::Message::ReadResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert!(!outcome.is_error);
+        assert_eq!(outcome.model_text, "     1|one\n     2|two\n");
+        let Some(tool_call::Tool::ReadToolCall(card)) = outcome.card.tool else {
+            panic!("a Read card")
+        };
+        assert_eq!(card.args.map(|a| a.path), Some("src/a.rs".to_owned()));
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::read_tool_result::Result::Success(_))
+        ));
+    }
+
+    #[test]
+    fn a_failed_read_has_the_read_error_card_and_tells_the_model_why() {
+        let outcome = failed(&read(), "c1", "file not found: src/a.rs");
+        assert!(outcome.is_error);
+        assert_eq!(outcome.model_text, "Error: file not found: src/a.rs");
+        let Some(tool_call::Tool::ReadToolCall(card)) = outcome.card.tool else {
+            panic!("a Read card")
+        };
+        assert_eq!(
+            card.result.and_then(|r| r.result),
+            Some(pb::read_tool_result::Result::Error(pb::ReadToolError {
+                error_message: "file not found: src/a.rs".into()
+            }))
+        );
+    }
 
     #[test]
     fn line_selection_honours_offsets_from_either_end() {

@@ -440,3 +440,48 @@ fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mut String) {
         let _ = writeln!(out, "{indent}  - {}", file.name);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    #[test]
+    fn an_empty_listing_says_so_and_its_card_keeps_the_path() {
+        let ls = LsInput::parse(r#"{"path":"src"}"#).unwrap();
+        let result = pb::LsResult {
+            result: Some(pb::ls_result::Result::Success(pb::LsSuccess::default())),
+        };
+        let outcome = ended(ls.on_result(
+            "c1",
+            exec_client_message::Message::LsResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(
+            (outcome.model_text.as_str(), outcome.is_error),
+            ("(empty directory)", false)
+        );
+        let Some(tool_call::Tool::LsToolCall(card)) = outcome.card.tool else {
+            panic!("an LS card")
+        };
+        assert_eq!(card.args.map(|a| a.path), Some("src".to_owned()));
+    }
+
+    #[test]
+    fn a_failed_grep_has_the_grep_error_card() {
+        let grep = GrepInput::parse(r#"{"pattern":"fn main"}"#).unwrap();
+        let outcome = failed(&grep, "c1", "ripgrep is missing");
+        assert_eq!(outcome.model_text, "Error: ripgrep is missing");
+        let Some(tool_call::Tool::GrepToolCall(card)) = outcome.card.tool else {
+            panic!("a Grep card")
+        };
+        assert_eq!(card.args.map(|a| a.pattern), Some("fn main".to_owned()));
+        assert_eq!(
+            card.result.and_then(|r| r.result),
+            Some(pb::grep_result::Result::Error(pb::GrepError {
+                error: "ripgrep is missing".into()
+            }))
+        );
+    }
+}

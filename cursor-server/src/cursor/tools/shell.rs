@@ -320,3 +320,57 @@ fn model_output(stdout: &Bounded, stderr: &Bounded, max: usize) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    fn shell() -> ShellInput {
+        ShellInput::parse(r#"{"command":"echo hi"}"#).unwrap()
+    }
+
+    #[test]
+    fn output_streams_onto_the_card_and_the_exit_ends_the_call() {
+        let (shell, mut stage) = (shell(), Stage::default());
+        let stream = |event| {
+            exec_client_message::Message::ShellStream(pb::ShellStream { event: Some(event) })
+        };
+        let out = pb::shell_stream::Event::Stdout(pb::ShellStreamStdout {
+            data: "hi\n".into(),
+        });
+        let steps = shell.on_result("c1", stream(out), &mut stage, &env());
+        assert!(matches!(steps.as_slice(), [ToolStep::Delta(_)]));
+        let exit = pb::shell_stream::Event::Exit(pb::ShellStreamExit::default());
+        let outcome = ended(shell.on_result("c1", stream(exit), &mut stage, &env()));
+        assert_eq!(outcome.model_text, "Exit code: 0\nhi\n");
+        let Some(tool_call::Tool::ShellToolCall(card)) = outcome.card.tool else {
+            panic!("a Shell card")
+        };
+        let Some(pb::shell_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+        else {
+            panic!("a success")
+        };
+        assert_eq!(
+            (success.command.as_str(), success.stdout.as_str()),
+            ("echo hi", "hi\n")
+        );
+    }
+
+    #[test]
+    fn a_failed_command_is_a_spawn_error_naming_the_command() {
+        let outcome = failed(&shell(), "c1", "no shell");
+        assert_eq!(outcome.model_text, "Error: no shell");
+        let Some(tool_call::Tool::ShellToolCall(card)) = outcome.card.tool else {
+            panic!("a Shell card")
+        };
+        let Some(pb::shell_result::Result::SpawnError(error)) = card.result.and_then(|r| r.result)
+        else {
+            panic!("a spawn error")
+        };
+        assert_eq!(
+            (error.command.as_str(), error.error.as_str()),
+            ("echo hi", "no shell")
+        );
+    }
+}

@@ -249,3 +249,78 @@ pub fn running(call_id: &str, arguments: &str) -> SubagentRunState {
         status: SubagentStatus::Running,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended, env};
+
+    fn task() -> TaskInput {
+        TaskInput::parse(r#"{"description":"Find the parser","prompt":"look"}"#).unwrap()
+    }
+
+    #[test]
+    fn a_backgrounded_subagent_is_named_for_the_model_and_typed_for_the_checkpoint() {
+        let result = pb::SubagentResult {
+            result: Some(pb::subagent_result::Result::Success(pb::SubagentSuccess {
+                agent_id: "a1".into(),
+                background_reason: pb::SubagentBackgroundReason::UserRequest as i32,
+                ..Default::default()
+            })),
+        };
+        let outcome = ended(task().on_result(
+            "c1",
+            exec_client_message::Message::SubagentResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(
+            outcome.model_text,
+            "[subagent a1 is running in the background; you will be told when it finishes]"
+        );
+        assert_eq!(
+            outcome.meta,
+            Some(ToolMeta::Subagent {
+                title: "Find the parser".into(),
+                agent_id: Some("a1".into()),
+                backgrounded: true,
+            })
+        );
+        let Some(tool_call::Tool::TaskToolCall(card)) = outcome.card.tool else {
+            panic!("a Task card")
+        };
+        let Some(pb::task_result::Result::Success(success)) = card.result.and_then(|r| r.result)
+        else {
+            panic!("a success")
+        };
+        assert!(success.is_background);
+    }
+
+    #[test]
+    fn a_failed_subagent_has_the_task_error_card_and_no_agent() {
+        let result = pb::SubagentResult {
+            result: Some(pb::subagent_result::Result::Error(pb::SubagentError {
+                agent_id: Some("a2".into()),
+                error: "crashed".into(),
+            })),
+        };
+        let outcome = ended(task().on_result(
+            "c1",
+            exec_client_message::Message::SubagentResult(result),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert_eq!(outcome.model_text, "Error: the subagent a2 failed: crashed");
+        assert!(matches!(
+            outcome.meta,
+            Some(ToolMeta::Subagent { agent_id: None, .. })
+        ));
+        let Some(tool_call::Tool::TaskToolCall(card)) = outcome.card.tool else {
+            panic!("a Task card")
+        };
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::task_result::Result::Error(_))
+        ));
+    }
+}

@@ -152,3 +152,45 @@ fn todo_write(input: &TodoWriteInput, current: &[Todo]) -> ToolOutcome {
     };
     done(input, "", part, text, false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended_step, env};
+
+    #[test]
+    fn todos_are_answered_at_once_with_the_whole_list() {
+        let todos = TodoWriteInput::parse(
+            r#"{"merge":false,"todos":[{"id":"t1","content":"ship","status":"in_progress"}]}"#,
+        )
+        .unwrap();
+        let outcome = ended_step(todos.start("c1", &env()));
+        assert_eq!(
+            outcome.model_text,
+            "Todo list updated (1 items):\n[~] ship (t1)\n"
+        );
+        let Some(tool_call::Tool::UpdateTodosToolCall(card)) = outcome.card.tool else {
+            panic!("an UpdateTodos card")
+        };
+        let Some(pb::update_todos_result::Result::Success(success)) =
+            card.result.and_then(|r| r.result)
+        else {
+            panic!("a success")
+        };
+        assert_eq!(success.total_count, 1);
+    }
+
+    #[test]
+    fn failed_todos_have_the_todos_error_card() {
+        let todos = TodoWriteInput::parse(r#"{"merge":true,"todos":[]}"#).unwrap();
+        let outcome = crate::cursor::tool_result::failed(&todos, "c1", "busy");
+        assert_eq!(outcome.model_text, "Error: busy");
+        let Some(tool_call::Tool::UpdateTodosToolCall(card)) = outcome.card.tool else {
+            panic!("an UpdateTodos card")
+        };
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::update_todos_result::Result::Error(_))
+        ));
+    }
+}

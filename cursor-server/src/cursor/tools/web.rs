@@ -373,3 +373,52 @@ pub fn search_outcome(
         false,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::tool_result::testing::{ended_step, env};
+
+    #[test]
+    fn a_rejected_search_is_the_tools_result_with_the_reason() {
+        let search = WebSearchInput::parse(r#"{"search_term":"rust"}"#).unwrap();
+        let response =
+            interaction_response::Result::WebSearchRequestResponse(pb::WebSearchRequestResponse {
+                result: Some(pb::web_search_request_response::Result::Rejected(
+                    pb::web_search_request_response::Rejected {
+                        reason: "too broad".into(),
+                    },
+                )),
+            });
+        let outcome = ended_step(search.on_response("c1", response, &env()));
+        assert!(outcome.is_error);
+        assert_eq!(
+            outcome.model_text,
+            "The user rejected searching the web for \"rust\" (too broad)."
+        );
+        let Some(tool_call::Tool::WebSearchToolCall(card)) = outcome.card.tool else {
+            panic!("a WebSearch card")
+        };
+        assert!(matches!(
+            card.result.and_then(|r| r.result),
+            Some(pb::web_search_result::Result::Rejected(_))
+        ));
+    }
+
+    #[test]
+    fn a_failed_fetch_names_its_url_on_the_error_card() {
+        let fetch = WebFetchInput::parse(r#"{"url":"https://example.com/"}"#).unwrap();
+        let outcome = failed(&fetch, "c1", "HTTP 500");
+        assert_eq!(outcome.model_text, "Error: HTTP 500");
+        let Some(tool_call::Tool::WebFetchToolCall(card)) = outcome.card.tool else {
+            panic!("a WebFetch card")
+        };
+        assert_eq!(
+            card.result.and_then(|r| r.result),
+            Some(pb::web_fetch_result::Result::Error(pb::WebFetchError {
+                url: "https://example.com/".into(),
+                error: "HTTP 500".into()
+            }))
+        );
+    }
+}
