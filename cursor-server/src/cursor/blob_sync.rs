@@ -9,7 +9,7 @@ use super::proto::agent::{
     AgentServerMessage, GetBlobArgs, KvServerMessage, SetBlobArgs, agent_server_message,
     kv_client_message, kv_server_message,
 };
-use crate::store::blobs::BlobId;
+use crate::model::conversation::BlobId;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
@@ -121,7 +121,7 @@ impl KvSync {
         )
     }
 
-    pub fn is_acked(&self, blob: &BlobId) -> bool {
+    fn is_acked(&self, blob: &BlobId) -> bool {
         self.acked.contains(blob)
     }
 

@@ -20,10 +20,10 @@ use super::proto::agent::{
     self as pb, AgentConversationTurnStructure, ConversationStateStructure, ConversationStep,
     ConversationTurnStructure, conversation_step, conversation_turn_structure,
 };
+use crate::model::conversation::BlobId;
 use crate::model::conversation::{ContextUse, Mode};
 use crate::model::conversation::{SubagentRunState, SubagentStatus, Todo, TodoStatus};
 use crate::model::tool::ToolCall;
-use crate::store::blobs::BlobId;
 
 /// A blob to store (on our side and the client's), with the edges it holds.
 #[derive(Debug, Clone, PartialEq)]

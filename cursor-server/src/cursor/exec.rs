@@ -156,7 +156,7 @@ impl ExecKind {
     }
 
     /// The response kind that answers interaction query `query`.
-    pub fn answering_query(query: &interaction_query::Query) -> ExecKind {
+    fn answering_query(query: &interaction_query::Query) -> ExecKind {
         use interaction_query::Query as Q;
         match query {
             Q::WebSearchRequestQuery(_) => ExecKind::WebSearchRequestResponse,

@@ -142,6 +142,9 @@ async fn bidi_append_route(
         header_str(&headers, "x-parent-agent-tool-call-id"),
     );
     let handle = actor::get_or_start(&state, &append.request_id).map_err(registry_error)?;
+    if handle.ended().is_cancelled() {
+        return Err(registry_error(RegistryError::Finished(append.request_id)));
+    }
     let command = RunCommand::Appended {
         seqno: append.seqno,
         input,

@@ -37,7 +37,7 @@ pub fn context_tag(
 
 /// The workspace context as the model reads it. Deterministic: the same context renders to the
 /// same bytes (prefix caches, and the digest that decides whether it is new).
-pub fn render_context(context: &WorkspaceContext) -> String {
+fn render_context(context: &WorkspaceContext) -> String {
     use std::fmt::Write;
     let mut out = String::from("<user_info>\n");
     let mut line = |label: &str, value: &str| {
@@ -220,7 +220,7 @@ pub fn prompt_for<'a>(
 /// What the model sees of `history`: all of it, or — after a compaction — the latest summary
 /// followed by the messages it did not cover, in order. Stored history is never rewritten, so
 /// every request after a compaction keeps the compacted request as its prefix.
-pub fn visible_history(history: &[CanonicalMessage]) -> Vec<&CanonicalMessage> {
+fn visible_history(history: &[CanonicalMessage]) -> Vec<&CanonicalMessage> {
     match latest_compaction(history) {
         None => history.iter().collect(),
         Some((at, _, through)) => std::iter::once(&history[at])

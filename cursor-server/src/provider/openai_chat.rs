@@ -40,7 +40,7 @@ impl ChatStreamParser {
     }
 
     /// Feeds one SSE `data` payload. Returns the events it yields and whether the stream is complete.
-    pub fn feed_data(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+    fn feed_data(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
         let data = data.trim();
         if data == "[DONE]" {
             return self.done().map(|events| (events, true));

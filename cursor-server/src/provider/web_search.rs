@@ -85,7 +85,7 @@ pub async fn search(
 }
 
 /// The results of one backend's JSON answer, at most `max` of them.
-pub fn parse_hits(
+fn parse_hits(
     kind: WebSearchKind,
     json: &Value,
     max: usize,

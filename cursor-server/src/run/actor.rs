@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::command::{ClientInput, RunCommand};
 use super::inbox::{Accepted, Inbox};
@@ -31,6 +32,8 @@ pub struct RunActor {
     app: Arc<AppState>,
     request_id: String,
     commands: mpsc::Receiver<RunCommand>,
+    /// Fired when the run ends: the routes refuse client input from then on.
+    ended: CancellationToken,
     inbox: Inbox<ClientInput>,
     downlink: Downlink,
     state: State,
@@ -57,7 +60,8 @@ fn start(
         Lookup::Running(handle) => return Ok(handle),
         Lookup::New(handle, commands) => (handle, commands),
     };
-    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands);
+    let ended = handle.ended().clone();
+    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, ended);
     let done = handle.done().clone();
     let app = Arc::clone(app);
     let request_id = request_id.to_owned();
@@ -85,11 +89,13 @@ impl RunActor {
         app: Arc<AppState>,
         request_id: String,
         commands: mpsc::Receiver<RunCommand>,
+        ended: CancellationToken,
     ) -> Self {
         RunActor {
             app,
             request_id,
             commands,
+            ended,
             inbox: Inbox::default(),
             downlink: Downlink::default(),
             state: State::AwaitingRunRequest,
@@ -107,6 +113,9 @@ impl RunActor {
         self.wind_down(&end).await;
         // Dropping the turn cancels its provider call before the client hears the ending.
         self.state = State::AwaitingRunRequest;
+        // From here on the client's input is refused: a late result or ack gets `not_found`,
+        // whether it beats the end-of-stream frame or not.
+        self.ended.cancel();
         let outcome = self.announce_end(&end, provider_calls, usage).await;
         if self.recorded
             && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await

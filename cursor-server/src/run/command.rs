@@ -7,9 +7,9 @@ use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
+use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::BackgroundCompletion;
-use crate::store::blobs::BlobId;
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]

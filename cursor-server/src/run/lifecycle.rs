@@ -55,7 +55,7 @@ pub async fn finish_canceled(downlink: &mut Downlink, reason: &str) {
     downlink.end(connect::end_stream_error(&error)).await;
 }
 
-pub fn connect_error(error: &ServerError) -> ConnectError {
+fn connect_error(error: &ServerError) -> ConnectError {
     match error {
         ServerError::Provider(provider) => {
             ConnectError::provider(provider.title(), provider.to_string())

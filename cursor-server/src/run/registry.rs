@@ -18,6 +18,9 @@ const FINISHED_MEMORY: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct RunHandle {
     commands: mpsc::Sender<RunCommand>,
+    /// Fires when the run has ended (its end-of-stream frame is about to go out): from then on
+    /// client input is refused, while a reconnecting RunSSE can still fetch undelivered frames.
+    ended: CancellationToken,
     done: CancellationToken,
 }
 
@@ -25,6 +28,11 @@ impl RunHandle {
     /// Delivers a command; `Err` means the run has ended meanwhile.
     pub async fn send(&self, command: RunCommand) -> Result<(), RunGone> {
         self.commands.send(command).await.map_err(|_| RunGone)
+    }
+
+    /// Fires when the run has ended, before its actor exits.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.ended
     }
 
     /// Fires when the run's actor has exited.
@@ -84,6 +92,7 @@ impl RunRegistry {
         let (tx, rx) = mpsc::channel(COMMAND_BUFFER);
         let handle = RunHandle {
             commands: tx,
+            ended: CancellationToken::new(),
             done: CancellationToken::new(),
         };
         inner.active.insert(request_id.to_owned(), handle.clone());

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{Row, SqliteConnection};
 
 use super::{QueryContext, Store, StoreError, now_ms};
-pub use crate::model::conversation::BlobId;
+use crate::model::conversation::BlobId;
 
 /// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub async fn put_all(
 }
 
 /// Stores `data` under `id` (a no-op if present) after checking that `id` is its hash.
-pub async fn put(
+async fn put(
     conn: &mut SqliteConnection,
     id: BlobId,
     data: &[u8],
@@ -78,25 +78,6 @@ pub async fn get(store: &Store, id: BlobId) -> Result<Option<Vec<u8>>, StoreErro
         .await
         .context("reading blob")?;
     Ok(row.map(|row| row.get::<Vec<u8>, _>("data")))
-}
-
-/// Children of `parent` in field `kind`, in ordinal order.
-pub async fn children(
-    store: &Store,
-    parent: BlobId,
-    kind: &str,
-) -> Result<Vec<BlobId>, StoreError> {
-    let rows =
-        sqlx::query("SELECT child FROM blob_edges WHERE parent = ? AND kind = ? ORDER BY ordinal")
-            .bind(&parent.0[..])
-            .bind(kind)
-            .fetch_all(store.pool())
-            .await
-            .context("reading blob edges")?;
-    Ok(rows
-        .iter()
-        .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("child")))
-        .collect())
 }
 
 /// Deletes every blob not reachable from a conversation head, the outbox or one of `extra_roots`, sparing blobs
@@ -190,6 +171,26 @@ pub async fn acked(store: &Store, conversation_id: &str) -> Result<Vec<BlobId>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Children of `parent` in field `kind`, in ordinal order.
+    async fn children(
+        store: &Store,
+        parent: BlobId,
+        kind: &str,
+    ) -> Result<Vec<BlobId>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT child FROM blob_edges WHERE parent = ? AND kind = ? ORDER BY ordinal",
+        )
+        .bind(&parent.0[..])
+        .bind(kind)
+        .fetch_all(store.pool())
+        .await
+        .context("reading blob edges")?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("child")))
+            .collect())
+    }
 
     async fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

@@ -76,7 +76,7 @@ async fn append_tags(
 }
 
 /// Appends inside a caller's transaction, so messages can commit atomically with other state.
-pub async fn append_in(
+async fn append_in(
     conn: &mut SqliteConnection,
     conversation_id: &str,
     request_id: &str,

@@ -234,7 +234,7 @@ fn edit_error(path: &str, message: &str) -> pb::EditResult {
     }
 }
 
-pub fn write_request(path: &str, text: &str, call_id: &str) -> ExecRequest {
+fn write_request(path: &str, text: &str, call_id: &str) -> ExecRequest {
     ExecRequest {
         message: Box::new(exec_server_message::Message::WriteArgs(pb::WriteArgs {
             path: path.to_owned(),

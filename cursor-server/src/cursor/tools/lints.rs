@@ -82,7 +82,7 @@ impl Tool for ReadLintsInput {
     }
 }
 
-pub fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
+fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
     ExecRequest {
         message: Box::new(exec_server_message::Message::DiagnosticsArgs(
             pb::DiagnosticsArgs {

@@ -282,13 +282,13 @@ impl Tool for FetchMcpResourceInput {
     }
 }
 
-pub fn list_mcp_resources_args(list: &ListMcpResourcesInput) -> pb::ListMcpResourcesExecArgs {
+fn list_mcp_resources_args(list: &ListMcpResourcesInput) -> pb::ListMcpResourcesExecArgs {
     pb::ListMcpResourcesExecArgs {
         server: list.server.clone().filter(|s| !s.trim().is_empty()),
     }
 }
 
-pub fn read_mcp_resource_args(read: &FetchMcpResourceInput) -> pb::ReadMcpResourceExecArgs {
+fn read_mcp_resource_args(read: &FetchMcpResourceInput) -> pb::ReadMcpResourceExecArgs {
     pb::ReadMcpResourceExecArgs {
         server: read.server.clone(),
         uri: read.uri.clone(),

@@ -228,7 +228,7 @@ impl Tool for LsInput {
 }
 
 /// `GrepArgs` for a Grep call; also the Grep card's typed args.
-pub fn grep_args(input: &GrepInput, call_id: &str) -> pb::GrepArgs {
+fn grep_args(input: &GrepInput, call_id: &str) -> pb::GrepArgs {
     let signed = |v: Option<u32>| v.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
     pb::GrepArgs {
         pattern: input.pattern.clone(),
@@ -255,7 +255,7 @@ pub fn grep_args(input: &GrepInput, call_id: &str) -> pb::GrepArgs {
 }
 
 /// Glob runs as a files-mode grep with no pattern.
-pub fn glob_args(glob: &GlobInput, call_id: &str) -> pb::GrepArgs {
+fn glob_args(glob: &GlobInput, call_id: &str) -> pb::GrepArgs {
     pb::GrepArgs {
         glob: Some(glob.glob_pattern.clone()),
         path: glob.target_directory.clone(),

@@ -97,7 +97,7 @@ impl Tool for ShellInput {
 }
 
 /// `ShellArgs` as the official backend fills them; also the Shell card's typed args.
-pub fn shell_args(input: &ShellInput, call_id: &str) -> pb::ShellArgs {
+fn shell_args(input: &ShellInput, call_id: &str) -> pb::ShellArgs {
     let block = input.block_until_ms.unwrap_or(SHELL_DEFAULT_BLOCK_MS);
     pb::ShellArgs {
         command: input.command.clone(),

@@ -221,7 +221,7 @@ fn subagent_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult)
 }
 
 /// A Task call's title (its description), for the checkpoint's subagent list.
-pub fn task_title(arguments: &str) -> Option<String> {
+fn task_title(arguments: &str) -> Option<String> {
     let text = if arguments.trim().is_empty() {
         "{}"
     } else {

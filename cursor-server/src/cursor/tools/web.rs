@@ -215,7 +215,7 @@ fn web_fetch_args(fetch: &WebFetchInput, call_id: &str) -> pb::WebFetchArgs {
 }
 
 /// The fetch a WebFetch call runs once the user approved it.
-pub fn fetch_request(url: &str, call_id: &str) -> ExecRequest {
+fn fetch_request(url: &str, call_id: &str) -> ExecRequest {
     ExecRequest {
         message: Box::new(exec_server_message::Message::FetchArgs(pb::FetchArgs {
             url: url.to_owned(),
