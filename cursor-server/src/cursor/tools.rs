@@ -30,7 +30,6 @@ use super::proto::agent as pb;
 use super::tool_result::{Stage, Tool, ToolEnv, ToolOutcome, ToolStep, bare_card, failed};
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
-use crate::prompting::assets::{AssetError, PromptAssets, PromptKind};
 
 /// Every tool the model can be offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -439,58 +438,6 @@ impl ToolKind {
                 .then_some(ToolKind::Mcp)
         })
     }
-}
-
-/// Checks every prompt set's `tools.json` against the registry: each tool is one this server
-/// implements, with exactly the arguments it validates. Done at start-up, where the assets and the
-/// registry are both visible.
-pub fn check_prompt_tools(assets: &PromptAssets) -> Result<(), AssetError> {
-    for kind in PromptKind::ALL {
-        let path = format!("{}/tools.json", kind.dir());
-        for tool in &assets.set(kind).tools {
-            check_tool(&path, tool)?;
-        }
-    }
-    Ok(())
-}
-
-fn check_tool(path: &str, tool: &serde_json::Value) -> Result<(), AssetError> {
-    use std::collections::BTreeSet;
-    let invalid = |message: String| AssetError::Invalid {
-        path: path.to_owned(),
-        message,
-    };
-    let function = &tool["function"];
-    let name = function["name"].as_str().unwrap_or_default();
-    let kind = ToolKind::from_name(name)
-        .ok_or_else(|| invalid(format!("{name} is not a tool this server implements")))?;
-    let parameters = &function["parameters"];
-    let properties: BTreeSet<&str> = parameters["properties"]
-        .as_object()
-        .map(|p| p.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    let required: BTreeSet<&str> = parameters["required"]
-        .as_array()
-        .map(|r| r.iter().filter_map(serde_json::Value::as_str).collect())
-        .unwrap_or_default();
-    let accepted: BTreeSet<&str> = kind.arguments().iter().map(|(n, _)| *n).collect();
-    let must: BTreeSet<&str> = kind
-        .arguments()
-        .iter()
-        .filter(|(_, required)| *required)
-        .map(|(n, _)| *n)
-        .collect();
-    if properties != accepted {
-        return Err(invalid(format!(
-            "{name}: parameters {properties:?} differ from the arguments the server accepts {accepted:?}"
-        )));
-    }
-    if required != must {
-        return Err(invalid(format!(
-            "{name}: required {required:?} differs from what the server requires {must:?}"
-        )));
-    }
-    Ok(())
 }
 
 /// The card with typed args and no result yet (`tool_call_started`).

@@ -260,7 +260,8 @@ fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::tools::{ToolKind, check_prompt_tools, parse_input};
+    use crate::app::check_prompt_tools;
+    use crate::cursor::tools::{ToolKind, parse_input};
 
     /// Loads and checks an override directory as the server does at start-up.
     fn load_checked(dir: &Path) -> Result<PromptAssets, AssetError> {
