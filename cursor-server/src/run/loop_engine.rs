@@ -202,11 +202,12 @@ impl TurnLoop {
     ) -> Result<LoopStep, ServerError> {
         match event {
             LoopEvent::Provider(Ok(event)) => {
+                if let Some(timing) = self.call_timing() {
+                    timing.first_event.get_or_insert(timing.started.elapsed());
+                }
                 if let ResponseEvent::Finished(reason) = &event {
                     self.record_call(None, Some(reason.as_str().to_owned()))
                         .await;
-                } else if let Some(timing) = self.call_timing() {
-                    timing.first_event.get_or_insert(timing.started.elapsed());
                 }
                 self.on_event(event, out).await
             }
@@ -233,9 +234,6 @@ impl TurnLoop {
 
     /// Records the call in flight, ended by `finish_reason` or `error`.
     async fn record_call(&mut self, error: Option<String>, finish_reason: Option<String>) {
-        if let Some(timing) = self.call_timing() {
-            timing.first_event.get_or_insert(timing.started.elapsed());
-        }
         let (call, usage) = match &mut self.phase {
             Phase::Streaming(s) => (&mut s.call, s.draft.usage),
             Phase::Compacting(c) => (&mut c.call, c.compaction.usage),
