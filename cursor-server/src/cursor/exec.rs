@@ -203,6 +203,12 @@ pub struct ExecRequest {
 }
 
 impl ExecRequest {
+    pub fn new(message: exec_server_message::Message) -> ExecRequest {
+        ExecRequest {
+            message: Box::new(message),
+        }
+    }
+
     /// The kind of `ExecClientMessage` result that answers this request.
     pub fn expected_result(&self) -> ExecKind {
         ExecKind::answering(&self.message)

@@ -160,9 +160,7 @@ mod tests {
     use crate::cursor::proto::agent::{self as pb, exec_server_message::Message as A};
 
     fn request(message: A) -> ExecRequest {
-        ExecRequest {
-            message: Box::new(message),
-        }
+        ExecRequest::new(message)
     }
 
     #[test]

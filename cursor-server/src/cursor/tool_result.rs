@@ -5,7 +5,10 @@
 //! second table to keep in step. Success or failure is decided by the result's oneof variant only.
 
 use super::exec::{ExecKind, ExecRequest, QueryRequest};
-use super::proto::agent::{self as pb, exec_client_message, interaction_response, tool_call};
+use super::proto::agent::{
+    self as pb, exec_client_message, exec_server_message, interaction_query, interaction_response,
+    tool_call,
+};
 use crate::model::conversation::{Mode, Todo};
 use crate::model::tool::{McpTool, ToolMeta};
 
@@ -34,6 +37,20 @@ pub enum ToolStep {
     Delta(pb::ToolCallDelta),
     /// The call is over.
     Done(ToolOutcome),
+}
+
+impl ToolStep {
+    /// Send this exec request (the kind of its answer follows from it).
+    pub fn exec(message: exec_server_message::Message) -> ToolStep {
+        ToolStep::Exec(ExecRequest::new(message))
+    }
+
+    /// Ask the user this question.
+    pub fn query(query: interaction_query::Query) -> ToolStep {
+        ToolStep::Query(QueryRequest {
+            query: Box::new(query),
+        })
+    }
 }
 
 /// Facts about the run that tools need.
@@ -138,6 +155,15 @@ pub fn reason_suffix(reason: &str) -> String {
 }
 
 // ---- arguments --------------------------------------------------------------------------------
+
+/// The model's argument text to parse: an empty one stands for an empty object.
+pub fn argument_text(arguments: &str) -> &str {
+    if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    }
+}
 
 /// The model's argument text as `T`; the message goes back to the model.
 pub fn parse_args<T: serde::de::DeserializeOwned>(tool: &str, text: &str) -> Result<T, String> {

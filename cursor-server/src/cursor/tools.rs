@@ -27,7 +27,9 @@ use self::todo::TodoWriteInput;
 use self::web::{WebFetchInput, WebSearchInput};
 use super::exec::{ExecPayload, QueryPayload};
 use super::proto::agent as pb;
-use super::tool_result::{Stage, Tool, ToolEnv, ToolOutcome, ToolStep, bare_card, failed};
+use super::tool_result::{
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, bare_card, failed,
+};
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
 
@@ -296,11 +298,7 @@ macro_rules! with_tool {
 
 /// Parses and validates the model's argument text for `kind`. The message goes back to the model.
 pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String> {
-    let text = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
+    let text = argument_text(arguments);
     Ok(match kind {
         ToolKind::Read => ToolInput::Read(ReadInput::parse(text)?),
         ToolKind::Write => ToolInput::Write(WriteInput::parse(text)?),

@@ -191,12 +191,10 @@ impl Tool for DeleteInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        ToolStep::Exec(ExecRequest {
-            message: Box::new(exec_server_message::Message::DeleteArgs(pb::DeleteArgs {
-                path: self.path.clone(),
-                tool_call_id: call_id.to_owned(),
-            })),
-        })
+        ToolStep::exec(exec_server_message::Message::DeleteArgs(pb::DeleteArgs {
+            path: self.path.clone(),
+            tool_call_id: call_id.to_owned(),
+        }))
     }
 
     fn on_result(
@@ -235,15 +233,13 @@ fn edit_error(path: &str, message: &str) -> pb::EditResult {
 }
 
 fn write_request(path: &str, text: &str, call_id: &str) -> ExecRequest {
-    ExecRequest {
-        message: Box::new(exec_server_message::Message::WriteArgs(pb::WriteArgs {
-            path: path.to_owned(),
-            file_text: text.to_owned(),
-            tool_call_id: call_id.to_owned(),
-            return_file_content_after_write: false,
-            ..pb::WriteArgs::default()
-        })),
-    }
+    ExecRequest::new(exec_server_message::Message::WriteArgs(pb::WriteArgs {
+        path: path.to_owned(),
+        file_text: text.to_owned(),
+        tool_call_id: call_id.to_owned(),
+        return_file_content_after_write: false,
+        ..pb::WriteArgs::default()
+    }))
 }
 
 fn str_replace_after_read(

@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::QueryRequest;
 use crate::cursor::proto::agent::{self as pb, interaction_query, interaction_response, tool_call};
 use crate::cursor::tool_result::{
     Tool, ToolEnv, ToolStep, card, done, non_empty, parse_args, reason_suffix, unexpected_response,
@@ -60,12 +59,6 @@ pub struct CreatePlanInput {
     pub todos: Vec<PlanTodo>,
 }
 
-fn query(query: interaction_query::Query) -> ToolStep {
-    ToolStep::Query(QueryRequest {
-        query: Box::new(query),
-    })
-}
-
 impl AskQuestionInput {
     pub fn parse(text: &str) -> Result<AskQuestionInput, String> {
         let input: AskQuestionInput = parse_args("AskQuestion", text)?;
@@ -111,7 +104,7 @@ impl Tool for AskQuestionInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        query(interaction_query::Query::AskQuestionInteractionQuery(
+        ToolStep::query(interaction_query::Query::AskQuestionInteractionQuery(
             pb::AskQuestionInteractionQuery {
                 args: Some(ask_question_args(self)),
                 tool_call_id: call_id.to_owned(),
@@ -194,7 +187,7 @@ impl Tool for SwitchModeInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        query(interaction_query::Query::SwitchModeRequestQuery(
+        ToolStep::query(interaction_query::Query::SwitchModeRequestQuery(
             pb::SwitchModeRequestQuery {
                 args: Some(switch_mode_args(self, call_id)),
             },
@@ -285,7 +278,7 @@ impl Tool for CreatePlanInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        query(interaction_query::Query::CreatePlanRequestQuery(
+        ToolStep::query(interaction_query::Query::CreatePlanRequestQuery(
             pb::CreatePlanRequestQuery {
                 args: Some(create_plan_args(self)),
                 tool_call_id: call_id.to_owned(),

@@ -83,14 +83,12 @@ impl Tool for ReadLintsInput {
 }
 
 fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
-    ExecRequest {
-        message: Box::new(exec_server_message::Message::DiagnosticsArgs(
-            pb::DiagnosticsArgs {
-                path: path.to_owned(),
-                tool_call_id: call_id.to_owned(),
-            },
-        )),
-    }
+    ExecRequest::new(exec_server_message::Message::DiagnosticsArgs(
+        pb::DiagnosticsArgs {
+            path: path.to_owned(),
+            tool_call_id: call_id.to_owned(),
+        },
+    ))
 }
 
 fn lints_step(

@@ -5,13 +5,13 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::{self, ExecRequest};
+use crate::cursor::exec;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
-    reason_suffix, truncate_for_model, unexpected_result,
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
+    parse_args, reason_suffix, truncate_for_model, unexpected_result,
 };
 use crate::model::tool::McpTool;
 
@@ -100,11 +100,7 @@ fn sanitize_tool_name(name: &str) -> String {
 
 /// Parses an MCP call's arguments: a JSON object holding every property the tool's schema requires.
 pub fn parse_mcp_input(tool: &McpTool, arguments: &str) -> Result<McpInput, String> {
-    let text = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
+    let text = argument_text(arguments);
     let args: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
         .map_err(|e| format!("invalid arguments for {}: {e}", tool.model_name))?;
     let missing: Vec<&str> = tool.input_schema["required"]
@@ -124,12 +120,6 @@ pub fn parse_mcp_input(tool: &McpTool, arguments: &str) -> Result<McpInput, Stri
     Ok(McpInput {
         tool: tool.clone(),
         args,
-    })
-}
-
-fn exec_step(message: exec_server_message::Message) -> ToolStep {
-    ToolStep::Exec(ExecRequest {
-        message: Box::new(message),
     })
 }
 
@@ -153,7 +143,7 @@ impl Tool for McpInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec_step(exec_server_message::Message::McpArgs(mcp_args(
+        ToolStep::exec(exec_server_message::Message::McpArgs(mcp_args(
             self, call_id,
         )))
     }
@@ -203,7 +193,7 @@ impl Tool for ListMcpResourcesInput {
     }
 
     fn start(&self, _call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec_step(exec_server_message::Message::ListMcpResourcesExecArgs(
+        ToolStep::exec(exec_server_message::Message::ListMcpResourcesExecArgs(
             list_mcp_resources_args(self),
         ))
     }
@@ -259,7 +249,7 @@ impl Tool for FetchMcpResourceInput {
     }
 
     fn start(&self, _call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec_step(exec_server_message::Message::ReadMcpResourceExecArgs(
+        ToolStep::exec(exec_server_message::Message::ReadMcpResourceExecArgs(
             read_mcp_resource_args(self),
         ))
     }

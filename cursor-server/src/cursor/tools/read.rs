@@ -85,15 +85,13 @@ pub fn read_request(
     limit: Option<u32>,
     call_id: &str,
 ) -> ExecRequest {
-    ExecRequest {
-        message: Box::new(exec_server_message::Message::ReadArgs(pb::ReadArgs {
-            path: path.to_owned(),
-            tool_call_id: call_id.to_owned(),
-            offset,
-            limit,
-            encoding_hint: None,
-        })),
-    }
+    ExecRequest::new(exec_server_message::Message::ReadArgs(pb::ReadArgs {
+        path: path.to_owned(),
+        tool_call_id: call_id.to_owned(),
+        offset,
+        limit,
+        encoding_hint: None,
+    }))
 }
 
 fn read_outcome(

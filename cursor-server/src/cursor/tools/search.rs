@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
@@ -90,12 +89,6 @@ impl LsInput {
     }
 }
 
-fn exec(message: exec_server_message::Message) -> ToolStep {
-    ToolStep::Exec(ExecRequest {
-        message: Box::new(message),
-    })
-}
-
 impl Tool for GrepInput {
     type Result = pb::GrepResult;
 
@@ -115,7 +108,7 @@ impl Tool for GrepInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec(exec_server_message::Message::GrepArgs(grep_args(
+        ToolStep::exec(exec_server_message::Message::GrepArgs(grep_args(
             self, call_id,
         )))
     }
@@ -158,7 +151,7 @@ impl Tool for GlobInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec(exec_server_message::Message::GrepArgs(glob_args(
+        ToolStep::exec(exec_server_message::Message::GrepArgs(glob_args(
             self, call_id,
         )))
     }
@@ -208,7 +201,7 @@ impl Tool for LsInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        exec(exec_server_message::Message::LsArgs(ls_args(self, call_id)))
+        ToolStep::exec(exec_server_message::Message::LsArgs(ls_args(self, call_id)))
     }
 
     fn on_result(

@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
@@ -62,11 +61,9 @@ impl Tool for ShellInput {
     }
 
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        ToolStep::Exec(ExecRequest {
-            message: Box::new(exec_server_message::Message::ShellStreamArgs(shell_args(
-                self, call_id,
-            ))),
-        })
+        ToolStep::exec(exec_server_message::Message::ShellStreamArgs(shell_args(
+            self, call_id,
+        )))
     }
 
     fn on_result(

@@ -4,13 +4,12 @@
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
-    unexpected_result,
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
+    parse_args, unexpected_result,
 };
 use crate::model::conversation::{Mode, SubagentRunState, SubagentStatus};
 use crate::model::tool::ToolMeta;
@@ -69,11 +68,9 @@ impl Tool for TaskInput {
     }
 
     fn start(&self, call_id: &str, env: &ToolEnv) -> ToolStep {
-        ToolStep::Exec(ExecRequest {
-            message: Box::new(exec_server_message::Message::SubagentArgs(subagent_args(
-                self, call_id, env,
-            ))),
-        })
+        ToolStep::exec(exec_server_message::Message::SubagentArgs(subagent_args(
+            self, call_id, env,
+        )))
     }
 
     fn on_result(
@@ -222,11 +219,7 @@ fn subagent_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult)
 
 /// A Task call's title (its description), for the checkpoint's subagent list.
 fn task_title(arguments: &str) -> Option<String> {
-    let text = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
+    let text = argument_text(arguments);
     TaskInput::parse(text).ok().map(|task| task.description)
 }
 

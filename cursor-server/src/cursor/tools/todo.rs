@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, tool_call};
 use crate::cursor::tool_result::{
-    Tool, ToolEnv, ToolOutcome, ToolStep, card, done, i32_of, parse_args,
+    Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, i32_of, parse_args,
 };
 use crate::model::conversation::{Todo, TodoStatus, TodoUpdate};
 
@@ -118,11 +118,7 @@ fn todo_update(input: &TodoWriteInput) -> TodoUpdate {
 
 /// Parses a stored TodoWrite argument text for the history fold.
 pub fn parse_todo_update(arguments: &str) -> Option<TodoUpdate> {
-    let text = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
+    let text = argument_text(arguments);
     TodoWriteInput::parse(text)
         .ok()
         .map(|input| todo_update(&input))

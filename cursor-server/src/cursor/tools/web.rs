@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::{ExecRequest, QueryRequest};
+use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, interaction_query, interaction_response,
     tool_call,
@@ -64,14 +64,12 @@ impl Tool for WebFetchInput {
 
     /// The user approves every fetch first.
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        ToolStep::Query(QueryRequest {
-            query: Box::new(interaction_query::Query::WebFetchRequestQuery(
-                pb::WebFetchRequestQuery {
-                    args: Some(web_fetch_args(self, call_id)),
-                    skip_approval: false,
-                },
-            )),
-        })
+        ToolStep::query(interaction_query::Query::WebFetchRequestQuery(
+            pb::WebFetchRequestQuery {
+                args: Some(web_fetch_args(self, call_id)),
+                skip_approval: false,
+            },
+        ))
     }
 
     /// An approval is never itself a result: it leads to the client's fetch.
@@ -154,13 +152,11 @@ impl Tool for WebSearchInput {
 
     /// The user approves every search first.
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
-        ToolStep::Query(QueryRequest {
-            query: Box::new(interaction_query::Query::WebSearchRequestQuery(
-                pb::WebSearchRequestQuery {
-                    args: Some(web_search_args(self, call_id)),
-                },
-            )),
-        })
+        ToolStep::query(interaction_query::Query::WebSearchRequestQuery(
+            pb::WebSearchRequestQuery {
+                args: Some(web_search_args(self, call_id)),
+            },
+        ))
     }
 
     /// An approval is never itself a result: it leads to the server's search.
@@ -216,12 +212,10 @@ fn web_fetch_args(fetch: &WebFetchInput, call_id: &str) -> pb::WebFetchArgs {
 
 /// The fetch a WebFetch call runs once the user approved it.
 fn fetch_request(url: &str, call_id: &str) -> ExecRequest {
-    ExecRequest {
-        message: Box::new(exec_server_message::Message::FetchArgs(pb::FetchArgs {
-            url: url.to_owned(),
-            tool_call_id: call_id.to_owned(),
-        })),
-    }
+    ExecRequest::new(exec_server_message::Message::FetchArgs(pb::FetchArgs {
+        url: url.to_owned(),
+        tool_call_id: call_id.to_owned(),
+    }))
 }
 
 /// A fetched page as the model reads it: HTML becomes Markdown (scripts, styles and navigation
