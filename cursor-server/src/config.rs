@@ -23,6 +23,7 @@ pub const DEFAULT_TOOL_OUTPUT_MAX_BYTES: usize = 30_000;
 pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
 pub const DEFAULT_WEB_SEARCH_RESULTS: u32 = 5;
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 10_000;
+pub const DEFAULT_INTERRUPT_WAIT_MS: u64 = 5_000;
 /// Cursor's official backend, where routes this server does not implement are forwarded.
 pub const DEFAULT_UPSTREAM_URL: &str = "https://api2.cursor.sh";
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT_SECS: u64 = 600;
@@ -204,6 +205,9 @@ pub struct Config {
     /// A run whose RunSSE dropped waits this long for the client to reconnect (same request id)
     /// before it is canceled; zero cancels at once.
     pub reconnect_grace: Duration,
+    /// How long a new run on a conversation waits for the run it interrupts to end before it goes
+    /// on anyway (the store refuses the old run's appends from then on).
+    pub interrupt_wait: Duration,
     /// A run waiting on a client tool that hears nothing from the client (not even a heartbeat)
     /// for this long is canceled (questions to the user are not timed).
     pub client_idle_timeout: Duration,
@@ -321,6 +325,7 @@ struct FileConfig {
     compact_at_percent: Option<u8>,
     web_search: Option<FileWebSearch>,
     reconnect_grace_ms: Option<u64>,
+    interrupt_wait_ms: Option<u64>,
     pass_through: Option<bool>,
     upstream_url: Option<String>,
     upstream_proxy: Option<String>,
@@ -430,6 +435,11 @@ impl FileConfig {
             web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
             upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)?,
             reconnect_grace: millis(self.reconnect_grace_ms, DEFAULT_RECONNECT_GRACE_MS),
+            interrupt_wait: Duration::from_millis(nonzero(
+                self.interrupt_wait_ms,
+                DEFAULT_INTERRUPT_WAIT_MS,
+                "interrupt_wait_ms",
+            )?),
             client_idle_timeout: positive_secs(
                 self.client_idle_timeout_secs,
                 DEFAULT_CLIENT_IDLE_TIMEOUT_SECS,

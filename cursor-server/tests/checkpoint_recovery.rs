@@ -177,10 +177,15 @@ async fn no_checkpoint_is_published_until_every_blob_it_references_is_acknowledg
     let checkpoints = session.transcript.checkpoints();
     assert_eq!(
         checkpoints.len(),
-        3,
-        "only the newest states are published (transitional, final), then the final is repeated"
+        4,
+        "the oldest waiting state (the tool's) and the newest (transitional, final) are published in order, then the final is repeated"
     );
-    let state = checkpoints[0];
+    assert_eq!(
+        checkpoints[0].root_prompt_messages_json.len(),
+        5,
+        "the tool's checkpoint comes first: system, context, user, tool-call, tool-result"
+    );
+    let state = checkpoints[1];
     assert!(state.pending_tool_calls.is_empty());
     for id in state.root_prompt_messages_json.iter().chain(&state.turns) {
         assert!(
@@ -906,4 +911,66 @@ async fn a_user_message_sent_as_a_blob_is_fetched_and_hash_checked_before_the_mo
     let message = missing.transcript.error_message().unwrap();
     assert!(message.contains("text blob"), "{message}");
     assert_eq!(provider.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn runs_a_killed_process_left_running_are_ended_with_a_reason_when_the_server_starts() {
+    let provider = FakeProvider::start().await;
+    // The answer never finishes while the process lives: one part, then a long silence.
+    let mut events = text_events(&["started "], (5, 2, 0));
+    events.truncate(2);
+    provider.push(Reply::Hang { events });
+    provider.push(Reply::sse(text_events(&["fresh"], (5, 1, 0))));
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-killed",
+        &fixtures::run_request("conv-killed", "count"),
+    )
+    .await;
+    // The run is recorded and streaming when the process dies.
+    loop {
+        let message = session.next().await.expect("the stream goes on");
+        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
+            && matches!(
+                update.message,
+                Some(pb::interaction_update::Message::TextDelta(_))
+            )
+        {
+            break;
+        }
+    }
+    process.kill().await.expect("SIGKILL");
+    drop(session);
+
+    let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
+    let store = Store::open(&format!(
+        "sqlite://{}",
+        server.db_dir.path().join("test.db").display()
+    ))
+    .await
+    .expect("store");
+    let record = cursor_server::store::runs::get(&store, "req-killed")
+        .await
+        .expect("query")
+        .expect("the killed run is recorded");
+    assert_eq!(record.outcome.status.as_str(), "failed");
+    let (code, message) = record.outcome.error.expect("a reason");
+    assert_eq!(code, "aborted");
+    assert!(message.contains("server stopped"), "{message}");
+
+    // The conversation goes on on the new process.
+    let cursor = FakeCursor::new(server.addr);
+    let next = Session::start(
+        &cursor,
+        "req-after-kill",
+        &fixtures::run_request("conv-killed", "again"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    assert_eq!(next.text(), "fresh");
 }

@@ -58,11 +58,55 @@ async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
 
     let transcript = sse_turn(&cursor, "req-text-1", "conv-text", "say hello").await;
 
+    // One model step around the answer; the sidebar's summary before turn_ended (protocol.md §6).
     assert_eq!(
         transcript.kinds(),
-        ["text_delta", "text_delta", "text_delta", "turn_ended"]
+        [
+            "step_started",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "step_completed",
+            "summary_started",
+            "summary",
+            "summary_completed",
+            "turn_ended"
+        ]
     );
     assert_eq!(transcript.text(), "Hello world");
+    let (mut started, mut completed, mut summary) = (None, None, None);
+    for update in transcript.updates() {
+        match update {
+            interaction_update::Message::StepStarted(s) => started = Some(s.step_id),
+            interaction_update::Message::StepCompleted(c) => completed = Some(c.step_id),
+            interaction_update::Message::Summary(s) => summary = Some(s.summary.clone()),
+            _ => {}
+        }
+    }
+    assert_eq!(started, Some(1));
+    assert_eq!(
+        completed, started,
+        "the step that started is the one that completed"
+    );
+    assert_eq!(summary.as_deref(), Some("Hello world"));
+    // Every streamed text delta is followed by the UI's token-count hint (the CLI's counter).
+    let all = transcript.all_kinds();
+    let hints: Vec<usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == "token_delta")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(hints.len(), 3, "{all:?}");
+    assert!(hints.iter().all(|i| all[i - 1] == "text_delta"), "{all:?}");
+    let tokens: i32 = transcript
+        .updates()
+        .filter_map(|u| match u {
+            interaction_update::Message::TokenDelta(t) => Some(t.tokens),
+            _ => None,
+        })
+        .sum();
+    assert!(tokens >= 3, "at least one token per delta: {tokens}");
     let usage = turn_ended(&transcript).expect("turn_ended");
     assert_eq!(usage.input_tokens, Some(120));
     assert_eq!(usage.output_tokens, Some(7));
@@ -124,10 +168,15 @@ async fn thinking_streams_first_then_completes_before_text() {
     assert_eq!(
         transcript.kinds(),
         [
+            "step_started",
             "thinking_delta",
             "thinking_delta",
             "thinking_completed",
             "text_delta",
+            "step_completed",
+            "summary_started",
+            "summary",
+            "summary_completed",
             "turn_ended"
         ]
     );
@@ -274,10 +323,15 @@ async fn the_http2_run_transport_streams_the_same_turn_and_ends_the_stream_itsel
     assert_eq!(
         transcript.kinds(),
         [
+            "step_started",
             "thinking_delta",
             "thinking_completed",
             "text_delta",
             "text_delta",
+            "step_completed",
+            "summary_started",
+            "summary",
+            "summary_completed",
             "turn_ended"
         ]
     );
@@ -341,7 +395,18 @@ async fn run_sse_may_arrive_after_the_first_bidi_append() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let transcript = read_transcript(cursor.open_run_sse("req-late-sse").await).await;
 
-    assert_eq!(transcript.kinds(), ["text_delta", "turn_ended"]);
+    assert_eq!(
+        transcript.kinds(),
+        [
+            "step_started",
+            "text_delta",
+            "step_completed",
+            "summary_started",
+            "summary",
+            "summary_completed",
+            "turn_ended"
+        ]
+    );
     assert!(transcript.is_success());
 }
 

@@ -62,13 +62,23 @@ pub fn decode(payload: &[u8]) -> Result<Append, BidiAppendError> {
     })
 }
 
+/// What the run gets for a client message that decoded: its translation, or — when the message
+/// is one the run cannot use — `ClientInput::Invalid`, so that it still takes its place in the
+/// run's ordered inbox (a BidiAppend answered 400 would leave a gap every later append waits
+/// behind). Both transports use it; only wire and hex errors are refused at the door.
+pub fn input(message: AgentClientMessage) -> ClientInput {
+    translate(message).unwrap_or_else(ClientInput::Invalid)
+}
+
 /// Translates a client message into the loop's terms. Nothing is dropped silently: messages the
-/// server does not handle become `ClientInput::Unsupported` with their name.
+/// server does not handle become `ClientInput::Unsupported` with their name, a message whose
+/// variant this schema does not know (a newer client's) becomes `ClientInput::Unknown`.
 pub fn translate(message: AgentClientMessage) -> Result<ClientInput, ProtocolError> {
     use agent_client_message::Message;
     let Some(message) = message.message else {
-        return Err(ProtocolError::Uplink(
-            "AgentClientMessage with no message set".to_owned(),
+        return Ok(ClientInput::Unknown(
+            "an AgentClientMessage with no message this schema knows (a newer client's variant?)"
+                .to_owned(),
         ));
     };
     match message {

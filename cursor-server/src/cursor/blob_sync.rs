@@ -2,7 +2,7 @@
 //! tracking, hash-checked reads, and the checkpoint barrier (a checkpoint is published only once
 //! every blob it references is acknowledged).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::checkpoint::Blob;
 use super::proto::agent::{
@@ -178,46 +178,57 @@ impl KvSync {
     }
 }
 
-/// Holds the newest checkpoint until every blob it references is acknowledged. A newer checkpoint
-/// replaces a waiting older one: publishing the older would only be overwritten.
+/// Holds checkpoints until every blob they reference is acknowledged, and hands them out in the
+/// order they were built. At most two wait: the oldest — a checkpoint taken while a batch still
+/// had calls pending, which Cursor expects to see before the batch's last — and the newest, which
+/// replaces any in between (publishing those would only be overwritten).
 #[derive(Debug)]
 pub struct CheckpointGate<C> {
-    waiting: Option<(C, Vec<BlobId>)>,
+    waiting: VecDeque<(C, Vec<BlobId>)>,
 }
 
 impl<C> Default for CheckpointGate<C> {
     fn default() -> Self {
-        CheckpointGate { waiting: None }
+        CheckpointGate {
+            waiting: VecDeque::new(),
+        }
     }
 }
 
 impl<C> CheckpointGate<C> {
-    /// Queues `checkpoint`, which needs `blobs`; returns it at once if they are all acknowledged.
-    pub fn offer(&mut self, checkpoint: C, blobs: Vec<BlobId>, kv: &KvSync) -> Option<C> {
+    /// Queues `checkpoint`, which needs `blobs`; returns what is ready now, oldest first.
+    pub fn offer(&mut self, checkpoint: C, blobs: Vec<BlobId>, kv: &KvSync) -> Vec<C> {
         self.queue(checkpoint, blobs);
         self.ready(kv)
     }
 
-    /// Queues `checkpoint` (replacing an older waiting one) without checking whether it is ready.
+    /// Queues `checkpoint` (replacing a waiting newer-than-oldest one) without checking whether it
+    /// is ready.
     pub fn queue(&mut self, checkpoint: C, blobs: Vec<BlobId>) {
-        self.waiting = Some((checkpoint, blobs));
+        if self.waiting.len() >= 2 {
+            self.waiting.pop_back();
+        }
+        self.waiting.push_back((checkpoint, blobs));
     }
 
-    /// The waiting checkpoint, if its blobs are now all acknowledged.
-    pub fn ready(&mut self, kv: &KvSync) -> Option<C> {
-        let all_acked = self
+    /// The waiting checkpoints whose blobs are now all acknowledged, oldest first (a checkpoint
+    /// never overtakes an older one).
+    pub fn ready(&mut self, kv: &KvSync) -> Vec<C> {
+        let mut ready = Vec::new();
+        while self
             .waiting
-            .as_ref()
-            .is_some_and(|(_, blobs)| blobs.iter().all(|b| kv.is_acked(b)));
-        if all_acked {
-            self.waiting.take().map(|(c, _)| c)
-        } else {
-            None
+            .front()
+            .is_some_and(|(_, blobs)| blobs.iter().all(|b| kv.is_acked(b)))
+        {
+            if let Some((checkpoint, _)) = self.waiting.pop_front() {
+                ready.push(checkpoint);
+            }
         }
+        ready
     }
 
     pub fn is_waiting(&self) -> bool {
-        self.waiting.is_some()
+        !self.waiting.is_empty()
     }
 }
 
@@ -248,11 +259,11 @@ mod tests {
         assert!(kv.store(&a).is_none(), "not twice while in flight");
 
         let mut gate = CheckpointGate::default();
-        assert_eq!(gate.offer("cp1", vec![a.id, b.id], &kv), None);
+        assert!(gate.offer("cp1", vec![a.id, b.id], &kv).is_empty());
         assert_eq!(kv.on_result(0, ack()), Ok(KvOutcome::Stored(a.id)));
-        assert_eq!(gate.ready(&kv), None, "b is still missing");
+        assert!(gate.ready(&kv).is_empty(), "b is still missing");
         assert_eq!(kv.on_result(1, ack()), Ok(KvOutcome::Stored(b.id)));
-        assert_eq!(gate.ready(&kv), Some("cp1"));
+        assert_eq!(gate.ready(&kv), vec!["cp1"]);
         assert!(
             kv.store(&a).is_none(),
             "acknowledged blobs are not sent again"

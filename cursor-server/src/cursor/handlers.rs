@@ -135,21 +135,22 @@ async fn bidi_append_route(
         .map_err(bidi_append::BidiAppendError::from)
         .and_then(|payload| bidi_append::decode(&payload))
         .map_err(invalid("BidiAppend"))?;
-    let mut input = bidi_append::translate(append.message).map_err(invalid("BidiAppend"))?;
+    // From here on the append takes its seqno: a message the run cannot use is the run's to
+    // answer (ignore or end with invalid_argument), never a 400 that leaves a gap.
+    let mut input = bidi_append::input(append.message);
     bidi_append::link_parent(
         &mut input,
         header_str(&headers, "x-parent-request-id"),
         header_str(&headers, "x-parent-agent-tool-call-id"),
     );
     let handle = actor::get_or_start(&state, &append.request_id).map_err(registry_error)?;
-    if handle.ended().is_cancelled() {
-        return Err(registry_error(RegistryError::Finished(append.request_id)));
-    }
     let command = RunCommand::Appended {
         seqno: append.seqno,
         input,
     };
-    if handle.send(command).await.is_err() {
+    // Queued under the run's input gate: once the run has decided to end, this is refused
+    // (`not_found`), never answered 200 and then dropped.
+    if handle.send_input(command).await.is_err() {
         return Err(registry_error(RegistryError::Finished(append.request_id)));
     }
     Ok(connect::unary_ok(&BidiAppendResponse {}))
@@ -305,8 +306,8 @@ async fn drain_frames(
         let payload = connect::payload_of(&frame, encoding, max_frame_bytes)?;
         let message: AgentClientMessage =
             connect::decode_message(&payload, "agent.v1.AgentClientMessage")?;
-        let input = bidi_append::translate(message)?;
-        if handle.send(RunCommand::Ordered(input)).await.is_err() {
+        let input = bidi_append::input(message);
+        if handle.send_input(RunCommand::Ordered(input)).await.is_err() {
             return Err(UplinkError::RunEnded);
         }
     }

@@ -1,11 +1,14 @@
 //! Downlink projection: domain events of a run → `AgentServerMessage` interaction updates.
 
+use std::time::Duration;
+
 use super::proto::agent::{
     AgentServerMessage, EditToolCallDelta, HeartbeatUpdate, InteractionUpdate,
-    PartialToolCallUpdate, TextDeltaUpdate, ThinkingCompletedUpdate, ThinkingDeltaUpdate,
-    ThinkingStyle, ToolCall, ToolCallCompletedUpdate, ToolCallDelta, ToolCallDeltaUpdate,
-    ToolCallStartedUpdate, TurnEndedUpdate, agent_server_message, interaction_update,
-    tool_call_delta,
+    PartialToolCallUpdate, StepCompletedUpdate, StepStartedUpdate, SummaryCompletedUpdate,
+    SummaryStartedUpdate, SummaryUpdate, TextDeltaUpdate, ThinkingCompletedUpdate,
+    ThinkingDeltaUpdate, ThinkingStyle, TokenDeltaUpdate, ToolCall, ToolCallCompletedUpdate,
+    ToolCallDelta, ToolCallDeltaUpdate, ToolCallStartedUpdate, TurnEndedUpdate,
+    agent_server_message, interaction_update, tool_call_delta,
 };
 use crate::model::usage::Usage;
 
@@ -53,6 +56,49 @@ pub fn turn_ended(usage: &Usage) -> AgentServerMessage {
         cache_read_tokens: field(usage.cache_read_tokens),
         cache_write_tokens: field(usage.cache_write_tokens),
     }))
+}
+
+/// A model step (one provider call) began answering.
+pub fn step_started(step_id: u64) -> AgentServerMessage {
+    update(interaction_update::Message::StepStarted(
+        StepStartedUpdate { step_id },
+    ))
+}
+
+/// A model step finished (its answer is complete), `elapsed` after it began.
+pub fn step_completed(step_id: u64, elapsed: Duration) -> AgentServerMessage {
+    update(interaction_update::Message::StepCompleted(
+        StepCompletedUpdate {
+            step_id,
+            step_duration_ms: i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX),
+        },
+    ))
+}
+
+/// The UI's running output-token count for streamed `text`: an estimate (about four characters
+/// a token, at least one), since providers report real usage only at the end — which is what
+/// `turn_ended` and the run's record carry.
+pub fn token_delta(text: &str) -> AgentServerMessage {
+    let tokens = text.chars().count().div_ceil(4).max(1);
+    update(interaction_update::Message::TokenDelta(TokenDeltaUpdate {
+        tokens: i32::try_from(tokens).unwrap_or(i32::MAX),
+    }))
+}
+
+/// The sidebar's summary of the turn, in its three updates (without them Cursor shows "No
+/// summary available").
+pub fn summary(text: String) -> [AgentServerMessage; 3] {
+    [
+        update(interaction_update::Message::SummaryStarted(
+            SummaryStartedUpdate {},
+        )),
+        update(interaction_update::Message::Summary(SummaryUpdate {
+            summary: text,
+        })),
+        update(interaction_update::Message::SummaryCompleted(
+            SummaryCompletedUpdate { hook_message: None },
+        )),
+    ]
 }
 
 pub fn heartbeat() -> AgentServerMessage {

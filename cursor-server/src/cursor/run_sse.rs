@@ -1,43 +1,53 @@
 //! The downlink: a run's outgoing `AgentServerMessage` frames (`Downlink`: backlog until a client
-//! attaches, replay after a reconnect), the response body they travel in — shared by the RunSSE
+//! attaches, a resync after a reconnect), the response body they travel in — shared by the RunSSE
 //! route (the IDE's HTTP/1.1 mode) and the HTTP/2 `Run` route — and the stream-shaped error
 //! response. The routes themselves are in `handlers.rs`; nothing here knows about runs, so `run/`
 //! can hand its frames to these types without an import cycle.
+//!
+//! **What a reconnecting RunSSE gets.** Bytes the kernel accepted for a dropped connection may
+//! never have reached the client, so "what was handed to the old body" says nothing about what
+//! the client saw. A RunSSE that reattaches therefore gets a resync, not a diff: the last
+//! checkpoint published before the turn ended (the committed state: the UI can be rebuilt from
+//! it), then every frame sent since that checkpoint — text, thinking, cards, in order — and every
+//! request the client has not answered yet (exec requests, interaction queries, `set_blob` /
+//! `get_blob` under their original ids, even those sent before that checkpoint), then the live
+//! frames. From `turn_ended` on, nothing is dropped from the replay: `turn_ended`, the final
+//! checkpoints and the end of stream all reach the new connection. Requests the client already
+//! answered are not sent again (a tool never runs twice because of a reconnect); a request the
+//! client received but had not answered yet is, and whichever copy the client answers first is
+//! the one taken — later answers for the same id are ignored as late.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use prost::Message;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use super::connect::{self, ConnectError};
+use super::proto::agent::{AgentServerMessage, agent_server_message, interaction_update};
 
 /// Frames buffered between a run's actor and a slow client before the actor waits.
 pub const DOWNLINK_BUFFER: usize = 256;
 
-/// The run's end of one response body: frames go in through `frames`; if the client goes away,
-/// the frames it never read come back on `returned` (so a reconnecting client loses none).
+/// The run's end of one response body: frames go in through `frames`.
 #[derive(Debug)]
 pub struct DownlinkSink {
     pub frames: mpsc::Sender<Bytes>,
-    pub returned: oneshot::Receiver<Vec<Bytes>>,
     /// Whether a client can come back for the rest (RunSSE: a new RunSSE with the same request
     /// id). An HTTP/2 `Run` stream cannot be reopened: when it goes, the run is over.
     pub resumable: bool,
 }
 
-/// The response body's end: streams the frames and, when dropped before the end, hands back what
-/// was still queued.
+/// The response body's end: streams the frames.
 pub struct DownlinkBody {
     frames: ReceiverStream<Bytes>,
-    returned: Option<oneshot::Sender<Vec<Bytes>>>,
 }
 
 impl futures_util::Stream for DownlinkBody {
@@ -51,34 +61,16 @@ impl futures_util::Stream for DownlinkBody {
     }
 }
 
-impl Drop for DownlinkBody {
-    fn drop(&mut self) {
-        let Some(returned) = self.returned.take() else {
-            return;
-        };
-        let receiver = self.frames.as_mut();
-        receiver.close();
-        let mut unread = Vec::new();
-        while let Ok(frame) = receiver.try_recv() {
-            unread.push(frame);
-        }
-        let _ = returned.send(unread);
-    }
-}
-
 /// A connected sink/body pair.
 pub fn downlink_channel(resumable: bool) -> (DownlinkSink, DownlinkBody) {
     let (tx, rx) = mpsc::channel(DOWNLINK_BUFFER);
-    let (returned_tx, returned_rx) = oneshot::channel();
     (
         DownlinkSink {
             frames: tx,
-            returned: returned_rx,
             resumable,
         },
         DownlinkBody {
             frames: ReceiverStream::new(rx),
-            returned: Some(returned_tx),
         },
     )
 }
@@ -99,40 +91,134 @@ pub fn stream_response(body: DownlinkBody) -> Response {
 #[derive(Debug)]
 pub struct StreamError(pub ConnectError);
 
-/// The run's outgoing frames. Frames produced while no RunSSE is attached (before the first one,
-/// or after a client dropped and until it reconnects) are kept and replayed to the next one in
-/// order — including those the dropped body had queued but never delivered; after `end` nothing
-/// more is sent.
-#[derive(Debug)]
-pub struct Downlink {
-    sink: Option<DownlinkSink>,
-    backlog: Vec<Bytes>,
-    ended: bool,
-    /// A RunSSE was attached once (so a missing one means the client went away).
-    ever_attached: bool,
-    /// Whether the client that went away can come back for the rest (RunSSE, not HTTP/2 `Run`).
-    resumable: bool,
-    /// When the last frame went out (for heartbeats while nothing else does).
-    last_sent: Instant,
+/// A request the server sent and the client answers under its id: exec requests and interaction
+/// queries share one id sequence, KV requests have their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Awaited {
+    Exec(u32),
+    Kv(u32),
 }
 
-/// How long a dropped body gets to hand back its unread frames.
-const RETURN_WAIT: Duration = Duration::from_secs(1);
+/// How a frame takes part in a resync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// UI frames (text, thinking, cards, aborts, the end): replayed if sent since the checkpoint.
+    Frame,
+    /// A request: replayed until the client answers it.
+    Request(Awaited),
+    /// A checkpoint: the base of the next resync (until the turn ends).
+    Checkpoint,
+    /// `turn_ended`: from here on every frame is replayed.
+    TurnEnded,
+    /// Liveness only: never replayed.
+    Heartbeat,
+}
 
-impl Default for Downlink {
-    fn default() -> Self {
-        Downlink {
-            sink: None,
-            backlog: Vec::new(),
-            ended: false,
-            ever_attached: false,
-            resumable: true,
-            last_sent: Instant::now(),
+impl Replay {
+    fn of(message: &AgentServerMessage) -> Replay {
+        use agent_server_message::Message as M;
+        match &message.message {
+            Some(M::ExecServerMessage(exec)) => Replay::Request(Awaited::Exec(exec.id)),
+            Some(M::InteractionQuery(query)) => Replay::Request(Awaited::Exec(query.id)),
+            Some(M::KvServerMessage(kv)) => Replay::Request(Awaited::Kv(kv.id)),
+            Some(M::ConversationCheckpointUpdate(_)) => Replay::Checkpoint,
+            Some(M::InteractionUpdate(update)) => match &update.message {
+                Some(interaction_update::Message::Heartbeat(_)) => Replay::Heartbeat,
+                Some(interaction_update::Message::TurnEnded(_)) => Replay::TurnEnded,
+                _ => Replay::Frame,
+            },
+            _ => Replay::Frame,
         }
     }
 }
 
+/// What a reconnecting client is sent (see the module comment). Work per frame is O(1)
+/// amortized: a checkpoint drops what it covers.
+#[derive(Debug, Default)]
+struct Journal {
+    checkpoint: Option<Bytes>,
+    frames: Vec<(Replay, Bytes)>,
+    /// Requests the client answered (their frames are not replayed).
+    answered: HashSet<Awaited>,
+    /// `turn_ended` went out: checkpoints no longer shorten the replay.
+    closing: bool,
+}
+
+impl Journal {
+    fn record(&mut self, replay: Replay, frame: &Bytes) {
+        match replay {
+            Replay::Heartbeat => {}
+            Replay::Checkpoint if !self.closing => {
+                self.checkpoint = Some(frame.clone());
+                // Unanswered requests outlive the checkpoint: the client still owes their answers.
+                let answered = std::mem::take(&mut self.answered);
+                self.frames.retain(|(replay, _)| {
+                    matches!(replay, Replay::Request(awaited) if !answered.contains(awaited))
+                });
+            }
+            Replay::TurnEnded => {
+                self.closing = true;
+                self.frames.push((replay, frame.clone()));
+            }
+            _ => self.frames.push((replay, frame.clone())),
+        }
+    }
+
+    fn replay(&self) -> Vec<Bytes> {
+        self.checkpoint
+            .iter()
+            .cloned()
+            .chain(
+                self.frames
+                    .iter()
+                    .filter(|(replay, _)| match replay {
+                        Replay::Request(awaited) => !self.answered.contains(awaited),
+                        _ => true,
+                    })
+                    .map(|(_, frame)| frame.clone()),
+            )
+            .collect()
+    }
+}
+
+/// The run's outgoing frames. Frames produced before the first RunSSE are kept and flushed to it
+/// in order; a RunSSE that reattaches after a drop gets a resync (see the module comment); after
+/// `end` nothing more is sent.
+#[derive(Debug)]
+pub struct Downlink {
+    sink: Option<DownlinkSink>,
+    /// Frames produced before any client attached.
+    backlog: Vec<Bytes>,
+    journal: Journal,
+    ended: bool,
+    /// A RunSSE was attached once (so a missing one means the client went away).
+    ever_attached: bool,
+    /// The attached client went away (or was dropped) and none has come back yet.
+    lost: bool,
+    /// Whether the client that went away can come back for the rest (RunSSE, not HTTP/2 `Run`).
+    resumable: bool,
+    /// When the last frame went out (for heartbeats while nothing else does).
+    last_sent: Instant,
+    /// The run must stop: a send to a client that does not read gives way at once.
+    stop: CancellationToken,
+}
+
 impl Downlink {
+    /// A downlink whose sends give way when `stop` fires.
+    pub fn new(stop: CancellationToken) -> Self {
+        Downlink {
+            sink: None,
+            backlog: Vec::new(),
+            journal: Journal::default(),
+            ended: false,
+            ever_attached: false,
+            lost: false,
+            resumable: true,
+            last_sent: Instant::now(),
+            stop,
+        }
+    }
+
     /// A RunSSE was attached once (so a missing one means the client went away).
     pub fn ever_attached(&self) -> bool {
         self.ever_attached
@@ -152,73 +238,85 @@ impl Downlink {
         self.sink.is_some()
     }
 
-    /// Attaches a RunSSE body and flushes the backlog into it.
+    /// Attaches a response body: the first one gets every frame so far, a reconnecting one the
+    /// resync.
     pub async fn attach(&mut self, sink: DownlinkSink) {
-        let backlog = std::mem::take(&mut self.backlog);
+        let frames = if self.ever_attached {
+            let frames = self.journal.replay();
+            tracing::info!(frames = frames.len(), "a client reattached; resyncing it");
+            frames
+        } else {
+            std::mem::take(&mut self.backlog)
+        };
         self.resumable = sink.resumable;
         self.sink = Some(sink);
         self.ever_attached = true;
-        for frame in backlog {
+        self.lost = false;
+        for frame in frames {
             self.send_frame(frame).await;
         }
-        if self.ended && self.backlog.is_empty() {
+        if self.ended {
             self.sink = None;
         }
     }
 
-    pub async fn send_message<M: Message>(&mut self, message: &M) {
-        self.send(connect::encode_message(message)).await;
+    /// The client answered `request` (its frame is not replayed after a reconnect).
+    pub fn answered(&mut self, request: Awaited) {
+        self.journal.answered.insert(request);
     }
 
-    async fn send(&mut self, frame: Bytes) {
+    pub async fn send_message(&mut self, message: &AgentServerMessage) {
+        let frame = connect::encode_message(message);
+        self.send(Replay::of(message), frame).await;
+    }
+
+    async fn send(&mut self, replay: Replay, frame: Bytes) {
         if self.ended {
             tracing::error!("frame after end-of-stream dropped");
+            return;
+        }
+        self.journal.record(replay, &frame);
+        if !self.ever_attached {
+            if replay != Replay::Heartbeat {
+                self.backlog.push(frame);
+            }
             return;
         }
         self.send_frame(frame).await;
     }
 
+    /// Hands `frame` to the attached client; a client that went away is detached (the journal
+    /// keeps what it needs). Once the run must stop, a client that is not reading is dropped
+    /// instead of waited for.
     async fn send_frame(&mut self, frame: Bytes) {
         let Some(sink) = &self.sink else {
-            self.backlog.push(frame);
             return;
         };
-        match sink.frames.send(frame).await {
-            Ok(()) => self.last_sent = Instant::now(),
-            Err(mpsc::error::SendError(frame)) => {
-                self.detach().await;
-                self.backlog.push(frame);
-            }
+        let permit = tokio::select! {
+            biased;
+            permit = sink.frames.reserve() => permit.ok(),
+            _ = self.stop.cancelled() => sink.frames.try_reserve().ok(),
+        };
+        let sent = permit.map(|permit| permit.send(frame)).is_some();
+        if sent {
+            self.last_sent = Instant::now();
+        } else {
+            self.detach();
         }
     }
 
-    /// The attached client went away: what its body never delivered goes back to the backlog.
-    pub async fn detach(&mut self) {
-        let Some(sink) = self.sink.take() else {
-            return;
-        };
-        let unread = tokio::time::timeout(RETURN_WAIT, sink.returned)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
-        if !unread.is_empty() {
-            tracing::debug!(
-                frames = unread.len(),
-                "kept frames a dropped client never read"
-            );
+    /// The attached client went away (or is dropped because it stopped reading).
+    pub fn detach(&mut self) {
+        if self.sink.take().is_some() {
+            self.lost = true;
         }
-        let later = std::mem::replace(&mut self.backlog, unread);
-        self.backlog.extend(later);
     }
 
     /// Sends the end-of-stream frame and closes the downlink.
     pub async fn end(&mut self, end_frame: Bytes) {
-        self.send(end_frame).await;
+        self.send(Replay::Frame, end_frame).await;
         self.ended = true;
-        if self.backlog.is_empty() {
-            self.sink = None;
-        }
+        self.sink = None;
     }
 
     /// Resolves when an attached client has gone away (RunSSE closed, HTTP/2 stream reset).
@@ -229,9 +327,10 @@ impl Downlink {
         }
     }
 
-    /// Whether frames are still waiting for a RunSSE that never came.
-    pub fn has_undelivered(&self) -> bool {
-        !self.backlog.is_empty()
+    /// Whether the client has not seen everything yet and can still come for it: frames wait for a
+    /// first RunSSE, or a RunSSE dropped and may reconnect.
+    pub fn awaits_client(&self) -> bool {
+        !self.backlog.is_empty() || (self.lost && self.resumable)
     }
 }
 

@@ -199,6 +199,12 @@ pub trait Tool: Sized {
     /// This tool's typed error result.
     fn error(args: Option<&Self>, call_id: &str, message: &str) -> Self::Result;
 
+    /// This tool's result when the run stops while it runs (the user's stop, a new message): the
+    /// tool's own "aborted" result where it has one, else its error result.
+    fn aborted(args: Option<&Self>, call_id: &str, _stage: &Stage, message: &str) -> Self::Result {
+        Self::error(args, call_id, message)
+    }
+
     /// The call's first step: an exec, a question to the user, or (local tools) its outcome.
     fn start(&self, call_id: &str, env: &ToolEnv) -> ToolStep;
 
@@ -290,6 +296,20 @@ pub fn failed<T: Tool>(args: &T, call_id: &str, message: &str) -> ToolOutcome {
             Some(args),
             call_id,
             Some(T::error(Some(args), call_id, message)),
+        )),
+        model_text: format!("Error: {message}"),
+        is_error: true,
+        meta: None,
+    }
+}
+
+/// A call the run stopped while it ran: its card with the tool's aborted result.
+pub fn aborted<T: Tool>(args: &T, call_id: &str, stage: &Stage, message: &str) -> ToolOutcome {
+    ToolOutcome {
+        card: Box::new(T::card(
+            Some(args),
+            call_id,
+            Some(T::aborted(Some(args), call_id, stage, message)),
         )),
         model_text: format!("Error: {message}"),
         is_error: true,

@@ -28,7 +28,7 @@ use self::web::{WebFetchInput, WebSearchInput};
 use super::exec::{ExecPayload, QueryPayload};
 use super::proto::agent as pb;
 use super::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, bare_card, failed,
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, aborted, argument_text, bare_card, failed,
 };
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
@@ -540,7 +540,8 @@ impl ToolRun {
 
     /// The client threw while executing: a failed result the model sees.
     pub fn on_throw(&mut self, error: &str) -> ToolOutcome {
-        self.abandon(&format!("the client failed to execute the tool: {error}"))
+        let message = format!("the client failed to execute the tool: {error}");
+        with_tool!(&self.input, tool => failed(tool, &self.call_id, &message))
     }
 
     /// `stream_close` before a terminal result: the exec ended without one.
@@ -551,7 +552,8 @@ impl ToolRun {
 
     /// The run is ending (error, cancel) while this call is still running.
     pub fn abandon(&self, reason: &str) -> ToolOutcome {
-        with_tool!(&self.input, tool => failed(tool, &self.call_id, reason))
+        let stage = &self.stage;
+        with_tool!(&self.input, tool => aborted(tool, &self.call_id, stage, reason))
     }
 }
 

@@ -6,22 +6,18 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::command::{ClientInput, RunCommand};
 use super::inbox::{Accepted, Inbox};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
-use super::registry::{Lookup, RegistryError, RunHandle};
+use super::registry::{Lookup, RegistryError, RunControl, RunHandle};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
-use crate::cursor::run_sse::Downlink;
+use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
 use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
-
-/// How long a new run waits for the run it interrupts to end.
-const SUPERSEDE_WAIT: Duration = Duration::from_secs(5);
 
 enum State {
     AwaitingRunRequest,
@@ -32,8 +28,9 @@ pub struct RunActor {
     app: Arc<AppState>,
     request_id: String,
     commands: mpsc::Receiver<RunCommand>,
-    /// Fired when the run ends: the routes refuse client input from then on.
-    ended: CancellationToken,
+    /// Its input gate (closed when the run ends) and its stop signal.
+    control: Arc<RunControl>,
+    /// Every client message of the run, in `append_seqno` order, for its whole life.
     inbox: Inbox<ClientInput>,
     downlink: Downlink,
     state: State,
@@ -56,12 +53,13 @@ fn start(
     request_id: &str,
     must_be_new: bool,
 ) -> Result<RunHandle, RegistryError> {
-    let (handle, commands) = match app.runs.lookup(request_id, must_be_new)? {
+    let stop = app.shutdown.child_token();
+    let (handle, commands) = match app.runs.lookup(request_id, must_be_new, stop)? {
         Lookup::Running(handle) => return Ok(handle),
         Lookup::New(handle, commands) => (handle, commands),
     };
-    let ended = handle.ended().clone();
-    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, ended);
+    let control = Arc::clone(handle.control());
+    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, control);
     let done = handle.done().clone();
     let app = Arc::clone(app);
     let request_id = request_id.to_owned();
@@ -89,15 +87,16 @@ impl RunActor {
         app: Arc<AppState>,
         request_id: String,
         commands: mpsc::Receiver<RunCommand>,
-        ended: CancellationToken,
+        control: Arc<RunControl>,
     ) -> Self {
+        let downlink = Downlink::new(control.stop().clone());
         RunActor {
             app,
             request_id,
             commands,
-            ended,
+            control,
             inbox: Inbox::default(),
-            downlink: Downlink::default(),
+            downlink,
             state: State::AwaitingRunRequest,
             recorded: false,
         }
@@ -115,7 +114,7 @@ impl RunActor {
         self.state = State::AwaitingRunRequest;
         // From here on the client's input is refused: a late result or ack gets `not_found`,
         // whether it beats the end-of-stream frame or not.
-        self.ended.cancel();
+        self.control.close_input();
         let outcome = self.announce_end(&end, provider_calls, usage).await;
         if self.recorded
             && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
@@ -144,14 +143,7 @@ impl RunActor {
                     if matches!(error, ServerError::Provider(_)) {
                         match turn.committed_checkpoint(&mut self.downlink).await {
                             Ok(()) => {
-                                settle_checkpoints(
-                                    turn,
-                                    &mut self.commands,
-                                    &mut self.downlink,
-                                    &self.app,
-                                    &self.request_id,
-                                )
-                                .await;
+                                self.settle_checkpoints().await;
                             }
                             Err(e) => {
                                 tracing::error!(request_id = %self.request_id, "checkpoint of committed state: {e}")
@@ -236,13 +228,17 @@ impl RunActor {
         if let Err(e) = turn.final_checkpoints(&mut self.downlink).await {
             tracing::error!(request_id, "building the final checkpoints: {e}");
         }
+        for update in crate::cursor::interaction::summary(turn.summary()) {
+            self.downlink.send_message(&update).await;
+        }
         lifecycle::announce_turn_ended(&mut self.downlink, usage).await;
         if let Err(e) = turn.release_checkpoints(&mut self.downlink).await {
             tracing::error!(request_id, "publishing the final checkpoints: {e}");
         }
-        let (commands, downlink, app) = (&mut self.commands, &mut self.downlink, &self.app);
-        if settle_checkpoints(turn, commands, downlink, app, request_id).await {
-            turn.republish_checkpoint(downlink).await;
+        if self.settle_checkpoints().await
+            && let State::Running(turn) = &mut self.state
+        {
+            turn.republish_checkpoint(&mut self.downlink).await;
         }
     }
 
@@ -269,10 +265,8 @@ impl RunActor {
             let heartbeat_due = self.downlink.last_sent() + heartbeat_every;
             let beating = !awaiting && self.downlink.is_attached();
             tokio::select! {
-                _ = self.app.shutdown.cancelled() => {
-                    return RunEnd::Canceled { reason: "the server is shutting down".to_owned() };
-                }
-                _ = self.downlink.closed() => self.downlink.detach().await,
+                _ = self.control.stop().cancelled() => return self.stopped(),
+                _ = self.downlink.closed() => self.downlink.detach(),
                 _ = sleep_until_some(reconnect_deadline) => {
                     return RunEnd::Canceled {
                         reason: format!(
@@ -387,7 +381,13 @@ impl RunActor {
                 )),
             },
             RunCommand::AttachDownlink(sink) => {
-                if self.downlink.is_attached() {
+                if !sink.resumable && self.downlink.ever_attached() {
+                    let error = ConnectError::new(
+                        ConnectCode::InvalidArgument,
+                        format!("request {} is already running", self.request_id),
+                    );
+                    let _ = sink.frames.try_send(connect::end_stream_error(&error));
+                } else if self.downlink.is_attached() {
                     let error = ConnectError::new(
                         ConnectCode::InvalidArgument,
                         format!(
@@ -404,9 +404,6 @@ impl RunActor {
             RunCommand::UplinkFailed(error) => Some(RunEnd::Failed(error.into())),
             RunCommand::ClientGone => Some(RunEnd::Canceled {
                 reason: "the client disconnected".to_owned(),
-            }),
-            RunCommand::Superseded { by } => Some(RunEnd::Canceled {
-                reason: format!("interrupted by a new run ({by}) on the same conversation"),
             }),
         }
     }
@@ -449,18 +446,21 @@ impl RunActor {
             }),
             ClientInput::Heartbeat | ClientInput::Prewarm => None,
             ClientInput::ExecResult { id, payload } => {
+                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec result"));
                 };
                 step_end(turn.on_exec_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::ExecControl { id, control } => {
+                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec control message"));
                 };
                 step_end(turn.on_exec_control(id, control, &mut self.downlink).await)
             }
             ClientInput::KvResult { id, payload } => {
+                self.downlink.answered(Awaited::Kv(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::Kv(format!(
                         "KV result for KV id {id}, which was never issued"
@@ -469,6 +469,7 @@ impl RunActor {
                 step_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::InteractionResponse { id, payload } => {
+                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("interaction response"));
                 };
@@ -478,11 +479,18 @@ impl RunActor {
                 )
             }
             ClientInput::Unsupported(what) => protocol(ProtocolError::Unsupported(what)),
+            ClientInput::Invalid(error) => protocol(error),
+            ClientInput::Unknown(what) => {
+                tracing::warn!(request_id = %self.request_id, "ignored {what}");
+                None
+            }
         }
     }
 
     /// Stops the run that still works on `conversation_id` (the user sent a new message while it
-    /// ran) and waits for it to end, so the two never write the same history at once.
+    /// ran) and waits for it to end, so the two never write the same history at once. The stop is
+    /// a signal, not a queued command: it reaches a run whatever it waits on. Should the old run
+    /// still not end in time, the store refuses its appends: this run owns the conversation.
     async fn take_over_conversation(&mut self, conversation_id: &str) {
         let Some((previous, handle)) = self
             .app
@@ -492,27 +500,40 @@ impl RunActor {
             return;
         };
         tracing::info!(request_id = %self.request_id, conversation_id, previous = %previous, "interrupting the conversation's running request");
-        let by = self.request_id.clone();
-        if handle.send(RunCommand::Superseded { by }).await.is_ok()
-            && tokio::time::timeout(SUPERSEDE_WAIT, handle.done().cancelled())
-                .await
-                .is_err()
+        handle.supersede(&self.request_id);
+        let wait = self.app.config.interrupt_wait;
+        if tokio::time::timeout(wait, handle.done().cancelled())
+            .await
+            .is_err()
         {
-            tracing::warn!(request_id = %self.request_id, previous = %previous, "the interrupted run did not end in time; going on");
+            tracing::warn!(request_id = %self.request_id, previous = %previous, "the interrupted run did not end in time; going on (the store refuses its appends)");
         }
     }
 
-    /// A run can end before its RunSSE arrives (a fast failure); keep its frames for a while so the
-    /// client still sees how it ended.
+    /// Why the run's stop signal fired.
+    fn stopped(&self) -> RunEnd {
+        let reason = match self.control.superseded_by() {
+            Some(by) => format!("interrupted by a new run ({by}) on the same conversation"),
+            None => "the server is shutting down".to_owned(),
+        };
+        RunEnd::Canceled { reason }
+    }
+
+    /// A run can end before its RunSSE arrives (a fast failure), or while its RunSSE is away: keep
+    /// its frames for a while so the client still sees how it ended. Never for a client that
+    /// cannot come back (HTTP/2 `Run`), and not once a newer run took the conversation.
     async fn deliver_backlog(&mut self) {
-        if !self.downlink.has_undelivered() {
+        if !self.downlink.awaits_client() || self.control.stop().is_cancelled() {
             return;
         }
-        let wait = self
-            .app
-            .config
-            .run_request_timeout
-            .min(Duration::from_secs(30));
+        let wait = if self.downlink.ever_attached() {
+            self.app.config.reconnect_grace
+        } else {
+            self.app
+                .config
+                .run_request_timeout
+                .min(Duration::from_secs(30))
+        };
         let deadline = Instant::now() + wait;
         loop {
             tokio::select! {
@@ -521,55 +542,85 @@ impl RunActor {
                         self.downlink.attach(sink).await;
                         return;
                     }
-                    Some(_) => {}
+                    Some(other) => {
+                        tracing::debug!(request_id = %self.request_id, "dropped after the run ended: {other:?}");
+                    }
                     None => return,
                 },
                 _ = tokio::time::sleep_until(deadline) => return,
-                _ = self.app.shutdown.cancelled() => return,
+                _ = self.control.stop().cancelled() => return,
             }
         }
     }
-}
 
-/// After the loop: keeps answering KV results until the built checkpoint is published (or the wait
-/// times out: the turn stays done, only the client's copy of the state is older). Returns whether
-/// it was published.
-async fn settle_checkpoints(
-    turn: &mut TurnLoop,
-    commands: &mut mpsc::Receiver<RunCommand>,
-    downlink: &mut Downlink,
-    app: &AppState,
-    request_id: &str,
-) -> bool {
-    let deadline = Instant::now() + app.config.checkpoint_ack_timeout;
-    let mut resend = tokio::time::interval(app.config.kv_retry_after);
-    resend.reset();
-    while !turn.checkpoints_settled() {
-        tokio::select! {
-            _ = resend.tick() => turn.resend_overdue_blobs(downlink).await,
-            command = commands.recv() => match command {
-                Some(RunCommand::Ordered(ClientInput::KvResult { id, payload }))
-                | Some(RunCommand::Appended { input: ClientInput::KvResult { id, payload }, .. }) => {
-                    // Appends after turn_ended are answers to our SETs; their order does not matter.
-                    if let Err(e) = turn.on_kv_result(id, payload, downlink).await {
-                        tracing::warn!(request_id, "KV result after turn_ended: {e}");
+    /// After the loop: keeps answering KV results until the built checkpoint is published (or the
+    /// wait times out: the turn stays done, only the client's copy of the state is older). Client
+    /// messages still go through the run's one ordered inbox (an ACK buffered behind a gap before
+    /// `turn_ended` is applied when the gap fills). Returns whether it was published.
+    async fn settle_checkpoints(&mut self) -> bool {
+        let deadline = Instant::now() + self.app.config.checkpoint_ack_timeout;
+        let mut resend = tokio::time::interval(self.app.config.kv_retry_after);
+        resend.reset();
+        loop {
+            let State::Running(turn) = &mut self.state else {
+                return false;
+            };
+            if turn.checkpoints_settled() {
+                return true;
+            }
+            tokio::select! {
+                _ = resend.tick() => turn.resend_overdue_blobs(&mut self.downlink).await,
+                command = self.commands.recv() => match command {
+                    Some(RunCommand::Ordered(input)) => self.after_turn_ended(input).await,
+                    Some(RunCommand::Appended { seqno, input }) => match self.inbox.push(seqno, input) {
+                        Ok(Accepted::Ready(inputs)) => {
+                            for input in inputs {
+                                self.after_turn_ended(input).await;
+                            }
+                        }
+                        Ok(Accepted::Buffered | Accepted::Duplicate) => {}
+                        Err(e) => {
+                            tracing::warn!(request_id = %self.request_id, seqno, "append after turn_ended: {e}");
+                            return false;
+                        }
+                    },
+                    Some(RunCommand::AttachDownlink(sink)) => self.downlink.attach(sink).await,
+                    Some(other) => tracing::debug!(request_id = %self.request_id, "ignored after turn_ended: {other:?}"),
+                    None => return false,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(request_id = %self.request_id, "the client did not store the final checkpoint's blobs in time");
+                    return false;
+                }
+                // A new run owns the conversation now, or the server stops: stop waiting.
+                _ = self.control.stop().cancelled() => return false,
+                _ = self.downlink.closed() => {
+                    self.downlink.detach();
+                    if !self.downlink.resumable() {
+                        return false;
                     }
                 }
-                Some(RunCommand::AttachDownlink(sink)) => downlink.attach(sink).await,
-                // A new run owns the conversation now: stop waiting, it must not be held up.
-                Some(RunCommand::Superseded { .. }) => return false,
-                Some(other) => tracing::debug!(request_id, "ignored after turn_ended: {other:?}"),
-                None => return false,
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(request_id, "the client did not store the final checkpoint's blobs in time");
-                return false;
             }
-            _ = app.shutdown.cancelled() => return false,
-            _ = downlink.closed() => return false,
         }
     }
-    true
+
+    /// A client message after `turn_ended`: the answers to our SETs count; the rest is logged.
+    async fn after_turn_ended(&mut self, input: ClientInput) {
+        let State::Running(turn) = &mut self.state else {
+            return;
+        };
+        match input {
+            ClientInput::KvResult { id, payload } => {
+                self.downlink.answered(Awaited::Kv(id));
+                if let Err(e) = turn.on_kv_result(id, payload, &mut self.downlink).await {
+                    tracing::warn!(request_id = %self.request_id, "KV result after turn_ended: {e}");
+                }
+            }
+            other => {
+                tracing::debug!(request_id = %self.request_id, "ignored after turn_ended: {other:?}")
+            }
+        }
+    }
 }
 
 /// Maps a loop step to the run's end, if it is one.

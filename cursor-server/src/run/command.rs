@@ -32,6 +32,11 @@ pub enum ClientInput {
     InteractionResponse { id: u32, payload: QueryPayload },
     /// A client message or action this server does not handle yet; ends the run with a clear error.
     Unsupported(String),
+    /// A message that decoded but breaks the protocol (an exec message without a result, a
+    /// run_request without a conversation): ends the run with `invalid_argument`.
+    Invalid(ProtocolError),
+    /// A message whose variant this schema does not know (a newer client's): logged and ignored.
+    Unknown(String),
 }
 
 /// Exec control messages from the client.
@@ -98,6 +103,4 @@ pub enum RunCommand {
     UplinkFailed(ProtocolError),
     /// The client's request stream broke (HTTP/2 reset, dropped connection): the run is canceled.
     ClientGone,
-    /// A new run (`by`) took over this run's conversation: this one stops (`canceled`).
-    Superseded { by: String },
 }

@@ -108,8 +108,8 @@ pub struct Checkpoints {
     owed: Vec<BlobId>,
     /// The turn's last checkpoints wait for `turn_ended` before they are published.
     held: bool,
-    /// The transitional checkpoint, published right before the final one.
-    transitional: Option<(ConversationStateStructure, BlobId)>,
+    /// The transitional checkpoint, published right before the final one (whose id is first).
+    transitional: Option<(BlobId, (ConversationStateStructure, BlobId))>,
 }
 
 /// What opens a turn in the graph: the mode's system prompt (the first root of a new
@@ -461,7 +461,7 @@ impl Checkpoints {
         )
         .await?;
         let needed = self.referenced.clone();
-        if let Some(ready) = self.gate.offer((state, state_id), needed, &self.kv) {
+        for ready in self.gate.offer((state, state_id), needed, &self.kv) {
             self.publish(ready, out).await?;
         }
         Ok(())
@@ -494,7 +494,7 @@ impl Checkpoints {
         )
         .await?;
         self.held = true;
-        self.transitional = Some((transitional_state, transitional_id));
+        self.transitional = Some((final_id, (transitional_state, transitional_id)));
         self.gate
             .queue((final_state, final_id), self.referenced.clone());
         Ok(())
@@ -503,19 +503,24 @@ impl Checkpoints {
     /// `turn_ended` is out: a held checkpoint may be published as soon as it is safe to.
     pub async fn release(&mut self, out: &mut Downlink) -> Result<(), ServerError> {
         self.held = false;
-        if let Some(ready) = self.gate.ready(&self.kv) {
+        for ready in self.gate.ready(&self.kv) {
             self.publish(ready, out).await?;
         }
         Ok(())
     }
 
-    /// Publishes `ready` (after the transitional checkpoint, if one is waiting).
+    /// Publishes `ready` (the final checkpoint after the transitional one).
     async fn publish(
         &mut self,
         ready: (ConversationStateStructure, BlobId),
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
-        if let Some(transitional) = self.transitional.take() {
+        if self
+            .transitional
+            .as_ref()
+            .is_some_and(|(before, _)| *before == ready.1)
+            && let Some((_, transitional)) = self.transitional.take()
+        {
             self.publish_one(transitional, out).await?;
         }
         self.publish_one(ready, out).await
@@ -548,10 +553,10 @@ impl Checkpoints {
             Ok(KvOutcome::Stored(blob)) => {
                 self.outstanding.remove(&blob);
                 blobs::record_acks(&self.store, &self.conversation_id, &[blob]).await?;
-                if !self.held
-                    && let Some(ready) = self.gate.ready(&self.kv)
-                {
-                    self.publish(ready, out).await?;
+                if !self.held {
+                    for ready in self.gate.ready(&self.kv) {
+                        self.publish(ready, out).await?;
+                    }
                 }
                 Ok(None)
             }

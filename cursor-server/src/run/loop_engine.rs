@@ -85,6 +85,9 @@ struct Draft {
 pub(super) struct Streaming {
     call: ProviderCall,
     draft: Draft,
+    /// The model step this call is (`step_started` went out with its id when the model began
+    /// answering), and when it began.
+    step: Option<(u64, Instant)>,
 }
 
 /// A provider call writing the summary of older history.
@@ -108,6 +111,8 @@ pub(super) enum Phase {
 pub struct TurnLoop {
     pub(super) turn: Turn,
     pub(super) phase: Phase,
+    /// Model steps announced so far (`step_started` ids count from 1).
+    steps: u64,
 }
 
 impl TurnLoop {
@@ -122,6 +127,7 @@ impl TurnLoop {
         let mut turn = TurnLoop {
             turn,
             phase: Phase::Done,
+            steps: 0,
         };
         let step = turn.begin(first, out).await?;
         Ok((turn, step))
@@ -149,6 +155,7 @@ impl TurnLoop {
         self.phase = Phase::Streaming(Streaming {
             call,
             draft: Draft::default(),
+            step: None,
         });
     }
 
@@ -275,6 +282,12 @@ impl TurnLoop {
                 }
             }
             Phase::Streaming(streaming) => {
+                if streaming.step.is_none() {
+                    self.steps += 1;
+                    streaming.step = Some((self.steps, Instant::now()));
+                    out.send_message(&interaction::step_started(self.steps))
+                        .await;
+                }
                 if let ResponseEvent::Finished(reason) = event {
                     streaming.close_thinking(&mut self.turn, out).await?;
                     warn_unfinished(&self.turn, &reason);
@@ -306,6 +319,10 @@ impl TurnLoop {
         let Phase::Streaming(streaming) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return Ok(LoopStep::Continue);
         };
+        if let Some((step, started)) = streaming.step {
+            out.send_message(&interaction::step_completed(step, started.elapsed()))
+                .await;
+        }
         let draft = streaming.draft;
         if let Some(usage) = &draft.usage {
             self.turn.count_usage(usage);
@@ -506,6 +523,19 @@ impl TurnLoop {
         self.turn.checkpoints.settled()
     }
 
+    /// What the turn ended with, for the sidebar's summary: the model's last answer.
+    pub fn summary(&self) -> String {
+        self.turn
+            .history
+            .iter()
+            .rev()
+            .find_map(|message| match message {
+                CanonicalMessage::Assistant(assistant) => Some(assistant.text.trim().to_owned()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
     /// The final checkpoint once more.
     pub async fn republish_checkpoint(&self, out: &mut Downlink) {
         self.turn.checkpoints.republish(out).await;
@@ -537,12 +567,16 @@ impl Streaming {
                 draft.thinking_since.get_or_insert_with(Instant::now);
                 draft.thinking.push_str(&text);
                 draft.thinking_segment.push_str(&text);
+                let tokens = interaction::token_delta(&text);
                 out.send_message(&interaction::thinking_delta(text)).await;
+                out.send_message(&tokens).await;
             }
             ResponseEvent::TextDelta(text) => {
                 self.close_thinking(turn, out).await?;
                 self.draft.text.push_str(&text);
+                let tokens = interaction::token_delta(&text);
                 out.send_message(&interaction::text_delta(text)).await;
+                out.send_message(&tokens).await;
             }
             ResponseEvent::ToolCallStart { index, id, name } => {
                 self.close_thinking(turn, out).await?;

@@ -3,7 +3,7 @@
 //! late traffic for them gets a clear error instead of a new, orphaned session.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -18,21 +18,84 @@ const FINISHED_MEMORY: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct RunHandle {
     commands: mpsc::Sender<RunCommand>,
-    /// Fires when the run has ended (its end-of-stream frame is about to go out): from then on
-    /// client input is refused, while a reconnecting RunSSE can still fetch undelivered frames.
-    ended: CancellationToken,
+    control: Arc<RunControl>,
     done: CancellationToken,
 }
 
+/// What others may do to a run without waiting on its queue: close its input, stop it.
+#[derive(Debug)]
+pub struct RunControl {
+    /// Open while the run takes client input. Closed (under this lock) before the run's last
+    /// frame leaves, and an input is queued only under it: an input is either queued before the
+    /// run ended or refused, never accepted and then dropped.
+    input_open: Mutex<bool>,
+    /// Fires when the run must stop at once: the server shuts down (a child of its token) or a new
+    /// run took the conversation over. Every wait of the run — sends to a client that does not
+    /// read included — gives way to it.
+    stop: CancellationToken,
+    /// The run that took the conversation over.
+    superseded_by: OnceLock<String>,
+}
+
+impl RunControl {
+    /// Refuses client input from now on; returns once no input can be queued any more.
+    pub fn close_input(&self) {
+        *self
+            .input_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = false;
+    }
+
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// The run that took the conversation over, if that is why the run stops.
+    pub fn superseded_by(&self) -> Option<&str> {
+        self.superseded_by.get().map(String::as_str)
+    }
+}
+
 impl RunHandle {
-    /// Delivers a command; `Err` means the run has ended meanwhile.
+    /// Delivers a transport command (a downlink to attach, a broken uplink); `Err` means the run
+    /// has ended meanwhile.
     pub async fn send(&self, command: RunCommand) -> Result<(), RunGone> {
         self.commands.send(command).await.map_err(|_| RunGone)
     }
 
-    /// Fires when the run has ended, before its actor exits.
-    pub fn ended(&self) -> &CancellationToken {
-        &self.ended
+    /// Queues a client input, unless the run no longer takes input (it has ended, or is about to
+    /// send its end-of-stream frame): then `Err`, and the client hears `not_found`.
+    pub async fn send_input(&self, command: RunCommand) -> Result<(), RunGone> {
+        let permit = self.commands.reserve().await.map_err(|_| RunGone)?;
+        let open = self
+            .control
+            .input_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !*open {
+            return Err(RunGone);
+        }
+        permit.send(command);
+        Ok(())
+    }
+
+    /// Whether the run still takes client input.
+    pub fn takes_input(&self) -> bool {
+        *self
+            .control
+            .input_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the run at once because run `by` took its conversation over.
+    pub fn supersede(&self, by: &str) {
+        let _ = self.control.superseded_by.set(by.to_owned());
+        self.control.stop.cancel();
+    }
+
+    pub fn control(&self) -> &Arc<RunControl> {
+        &self.control
     }
 
     /// Fires when the run's actor has exited.
@@ -78,7 +141,13 @@ impl RunRegistry {
     /// The run for `request_id`: the active one, else (unless it finished) a new one, registered
     /// here before its actor starts so concurrent first messages meet the same run. `must_be_new`
     /// refuses an active run (a transport that owns its request id: HTTP/2 `Run`).
-    pub fn lookup(&self, request_id: &str, must_be_new: bool) -> Result<Lookup, RegistryError> {
+    /// `stop` is the new run's stop token (a child of the server's shutdown token).
+    pub fn lookup(
+        &self,
+        request_id: &str,
+        must_be_new: bool,
+        stop: CancellationToken,
+    ) -> Result<Lookup, RegistryError> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if inner.finished.contains(request_id) {
             return Err(RegistryError::Finished(request_id.to_owned()));
@@ -92,7 +161,11 @@ impl RunRegistry {
         let (tx, rx) = mpsc::channel(COMMAND_BUFFER);
         let handle = RunHandle {
             commands: tx,
-            ended: CancellationToken::new(),
+            control: Arc::new(RunControl {
+                input_open: Mutex::new(true),
+                stop,
+                superseded_by: OnceLock::new(),
+            }),
             done: CancellationToken::new(),
         };
         inner.active.insert(request_id.to_owned(), handle.clone());

@@ -127,7 +127,18 @@ async fn insert(
         .bind(tool_meta(message)?)
         .execute(&mut *conn)
         .await
-        .context("appending message")?;
+        .map_err(|source| match &source {
+            sqlx::Error::Database(db) if db.message().contains(super::NOT_OWNER) => {
+                StoreError::NotOwner {
+                    conversation_id: conversation_id.to_owned(),
+                    request_id: request_id.to_owned(),
+                }
+            }
+            _ => StoreError::Query {
+                context: "appending message",
+                source,
+            },
+        })?;
     }
     Ok(())
 }

@@ -35,7 +35,18 @@ pub enum StoreError {
     CorruptRun { request_id: String, status: String },
     #[error("stored blob {id} does not decode: {message}")]
     CorruptBlob { id: String, message: String },
+    #[error(
+        "run {request_id} no longer owns conversation {conversation_id} (a newer run took it over); its messages were not stored"
+    )]
+    NotOwner {
+        conversation_id: String,
+        request_id: String,
+    },
 }
+
+/// The text of the trigger that refuses appends from a run that does not own the conversation
+/// (migrations/0006_conversation_owner.sql).
+pub(crate) const NOT_OWNER: &str = "cursor-server: the run does not own this conversation";
 
 /// Attaches a short description of the failed operation to a sqlx error.
 pub(crate) trait QueryContext<T> {

@@ -72,8 +72,31 @@ pub async fn start(
     .execute(&mut *tx)
     .await
     .context("recording run start")?;
+    // From now on only this run adds to the conversation's history (enforced by a trigger).
+    sqlx::query("UPDATE conversations SET owner_request_id = ? WHERE id = ?")
+        .bind(request_id)
+        .bind(conversation_id)
+        .execute(&mut *tx)
+        .await
+        .context("taking the conversation over")?;
     tx.commit().await.context("committing run start")?;
     Ok(())
+}
+
+/// Runs a previous process left `running` (it was killed, or lost power): they can never finish,
+/// so they are marked failed with the reason. Called once at start, before any run begins.
+/// Returns how many there were.
+pub async fn reconcile_interrupted(store: &Store) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "UPDATE runs SET status = 'failed', error_code = 'aborted',
+             error_message = 'the server stopped while the run was in progress', finished_at_ms = ?
+         WHERE status = 'running'",
+    )
+    .bind(now_ms())
+    .execute(store.pool())
+    .await
+    .context("ending the runs a stopped server left running")?;
+    Ok(done.rows_affected())
 }
 
 pub async fn finish(

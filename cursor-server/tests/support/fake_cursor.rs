@@ -35,11 +35,11 @@ pub struct Transcript {
 
 impl Transcript {
     /// Short names of the messages in order (`text_delta`, `exec`, `turn_ended`, ...), leaving out
-    /// blob sync and checkpoints (see `all_kinds`).
+    /// blob sync, checkpoints and the token-count hints (see `all_kinds`).
     pub fn kinds(&self) -> Vec<&'static str> {
         self.all_kinds()
             .into_iter()
-            .filter(|k| *k != "kv" && *k != "checkpoint")
+            .filter(|k| !matches!(*k, "kv" | "checkpoint" | "token_delta"))
             .collect()
     }
 
@@ -128,6 +128,12 @@ pub fn kind(message: &AgentServerMessage) -> &'static str {
             Some(U::ToolCallStarted(_)) => "tool_call_started",
             Some(U::ToolCallCompleted(_)) => "tool_call_completed",
             Some(U::ToolCallDelta(_)) => "tool_call_delta",
+            Some(U::StepStarted(_)) => "step_started",
+            Some(U::StepCompleted(_)) => "step_completed",
+            Some(U::TokenDelta(_)) => "token_delta",
+            Some(U::SummaryStarted(_)) => "summary_started",
+            Some(U::Summary(_)) => "summary",
+            Some(U::SummaryCompleted(_)) => "summary_completed",
             Some(_) => "other_update",
             None => "empty_update",
         },

@@ -30,6 +30,8 @@ pub enum Reply {
     Raw(String),
     /// HTTP 429 with a `retry-after` header.
     RateLimited { retry_after_secs: u64, body: String },
+    /// SSE payloads, then silence with the connection open until the caller goes away.
+    Hang { events: Vec<String> },
 }
 
 /// A golden transcript from `tests/golden/<endpoint>/<scenario>.sse`.
@@ -181,6 +183,19 @@ async fn chat(
             body,
         )
             .into_response(),
+        Reply::Hang { events } => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            tokio::spawn(async move {
+                for event in events {
+                    let frame = Bytes::from(format!("data: {event}\n\n"));
+                    if tx.send(Ok(frame)).await.is_err() {
+                        return;
+                    }
+                }
+                tx.closed().await;
+            });
+            sse_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+        }
         Reply::CutAfter { events } => sse_response(async_stream(
             events,
             Duration::from_millis(1),

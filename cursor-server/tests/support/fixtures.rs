@@ -82,6 +82,12 @@ pub fn config_for(provider_base_url: &str, db: &Path, extra: &str) -> Config {
 }
 
 pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &str) -> Config {
+    let text = config_text(provider_base_url, db, extra, kind);
+    Config::from_toml(&text, Path::new("test.toml"), &|_| None).expect("test config is valid")
+}
+
+/// The TOML of a test configuration (see `config_for_kind`).
+pub fn config_text(provider_base_url: &str, db: &Path, extra: &str, kind: &str) -> String {
     // Fake clients that do not answer KV requests should not hold every test for the default 10 s.
     let ack_timeout = if extra.contains("checkpoint_ack_timeout_ms") {
         ""
@@ -100,7 +106,7 @@ pub fn config_for_kind(provider_base_url: &str, db: &Path, extra: &str, kind: &s
     } else {
         "pass_through = false"
     };
-    let text = format!(
+    format!(
         r#"
 listen = "127.0.0.1:0"
 database_url = "sqlite://{db}"
@@ -124,8 +130,49 @@ display_name = "Test Model"
 reasoning = true
 "#,
         db = db.display()
+    )
+}
+
+/// The real `cursor-server` binary as a child process on the database inside `db_dir` (so a test
+/// can kill it with SIGKILL), and the address it listens on.
+pub async fn spawn_process(
+    provider_base_url: &str,
+    db_dir: &Path,
+) -> (tokio::process::Child, SocketAddr) {
+    use tokio::io::AsyncBufReadExt as _;
+    let config = db_dir.join("cursor-byok.toml");
+    let text = config_text(
+        provider_base_url,
+        &db_dir.join("test.db"),
+        "",
+        "openai-chat",
     );
-    Config::from_toml(&text, Path::new("test.toml"), &|_| None).expect("test config is valid")
+    std::fs::write(&config, text).expect("config written");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("--config")
+        .arg(&config)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cursor-server starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let addr = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("log line") {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().expect("address");
+                return addr.parse::<SocketAddr>().expect("socket address");
+            }
+        }
+        panic!("cursor-server exited before listening");
+    })
+    .await
+    .expect("cursor-server listens");
+    // Keep draining its output so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
 }
 
 pub fn run_request(conversation_id: &str, text: &str) -> AgentClientMessage {

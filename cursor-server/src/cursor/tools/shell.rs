@@ -60,6 +60,27 @@ impl Tool for ShellInput {
         }
     }
 
+    /// A command stopped with the run (the user's stop, a new message) is an aborted failure with
+    /// the output it had produced, as Cursor shows a command the user aborted.
+    fn aborted(args: Option<&Self>, call_id: &str, stage: &Stage, message: &str) -> Self::Result {
+        let Some(shell) = args else {
+            return Self::error(None, call_id, message);
+        };
+        let args = shell_args(shell, call_id);
+        pb::ShellResult {
+            result: Some(pb::shell_result::Result::Failure(pb::ShellFailure {
+                command: args.command,
+                working_directory: args.working_directory,
+                stdout: stage.stdout.text.clone(),
+                stderr: stage.stderr.text.clone(),
+                aborted: true,
+                abort_reason: Some(pb::ShellAbortReason::UserAbort as i32),
+                ..pb::ShellFailure::default()
+            })),
+            ..pb::ShellResult::default()
+        }
+    }
+
     fn start(&self, call_id: &str, _env: &ToolEnv) -> ToolStep {
         ToolStep::exec(exec_server_message::Message::ShellStreamArgs(shell_args(
             self, call_id,
