@@ -919,7 +919,10 @@ async fn runs_a_killed_process_left_running_are_ended_with_a_reason_when_the_ser
     // The answer never finishes while the process lives: one part, then a long silence.
     let mut events = text_events(&["started "], (5, 2, 0));
     events.truncate(2);
-    provider.push(Reply::Hang { events });
+    provider.push(Reply::Hang {
+        events,
+        sent: Default::default(),
+    });
     provider.push(Reply::sse(text_events(&["fresh"], (5, 1, 0))));
     let db_dir = tempfile::tempdir().expect("tempdir");
     let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
@@ -973,4 +976,98 @@ async fn runs_a_killed_process_left_running_are_ended_with_a_reason_when_the_ser
     .await;
     assert!(next.is_success(), "{:?}", next.end);
     assert_eq!(next.text(), "fresh");
+}
+
+#[tokio::test]
+async fn when_acks_lag_a_parallel_batch_still_shows_a_checkpoint_with_calls_pending_before_the_last()
+ {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_a", "Read", r#"{"path":"a"}"#),
+            ("call_b", "Read", r#"{"path":"b"}"#),
+            ("call_c", "Read", r#"{"path":"c"}"#),
+        ],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["all read"], (12, 1, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().expect("tempdir"),
+        "checkpoint_ack_timeout_ms = 30000",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-lagging",
+        &run_request_with_env("conv-lagging", "read three"),
+    )
+    .await;
+    // The client stores blobs slowly: no ACK until all three tools have finished.
+    session.withhold_acks = true;
+    let execs = [
+        session.next_exec().await,
+        session.next_exec().await,
+        session.next_exec().await,
+    ];
+    for (exec, text) in execs.iter().zip(["ay", "bee", "sea"]) {
+        session
+            .send(&exec_result(exec.id, read_success("", text)))
+            .await;
+    }
+    let mut completed = 0;
+    while completed < 3 {
+        let message = session.next().await.expect("stream open");
+        if fake_cursor::kind(&message) == "tool_call_completed" {
+            completed += 1;
+        }
+    }
+    session.release_acks().await;
+    while session.next().await.is_some() {}
+
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let pending: Vec<usize> = session
+        .transcript
+        .checkpoints()
+        .iter()
+        .map(|c| c.pending_tool_calls.len())
+        .collect();
+    let first_pending = pending
+        .iter()
+        .position(|n| *n > 0)
+        .unwrap_or_else(|| panic!("no checkpoint named a pending call: {pending:?}"));
+    assert!(
+        pending[first_pending..].contains(&0),
+        "then one with none pending: {pending:?}"
+    );
+    // Every checkpoint comes after the cards of the tools whose results it holds.
+    let mut cards = 0;
+    for message in &session.transcript.messages {
+        if fake_cursor::kind(message) == "tool_call_completed" {
+            cards += 1;
+        }
+        if let Some(agent_server_message::Message::ConversationCheckpointUpdate(state)) =
+            &message.message
+        {
+            let results = state
+                .root_prompt_messages_json
+                .iter()
+                .filter(|id| {
+                    let root: serde_json::Value =
+                        serde_json::from_slice(blob(&session, id)).expect("root JSON");
+                    root["role"] == "tool"
+                })
+                .count();
+            assert!(
+                results <= cards,
+                "a checkpoint holds {results} tool results after {cards} completed cards"
+            );
+        }
+    }
 }

@@ -386,3 +386,201 @@ async fn the_model_picker_lists_the_configured_models() {
         Some(fixtures::MODEL)
     );
 }
+
+/// Every accepted connection of this process listening on `server`: the server's ends, found
+/// through `/proc/self/fd` (the server runs in this test process).
+fn accepted_sockets(
+    server: std::net::SocketAddr,
+) -> Vec<std::mem::ManuallyDrop<std::net::TcpStream>> {
+    use std::os::fd::FromRawFd as _;
+    let mut sockets = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let entry = entry.expect("fd entry");
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !is_socket {
+            continue;
+        }
+        // Borrowed, never closed: ManuallyDrop keeps the fd open when this goes out of scope.
+        // SAFETY: `fd` is an open socket of this process for the whole test; it is only queried.
+        let socket = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+        if socket.local_addr().ok() == Some(server) && socket.peer_addr().is_ok() {
+            sockets.push(socket);
+        }
+    }
+    sockets
+}
+
+#[tokio::test]
+async fn every_accepted_connection_sends_its_frames_without_delay() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["fast"], (3, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    // An HTTP/2 `Run` turn and an HTTP/1.1 request: both clients keep their connection open.
+    let (uplink, response) = cursor.open_run_h2("req-nodelay").await;
+    uplink
+        .send(fixtures::run_request("conv-nodelay", "hi"))
+        .await
+        .expect("send");
+    let transcript = read_transcript(response).await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(
+        cursor.append_body(vec![0x0a, 0xff], None).await.status(),
+        400
+    );
+
+    let sockets = accepted_sockets(server.addr);
+    assert!(
+        sockets.len() >= 2,
+        "found {} accepted sockets",
+        sockets.len()
+    );
+    for socket in &sockets {
+        // Without TCP_NODELAY a small frame written while the previous one is unacknowledged
+        // waits for the client's delayed ACK: 40 ms between turn_ended and the end of stream.
+        assert!(
+            socket.nodelay().expect("TCP_NODELAY readable"),
+            "an accepted connection from {:?} runs with Nagle's algorithm",
+            socket.peer_addr()
+        );
+    }
+    drop(uplink);
+}
+
+#[tokio::test]
+async fn a_blob_ack_buffered_behind_a_gap_before_turn_ended_is_applied_when_the_gap_fills() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(fake_provider::tool_call_events(
+        None,
+        &[("call_1", "Read", r#"{"path":"a.txt"}"#)],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["read it"], (12, 2, 0))));
+    // A lost ACK would only be noticed by a resend far beyond the test's patience.
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().expect("tempdir"),
+        "kv_retry_after_ms = 600000\ncheckpoint_ack_timeout_ms = 600000",
+    )
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = fake_cursor::Session::start(
+        &cursor,
+        "req-gap",
+        &fixtures::run_request_with_env("conv-gap", "read a"),
+    )
+    .await;
+    session.withhold_acks = true;
+    let exec = session.next_exec().await;
+    assert!(
+        session.withheld.len() >= 2,
+        "two blobs were sent before the exec: {:?}",
+        session.withheld
+    );
+    let (_, first) = session.withheld.remove(0);
+    let (_, second) = session.withheld.remove(0);
+    // The IDE's concurrent appends: the second ACK overtakes the first, and the exec result
+    // overtakes both. The run buffers the second ACK behind the gap, then the loop ends.
+    let s = session.seqno();
+    session.send_at(s + 2, &fixtures::kv_ack(second)).await;
+    session
+        .send_at(
+            s,
+            &fixtures::exec_result(exec.id, fixtures::read_success("a.txt", "ay")),
+        )
+        .await;
+    while let Some(message) = session.next().await {
+        if fake_cursor::kind(&message) == "turn_ended" {
+            break;
+        }
+    }
+    // The first ACK arrives only after turn_ended and fills the gap: both count.
+    session.send_at(s + 1, &fixtures::kv_ack(first)).await;
+    session.release_acks().await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(
+        !transcript.checkpoints().is_empty(),
+        "the final checkpoint is published"
+    );
+    let mut sets = std::collections::HashSet::new();
+    for message in &transcript.messages {
+        if let Some(
+            cursor_server::cursor::proto::agent::agent_server_message::Message::KvServerMessage(kv),
+        ) = &message.message
+            && let Some(
+                cursor_server::cursor::proto::agent::kv_server_message::Message::SetBlobArgs(set),
+            ) = &kv.message
+        {
+            assert!(sets.insert(set.blob_id.clone()), "a blob was sent twice");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_decodable_append_the_run_cannot_use_takes_its_seqno_instead_of_a_400() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["still here"], (3, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    // A newer client's message variant (no oneof this schema knows) at seqno 1: accepted, logged
+    // and ignored; every later append (the ACKs at 2, 3, ...) is applied.
+    let mut session = fake_cursor::Session::start(
+        &cursor,
+        "req-unknown-variant",
+        &fixtures::run_request("conv-unknown-variant", "hi"),
+    )
+    .await;
+    session.send(&AgentClientMessage::default()).await;
+    let transcript = session.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "still here");
+    assert!(
+        !transcript.checkpoints().is_empty(),
+        "the ACKs after it counted"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_message_without_a_result_ends_the_run_with_invalid_argument() {
+    use cursor_server::cursor::proto::agent::ExecClientMessage;
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(fake_provider::tool_call_events(
+        None,
+        &[("call_1", "Read", r#"{"path":"a.txt"}"#)],
+        (10, 2, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = fake_cursor::Session::start(
+        &cursor,
+        "req-empty-exec",
+        &fixtures::run_request_with_env("conv-empty-exec", "read a"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    let empty = AgentClientMessage {
+        message: Some(agent_client_message::Message::ExecClientMessage(
+            ExecClientMessage {
+                id: exec.id,
+                ..ExecClientMessage::default()
+            },
+        )),
+    };
+    // Accepted on the wire (it decodes); the run answers it in its place in the order.
+    session.send(&empty).await;
+    let transcript = session.finish().await;
+    assert_eq!(transcript.error_code(), Some("invalid_argument"));
+    let message = transcript.error_message().expect("message");
+    assert!(message.starts_with("protocol error: "), "{message}");
+}

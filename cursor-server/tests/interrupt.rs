@@ -1,8 +1,10 @@
 //! Stop and interrupt: a new run on the same conversation interrupts the running one (which ends
 //! `canceled`; nothing it would still have produced reaches the new run), the user's stop during a
 //! running shell aborts it, a dropped RunSSE cancels the provider call once the reconnect grace is
-//! over — and a RunSSE that reconnects in time gets the rest of the stream exactly once — and a
-//! run waiting on a silent client is canceled after the idle timeout.
+//! over — and a RunSSE that reconnects in time is resynced (the last checkpoint, what followed it,
+//! every request still unanswered) and can finish the turn — and a run waiting on a silent client
+//! is canceled after the idle timeout. A client that stops reading or goes away never holds up the
+//! conversation's next message.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -214,6 +216,24 @@ async fn cancel_during_a_running_shell_aborts_it_keeps_the_finished_read_and_end
         "the finished read is not"
     );
     assert_eq!(transcript.completed_cards().len(), 2);
+    // The shell's card shows a command the user aborted, as Cursor draws one — not a spawn error.
+    let shell_result = transcript
+        .completed_cards()
+        .into_iter()
+        .find_map(|c| match c.tool_call.as_ref()?.tool.as_ref()? {
+            pb::tool_call::Tool::ShellToolCall(shell) => shell.result.clone()?.result,
+            _ => None,
+        })
+        .expect("the shell's card has a result");
+    let pb::shell_result::Result::Failure(failure) = shell_result else {
+        panic!("the aborted shell's card is {shell_result:?}");
+    };
+    assert!(failure.aborted);
+    assert_eq!(failure.command, "sleep 100");
+    assert_eq!(
+        failure.abort_reason,
+        Some(pb::ShellAbortReason::UserAbort as i32)
+    );
 
     // The completed read is history; the aborted shell is not.
     let next = Session::start(&cursor, "req-after", &run_request("conv-cancel", "go on"))
@@ -404,4 +424,254 @@ async fn resetting_the_http2_run_stream_cancels_the_provider_call_at_once() {
         .unwrap();
     let run = runs::get(&store, "req-h2-reset").await.unwrap().unwrap();
     assert_eq!(run.outcome.status, RunStatus::Canceled, "{:?}", run.outcome);
+}
+
+async fn open_store(server: &TestServer) -> Store {
+    Store::open(&format!(
+        "sqlite://{}",
+        server.db_dir.path().join("test.db").display()
+    ))
+    .await
+    .expect("store")
+}
+
+fn checkpoint_update(message: &pb::AgentServerMessage) -> bool {
+    matches!(
+        message.message,
+        Some(agent_server_message::Message::ConversationCheckpointUpdate(
+            _
+        ))
+    )
+}
+
+#[tokio::test]
+async fn a_run_sse_dropped_after_an_exec_request_gets_it_again_and_the_turn_finishes() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_sh", "Shell", r#"{"command":"ls"}"#)],
+        (10, 3, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["listed"], (5, 2, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 10000",
+    )
+    .await;
+    // The exec request reaches the old connection; the client drops before acting on it.
+    let first_client = FakeCursor::new(server.addr);
+    let mut first = Session::start(
+        &first_client,
+        "req-drop-exec",
+        &run_request_with_env("conv-drop-exec", "list"),
+    )
+    .await;
+    let exec = first.next_exec().await;
+    let seqno = first.seqno();
+    drop(first);
+    drop(first_client);
+
+    // The reconnecting RunSSE gets the same request under the same id, and the turn ends as a
+    // success ends: turn_ended, the checkpoints, then the end of stream.
+    let cursor = FakeCursor::new(server.addr);
+    let mut again = Session::reattach(&cursor, "req-drop-exec", seqno).await;
+    let replayed = again.next_exec().await;
+    assert_eq!(replayed.id, exec.id);
+    assert!(matches!(
+        replayed.message,
+        Some(args::Message::ShellStreamArgs(_))
+    ));
+    let exit = exec_result(
+        replayed.id,
+        pb::exec_client_message::Message::ShellStream(pb::ShellStream {
+            event: Some(pb::shell_stream::Event::Exit(pb::ShellStreamExit {
+                code: 0,
+                ..Default::default()
+            })),
+        }),
+    );
+    again.send(&exit).await;
+    // A second answer for the same id (the client answered both copies) is ignored.
+    again.send(&exit).await;
+    let rest = again.finish().await;
+    assert!(rest.is_success(), "{:?}", rest.end);
+    let kinds = rest.all_kinds();
+    let ended = kinds
+        .iter()
+        .position(|k| *k == "turn_ended")
+        .expect("turn_ended");
+    assert!(
+        kinds[ended..].contains(&"checkpoint"),
+        "checkpoints follow turn_ended: {kinds:?}"
+    );
+    assert_eq!(rest.text(), "listed");
+    assert_eq!(provider.requests().len(), 2, "the tool ran once");
+}
+
+#[tokio::test]
+async fn a_run_sse_dropped_after_turn_ended_gets_turn_ended_and_the_checkpoints_again() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["all ", "done"], (5, 2, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 10000\ncheckpoint_ack_timeout_ms = 30000",
+    )
+    .await;
+    let first_client = FakeCursor::new(server.addr);
+    let mut first = Session::start(
+        &first_client,
+        "req-drop-end",
+        &run_request("conv-drop-end", "finish"),
+    )
+    .await;
+    // The final blobs stay unacknowledged, so the run is still settling when the client drops.
+    first.withhold_acks = true;
+    while let Some(message) = first.next().await {
+        if fake_cursor::kind(&message) == "turn_ended" {
+            break;
+        }
+    }
+    let seqno = first.seqno();
+    drop(first);
+    drop(first_client);
+
+    let cursor = FakeCursor::new(server.addr);
+    let rest = Session::reattach(&cursor, "req-drop-end", seqno)
+        .await
+        .finish()
+        .await;
+    assert!(rest.is_success(), "{:?}", rest.end);
+    assert_eq!(
+        rest.text(),
+        "all done",
+        "the answer since the last checkpoint is replayed"
+    );
+    let kinds = rest.all_kinds();
+    let ended = kinds
+        .iter()
+        .position(|k| *k == "turn_ended")
+        .expect("turn_ended again");
+    assert!(kinds[ended..].contains(&"checkpoint"), "{kinds:?}");
+    assert!(
+        rest.messages
+            .iter()
+            .rev()
+            .take_while(|m| !matches!(fake_cursor::kind(m), "turn_ended"))
+            .any(checkpoint_update),
+        "the final checkpoint comes after turn_ended"
+    );
+}
+
+#[tokio::test]
+async fn after_an_http2_client_disconnects_the_next_message_starts_at_once() {
+    let provider = FakeProvider::start().await;
+    let mut events = text_events(&["first "], (5, 2, 0));
+    events.truncate(2);
+    provider.push(Reply::Hang {
+        events,
+        sent: Default::default(),
+    });
+    provider.push(Reply::sse(text_events(&["second"], (5, 1, 0))));
+    // Waiting for the interrupted run would outlast the test's patience.
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "interrupt_wait_ms = 600000",
+    )
+    .await;
+    let cli = FakeCursor::new(server.addr);
+    let (uplink, response) = cli.open_run_h2("req-h2-gone").await;
+    uplink
+        .send(run_request("conv-h2-gone", "one"))
+        .await
+        .expect("send");
+    let mut body = response.bytes_stream();
+    futures_util::StreamExt::next(&mut body)
+        .await
+        .expect("a first frame")
+        .expect("read");
+    drop(body);
+    drop(uplink);
+    drop(cli);
+
+    let cursor = FakeCursor::new(server.addr);
+    let next = Session::start(&cursor, "req-h2-next", &run_request("conv-h2-gone", "two"))
+        .await
+        .finish()
+        .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    assert_eq!(next.text(), "second");
+    let store = open_store(&server).await;
+    let first = runs::get(&store, "req-h2-gone")
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(first.outcome.status, RunStatus::Canceled);
+}
+
+#[tokio::test]
+async fn a_run_stuck_on_a_client_that_stopped_reading_is_stopped_by_the_next_message() {
+    let provider = FakeProvider::start().await;
+    // Far more text than the downlink's buffers and the connection's windows hold.
+    let part = "x".repeat(4000);
+    let parts: Vec<&str> = (0..8000).map(|_| part.as_str()).collect();
+    let mut events = text_events(&parts, (5, 8000, 0));
+    events.truncate(events.len() - 3);
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    provider.push(Reply::Hang {
+        events,
+        sent: std::sync::Arc::clone(&sent),
+    });
+    provider.push(Reply::sse(text_events(&["heard you"], (5, 2, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "interrupt_wait_ms = 600000",
+    )
+    .await;
+    let cli = FakeCursor::new(server.addr);
+    let (uplink, response) = cli.open_run_h2("req-not-reading").await;
+    uplink
+        .send(run_request("conv-not-reading", "flood"))
+        .await
+        .expect("send");
+    // The run blocks on its send to the client once the downlink's buffer and the connection's
+    // flow-control window are full; then it stops reading the provider, whose count stalls. (Should
+    // a loaded machine make the count look stalled early, the run is merely still streaming and
+    // the next message stops it all the same.)
+    let (mut last, mut still) = (0, 0);
+    while still < 5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = sent.load(std::sync::atomic::Ordering::SeqCst);
+        still = if now == last && now > 0 { still + 1 } else { 0 };
+        last = now;
+    }
+
+    let cursor = FakeCursor::new(server.addr);
+    let next = Session::start(
+        &cursor,
+        "req-reader",
+        &run_request("conv-not-reading", "stop that"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    assert_eq!(next.text(), "heard you");
+    let store = open_store(&server).await;
+    let stuck = runs::get(&store, "req-not-reading")
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(
+        stuck.outcome.status,
+        RunStatus::Canceled,
+        "{:?}",
+        stuck.outcome
+    );
+    let reason = stuck.outcome.error.expect("a reason").1;
+    assert!(reason.contains("req-reader"), "{reason}");
+    drop((uplink, response));
 }

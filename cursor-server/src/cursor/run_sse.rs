@@ -238,9 +238,11 @@ impl Downlink {
         self.sink.is_some()
     }
 
-    /// Attaches a response body: the first one gets every frame so far, a reconnecting one the
-    /// resync.
+    /// Attaches a response body: the first one gets every frame so far, a reconnecting one (or one
+    /// that replaces a body still attached) the resync.
     pub async fn attach(&mut self, sink: DownlinkSink) {
+        // A body still attached is replaced: its client has reconnected.
+        self.sink = None;
         let frames = if self.ever_attached {
             let frames = self.journal.replay();
             tracing::info!(frames = frames.len(), "a client reattached; resyncing it");

@@ -252,6 +252,11 @@ impl RunActor {
         let mut reconnect_deadline: Option<Instant> = None;
         let mut last_client_traffic = Instant::now();
         loop {
+            // A stop that interrupted a send (the client dropped for not reading) is the reason the
+            // run ends, not the dropped client.
+            if self.control.stop().is_cancelled() {
+                return self.stopped();
+            }
             let awaiting = matches!(self.state, State::AwaitingRunRequest);
             reconnect_deadline = match self.reconnect_deadline(reconnect_deadline, grace) {
                 Ok(deadline) => deadline,
@@ -381,22 +386,20 @@ impl RunActor {
                 )),
             },
             RunCommand::AttachDownlink(sink) => {
-                if !sink.resumable && self.downlink.ever_attached() {
-                    let error = ConnectError::new(
-                        ConnectCode::InvalidArgument,
-                        format!("request {} is already running", self.request_id),
-                    );
-                    let _ = sink.frames.try_send(connect::end_stream_error(&error));
-                } else if self.downlink.is_attached() {
+                if self.downlink.ever_attached() && (!sink.resumable || !self.downlink.resumable())
+                {
+                    // An HTTP/2 `Run` stream is the run's only downlink; nothing replaces it.
                     let error = ConnectError::new(
                         ConnectCode::InvalidArgument,
                         format!(
-                            "a RunSSE stream is already open for request {}",
+                            "request {} is already running on another stream",
                             self.request_id
                         ),
                     );
-                    let _ = sink.frames.send(connect::end_stream_error(&error)).await;
+                    let _ = sink.frames.try_send(connect::end_stream_error(&error));
                 } else {
+                    // A RunSSE that arrives while one is open replaces it (the client reconnected
+                    // before the old connection was seen to die); it gets the resync.
                     self.downlink.attach(sink).await;
                 }
                 None

@@ -209,3 +209,60 @@ impl RunRegistry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn once_input_is_closed_no_client_input_is_queued_though_the_queue_is_open() {
+        let registry = RunRegistry::default();
+        let Ok(Lookup::New(handle, mut commands)) =
+            registry.lookup("r1", false, CancellationToken::new())
+        else {
+            panic!("a new run");
+        };
+        handle
+            .send_input(RunCommand::ClientGone)
+            .await
+            .expect("open: queued");
+        assert!(matches!(
+            commands.recv().await,
+            Some(RunCommand::ClientGone)
+        ));
+        // The run decided to end (its end-of-stream frame is next): a late input is refused, not
+        // queued to be dropped unseen, while transport commands (a RunSSE fetching the ending)
+        // still get through.
+        handle.control().close_input();
+        assert!(!handle.takes_input());
+        assert_eq!(
+            handle.send_input(RunCommand::ClientGone).await,
+            Err(RunGone)
+        );
+        assert!(commands.try_recv().is_err(), "nothing was queued");
+        handle
+            .send(RunCommand::ClientGone)
+            .await
+            .expect("transport command");
+    }
+
+    #[tokio::test]
+    async fn superseding_a_run_fires_its_stop_and_names_who_took_over() {
+        let registry = RunRegistry::default();
+        let shutdown = CancellationToken::new();
+        let Ok(Lookup::New(old, _commands)) = registry.lookup("old", false, shutdown.child_token())
+        else {
+            panic!("a new run");
+        };
+        assert_eq!(
+            registry.claim_conversation("c", "old").map(|(p, _)| p),
+            None
+        );
+        let (previous, handle) = registry.claim_conversation("c", "new").expect("old owns c");
+        assert_eq!(previous, "old");
+        handle.supersede("new");
+        assert!(old.control().stop().is_cancelled());
+        assert_eq!(old.control().superseded_by(), Some("new"));
+        assert!(!shutdown.is_cancelled(), "only that run stops");
+    }
+}

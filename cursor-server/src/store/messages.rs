@@ -205,6 +205,49 @@ mod tests {
     use crate::model::runtime_tag::RuntimeEvent;
 
     #[tokio::test]
+    async fn the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}", dir.path().join("o.db").display()))
+            .await
+            .unwrap();
+        let user = |text: &str| {
+            CanonicalMessage::User(UserMessage {
+                origin: Origin::User,
+                text: text.into(),
+                client_message_id: String::new(),
+                mode: None,
+                runtime: None,
+            })
+        };
+        crate::store::runs::start(&store, "old", "c", "m")
+            .await
+            .unwrap();
+        append(&store, "c", "old", &[user("first")]).await.unwrap();
+        // A new message takes the conversation over while the old run is still working.
+        crate::store::runs::start(&store, "new", "c", "m")
+            .await
+            .unwrap();
+        append(&store, "c", "new", &[user("second")]).await.unwrap();
+        // The old run's late answer is refused by the database itself.
+        let refused = append(&store, "c", "old", &[user("late answer")]).await;
+        assert!(
+            matches!(&refused, Err(StoreError::NotOwner { conversation_id, request_id })
+                if conversation_id == "c" && request_id == "old"),
+            "{refused:?}"
+        );
+        let texts: Vec<String> = load(&store, "c")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                CanonicalMessage::User(u) => Some(u.text.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, ["first", "second"]);
+    }
+
+    #[tokio::test]
     async fn a_consumed_runtime_event_is_never_appended_again() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&format!("sqlite://{}", dir.path().join("m.db").display()))

@@ -357,6 +357,14 @@ impl<'a> Session<'a> {
         self.seqno += 1;
     }
 
+    /// Posts `message` at an explicit `seqno` (out of order, as the IDE's concurrent appends
+    /// arrive); later `send`s continue after the highest seqno used.
+    pub async fn send_at(&mut self, seqno: i64, message: &AgentClientMessage) {
+        let response = self.cursor.append(&self.request_id, seqno, message).await;
+        assert_eq!(response.status(), 200, "BidiAppend accepted");
+        self.seqno = self.seqno.max(seqno + 1);
+    }
+
     /// The next downlink message; `None` once the end-of-stream frame has arrived.
     pub async fn next(&mut self) -> Option<AgentServerMessage> {
         loop {

@@ -30,8 +30,18 @@ pub enum Reply {
     Raw(String),
     /// HTTP 429 with a `retry-after` header.
     RateLimited { retry_after_secs: u64, body: String },
-    /// SSE payloads, then silence with the connection open until the caller goes away.
-    Hang { events: Vec<String> },
+    /// SSE payloads, then silence with the connection open until the caller goes away. `sent`
+    /// counts the payloads the connection has taken so far.
+    Hang {
+        events: Vec<String>,
+        sent: Arc<std::sync::atomic::AtomicUsize>,
+    },
+    /// SSE payloads `before`, then nothing until `release` is notified, then `after`.
+    Held {
+        before: Vec<String>,
+        after: Vec<String>,
+        release: Arc<tokio::sync::Notify>,
+    },
 }
 
 /// A golden transcript from `tests/golden/<endpoint>/<scenario>.sse`.
@@ -183,7 +193,7 @@ async fn chat(
             body,
         )
             .into_response(),
-        Reply::Hang { events } => {
+        Reply::Hang { events, sent } => {
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
             tokio::spawn(async move {
                 for event in events {
@@ -191,8 +201,31 @@ async fn chat(
                     if tx.send(Ok(frame)).await.is_err() {
                         return;
                     }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 tx.closed().await;
+            });
+            sse_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+        }
+        Reply::Held {
+            before,
+            after,
+            release,
+        } => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            tokio::spawn(async move {
+                let frame = |event: String| Ok(Bytes::from(format!("data: {event}\n\n")));
+                for event in before {
+                    if tx.send(frame(event)).await.is_err() {
+                        return;
+                    }
+                }
+                release.notified().await;
+                for event in after {
+                    if tx.send(frame(event)).await.is_err() {
+                        return;
+                    }
+                }
             });
             sse_response(tokio_stream::wrappers::ReceiverStream::new(rx))
         }

@@ -366,3 +366,18 @@ pub fn offered_tools(request: &serde_json::Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The client's acknowledgement of `set_blob_args` KV request `id`.
+pub fn kv_ack(id: u32) -> AgentClientMessage {
+    use cursor_server::cursor::proto::agent::{KvClientMessage, SetBlobResult, kv_client_message};
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::KvClientMessage(
+            KvClientMessage {
+                id,
+                message: Some(kv_client_message::Message::SetBlobResult(SetBlobResult {
+                    error: None,
+                })),
+            },
+        )),
+    }
+}
