@@ -4,9 +4,19 @@
 //! - the time to add one step and build the next checkpoint (step + turn + state blobs) and the
 //!   bytes of new blobs it sends — both must stay flat as history grows;
 //! - the Chat stream parser's time per chunk (independent of history by construction);
-//! - the projection time of a full provider request (O(history), once per provider call).
+//! - the projection time of a full provider request (O(history), once per provider call);
+//! - over real sockets, a real server and the test suite's fake provider: the time from
+//!   `turn_ended` to the end of stream of an HTTP/2 `Run` turn (40 ms when the accepted socket
+//!   runs with Nagle's algorithm and the client delays its ACKs; about 1 ms with TCP_NODELAY).
 //!
 //! Under `cargo test` it runs one quick iteration of each as a smoke test.
+
+#[path = "../tests/support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "../tests/support/fake_provider.rs"]
+mod fake_provider;
+#[path = "../tests/support/fixtures.rs"]
+mod fixtures;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -131,8 +141,73 @@ fn main() {
         "chat parser: {:.2} µs per chunk",
         per_chunk.as_secs_f64() * 1e6
     );
+    let turns = if benching { 200 } else { 2 };
+    let mut tails = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(turn_tails(turns));
+    tails.sort();
+    let at = |q: f64| tails[((tails.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "HTTP/2 Run, turn_ended -> end of stream over {turns} turns: p50 {:.2} ms, p99 {:.2} ms",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3
+    );
     if !benching {
         // Under `cargo test` this binary is a smoke test; say so in the plain summary form.
         println!("smoke: 1 passed, 0 failed");
     }
+}
+
+/// For each of `turns` HTTP/2 `Run` turns (one after another, a fresh connection each): the time
+/// from the `turn_ended` frame to the end-of-stream frame, as the client reads them.
+async fn turn_tails(turns: usize) -> Vec<Duration> {
+    use cursor_server::cursor::connect::FrameDecoder;
+    use futures_util::StreamExt as _;
+    use prost::Message as _;
+
+    let provider = fake_provider::FakeProvider::start().await;
+    for _ in 0..turns {
+        provider.push(fake_provider::Reply::sse(fake_provider::text_events(
+            &["a short ", "answer"],
+            (5, 2, 0),
+        )));
+    }
+    let server = fixtures::TestServer::start(&provider.base_url()).await;
+    let mut tails = Vec::with_capacity(turns);
+    for turn in 0..turns {
+        let cursor = fake_cursor::FakeCursor::new(server.addr);
+        let (uplink, response) = cursor.open_run_h2(&format!("bench-{turn}")).await;
+        uplink
+            .send(fixtures::run_request(&format!("bench-conv-{turn}"), "hi"))
+            .await
+            .expect("send");
+        let mut body = response.bytes_stream();
+        let mut decoder = FrameDecoder::new(1 << 24);
+        let mut turn_ended = None;
+        'read: while let Some(chunk) = body.next().await {
+            decoder.push(&chunk.expect("read"));
+            while let Some(frame) = decoder.next_frame().expect("frame") {
+                if frame.is_end_stream() {
+                    let since = turn_ended.expect("turn_ended before the end");
+                    tails.push(Instant::now().duration_since(since));
+                    break 'read;
+                }
+                let message =
+                    pb::AgentServerMessage::decode(frame.payload.as_ref()).expect("message");
+                match &message.message {
+                    // The client stores every blob, as Cursor does: the checkpoints are not held.
+                    Some(pb::agent_server_message::Message::KvServerMessage(kv)) => {
+                        uplink.send(fixtures::kv_ack(kv.id)).await.expect("ack")
+                    }
+                    _ if fake_cursor::kind(&message) == "turn_ended" => {
+                        turn_ended = Some(Instant::now());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        drop(uplink);
+    }
+    server.stop().await;
+    tails
 }
