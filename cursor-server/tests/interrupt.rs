@@ -587,6 +587,11 @@ async fn after_an_http2_client_disconnects_the_next_message_starts_at_once() {
         .send(run_request("conv-h2-gone", "one"))
         .await
         .expect("send");
+    // The run is streaming (its provider call is under way) when the client goes away.
+    wait_for("the first run's provider call", || {
+        provider.requests().len() == 1
+    })
+    .await;
     let mut body = response.bytes_stream();
     futures_util::StreamExt::next(&mut body)
         .await

@@ -25,9 +25,9 @@ pub struct RunHandle {
 /// What others may do to a run without waiting on its queue: close its input, stop it.
 #[derive(Debug)]
 pub struct RunControl {
-    /// Open while the run takes client input. Closed (under this lock) before the run's last
-    /// frame leaves, and an input is queued only under it: an input is either queued before the
-    /// run ended or refused, never accepted and then dropped.
+    /// Open while the run takes client input. Closed (under this lock) once the run's end is
+    /// decided, before its last frame leaves, and an input is queued only under it: a client that
+    /// has seen the end of stream never gets a 200 for a late input.
     input_open: Mutex<bool>,
     /// Fires when the run must stop at once: the server shuts down (a child of its token) or a new
     /// run took the conversation over. Every wait of the run — sends to a client that does not

@@ -204,21 +204,28 @@ mod tests {
     use crate::model::message::UserMessage;
     use crate::model::runtime_tag::RuntimeEvent;
 
+    /// A user message typed in `mode`.
+    fn user_in(mode: Option<Mode>, text: &str) -> CanonicalMessage {
+        CanonicalMessage::User(UserMessage {
+            origin: Origin::User,
+            text: text.into(),
+            client_message_id: String::new(),
+            mode,
+            runtime: None,
+        })
+    }
+
+    async fn temp_store(dir: &tempfile::TempDir) -> Store {
+        Store::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("sqlite://{}", dir.path().join("o.db").display()))
-            .await
-            .unwrap();
-        let user = |text: &str| {
-            CanonicalMessage::User(UserMessage {
-                origin: Origin::User,
-                text: text.into(),
-                client_message_id: String::new(),
-                mode: None,
-                runtime: None,
-            })
-        };
+        let store = temp_store(&dir).await;
+        let user = |text: &str| user_in(None, text);
         crate::store::runs::start(&store, "old", "c", "m")
             .await
             .unwrap();
@@ -250,18 +257,8 @@ mod tests {
     #[tokio::test]
     async fn a_consumed_runtime_event_is_never_appended_again() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
-            .await
-            .unwrap();
-        let user = |text: &str| {
-            CanonicalMessage::User(UserMessage {
-                origin: Origin::User,
-                text: text.into(),
-                client_message_id: String::new(),
-                mode: Some(Mode::Plan),
-                runtime: None,
-            })
-        };
+        let store = temp_store(&dir).await;
+        let user = |text: &str| user_in(Some(Mode::Plan), text);
         let reminder = RuntimeTag::new(
             RuntimeEvent::ModeReminder { mode: Mode::Plan },
             "req-1",
