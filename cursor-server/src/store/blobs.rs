@@ -88,7 +88,7 @@ pub async fn collect_garbage(
     extra_roots: &[BlobId],
     grace: Duration,
 ) -> Result<u64, StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     sqlx::query("CREATE TEMP TABLE IF NOT EXISTS gc_roots (id BLOB PRIMARY KEY)")
         .execute(&mut *tx)
         .await
@@ -138,7 +138,7 @@ pub async fn record_acks(
     conversation_id: &str,
     ids: &[BlobId],
 ) -> Result<(), StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     super::conversations::ensure(&mut tx, conversation_id).await?;
     for id in ids {
         sqlx::query(

@@ -13,7 +13,7 @@ pub async fn append(
     request_id: &str,
     messages: &[CanonicalMessage],
 ) -> Result<(), StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     append_in(&mut tx, conversation_id, request_id, messages).await?;
     tx.commit().await.context("committing messages")?;
     Ok(())
@@ -30,7 +30,7 @@ pub async fn append_with_tags(
     messages: &[CanonicalMessage],
     after: &[RuntimeTag],
 ) -> Result<Vec<CanonicalMessage>, StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     let mut appended = Vec::with_capacity(before.len() + messages.len() + after.len());
     append_tags(&mut tx, conversation_id, request_id, before, &mut appended).await?;
     append_in(&mut tx, conversation_id, request_id, messages).await?;
@@ -252,6 +252,48 @@ mod tests {
             })
             .collect();
         assert_eq!(texts, ["first", "second"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_runs_never_fail_with_a_locked_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = temp_store(&dir).await;
+        // Many runs at once, each reading before it writes in one transaction (a runtime event is
+        // checked, then appended): the pattern that made deferred transactions fail with
+        // SQLITE_BUSY_SNAPSHOT under load.
+        let mut tasks = tokio::task::JoinSet::new();
+        for run in 0..200 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let (request, conversation) = (format!("r{run}"), format!("c{}", run % 20));
+                crate::store::runs::start(&store, &request, &conversation, "m").await?;
+                for turn in 0..5 {
+                    let tag = RuntimeTag::new(
+                        RuntimeEvent::ModeReminder { mode: Mode::Agent },
+                        &format!("{request}-{turn}"),
+                        "reminder".into(),
+                    );
+                    let appended = append_with_tags(
+                        &store,
+                        &conversation,
+                        &request,
+                        &[tag],
+                        &[user_in(None, "hello")],
+                        &[],
+                    )
+                    .await;
+                    match appended {
+                        // A newer run took the conversation over: the refusal this test allows.
+                        Err(StoreError::NotOwner { .. }) => break,
+                        other => other?,
+                    };
+                }
+                Ok::<(), StoreError>(())
+            });
+        }
+        while let Some(result) = tasks.join_next().await {
+            result.unwrap().unwrap();
+        }
     }
 
     #[tokio::test]

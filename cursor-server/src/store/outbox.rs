@@ -112,7 +112,7 @@ pub async fn publish(
     state: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     let moved = conversations::move_head(&mut tx, conversation_id, state, revision).await?;
     if moved {
         checkpoint_published(&mut tx, conversation_id, state).await?;

@@ -59,7 +59,7 @@ pub async fn start(
     conversation_id: &str,
     model_id: &str,
 ) -> Result<(), StoreError> {
-    let mut tx = store.pool().begin().await.context("starting transaction")?;
+    let mut tx = store.begin_write().await?;
     conversations::ensure(&mut tx, conversation_id).await?;
     sqlx::query(
         "INSERT INTO runs (request_id, conversation_id, status, model_id, started_at_ms)

@@ -3,10 +3,19 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::StoreError;
+
+/// How often a write transaction that found the database busy past the busy timeout is retried.
+const BUSY_RETRIES: u32 = 3;
+
+/// SQLITE_BUSY and its extended codes (BUSY_RECOVERY 261, BUSY_SNAPSHOT 517, BUSY_TIMEOUT 773).
+fn is_busy(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| matches!(code.as_ref(), "5" | "261" | "517" | "773")))
+}
 
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -38,6 +47,34 @@ impl Store {
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front, waiting for it up to
+    /// the busy timeout: a deferred transaction that read first and then writes cannot wait — its
+    /// snapshot may be stale, or waiting would deadlock with the writer it waits on — so SQLite
+    /// fails it at once (`database is locked`, 5 / 517), which is how runs failed under
+    /// concurrency. A lock still busy after the timeout is tried again a few times.
+    pub async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        let mut attempt = 0;
+        loop {
+            match self.pool.begin_with("BEGIN IMMEDIATE").await {
+                Ok(tx) => return Ok(tx),
+                Err(source) if is_busy(&source) && attempt < BUSY_RETRIES => {
+                    attempt += 1;
+                    tracing::warn!(
+                        attempt,
+                        "the database stayed busy past its timeout; trying again"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                }
+                Err(source) => {
+                    return Err(StoreError::Query {
+                        context: "starting a write transaction",
+                        source,
+                    });
+                }
+            }
+        }
     }
 
     pub async fn close(&self) {
