@@ -1071,3 +1071,59 @@ async fn when_acks_lag_a_parallel_batch_still_shows_a_checkpoint_with_calls_pend
         }
     }
 }
+
+#[tokio::test]
+async fn pending_tool_calls_names_every_unfinished_call_of_the_batch_even_one_not_started_yet() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            (
+                "call_todo",
+                "TodoWrite",
+                r#"{"merge":false,"todos":[{"id":"1","content":"Read a","status":"in_progress"}]}"#,
+            ),
+            ("call_read", "Read", r#"{"path":"a"}"#),
+        ],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["read"], (12, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-not-started",
+        &run_request_with_env("conv-not-started", "plan then read"),
+    )
+    .await;
+    // TodoWrite completes on the server before the Read is even started: its checkpoint must still
+    // name the Read as pending.
+    let mut read_exec = None;
+    let first = loop {
+        let message = session.next().await.expect("stream open");
+        match message.message {
+            Some(agent_server_message::Message::ConversationCheckpointUpdate(state)) => {
+                break state;
+            }
+            Some(agent_server_message::Message::ExecServerMessage(exec)) => read_exec = Some(exec),
+            _ => {}
+        }
+    };
+    let pending: Vec<String> = first
+        .pending_tool_calls
+        .iter()
+        .map(|part| {
+            let part: serde_json::Value = serde_json::from_str(part).expect("a tool-call part");
+            part["toolName"].as_str().expect("toolName").to_owned()
+        })
+        .collect();
+    assert_eq!(pending, ["Read"]);
+    let exec = match read_exec {
+        Some(exec) => exec,
+        None => session.next_exec().await,
+    };
+    session
+        .send(&exec_result(exec.id, read_success("a", "ay")))
+        .await;
+    assert!(session.finish().await.is_success());
+}

@@ -36,8 +36,10 @@ pub struct SearchDone {
 struct Slot {
     call: ToolCall,
     index: u32,
-    /// `None` once the call has its outcome.
+    /// The running call; `None` before it starts and once it has its outcome.
     run: Option<ToolRun>,
+    /// The call has its outcome (a call not started yet is still pending).
+    done: bool,
 }
 
 /// How one call ended: its final card (when one was drawn), what the model reads, and the typed
@@ -73,6 +75,7 @@ impl Batch {
                     call,
                     index,
                     run: None,
+                    done: false,
                 })
                 .collect(),
             searches: mpsc::channel(4),
@@ -129,7 +132,7 @@ impl Batch {
 
     /// Whether every call has its result.
     pub fn complete(&self) -> bool {
-        self.slots.iter().all(|slot| slot.run.is_none())
+        self.slots.iter().all(|slot| slot.done)
     }
 
     /// The next finished search (the batch holds a sender, so this waits rather than ends).
@@ -291,6 +294,7 @@ impl Batch {
     ) -> Result<(), ServerError> {
         turn.pending.finish_slot(slot);
         let entry = &mut self.slots[slot];
+        entry.done = true;
         let run = entry.run.take();
         let switched_to = match (&run, &ending.outcome) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),
@@ -324,10 +328,11 @@ impl Batch {
             switch_mode(turn, to);
         }
         refold(turn, run.as_ref().map(ToolRun::kind), &call);
+        // Every call of the batch without its outcome yet, started or not.
         let still_running: Vec<ToolCall> = self
             .slots
             .iter()
-            .filter(|slot| slot.run.is_some())
+            .filter(|slot| !slot.done)
             .map(|slot| slot.call.clone())
             .collect();
         let details = turn.state_details(still_running, None);
