@@ -1127,3 +1127,88 @@ async fn pending_tool_calls_names_every_unfinished_call_of_the_batch_even_one_no
         .await;
     assert!(session.finish().await.is_success());
 }
+
+#[tokio::test]
+async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_finish_in() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[
+            ("call_first", "Read", r#"{"path":"first"}"#),
+            ("call_second", "Read", r#"{"path":"second"}"#),
+        ],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["both"], (12, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-call-order",
+        &run_request_with_env("conv-call-order", "read two"),
+    )
+    .await;
+    let first = session.next_exec().await;
+    let second = session.next_exec().await;
+    // The second call finishes first.
+    session
+        .send(&exec_result(second.id, read_success("second", "two")))
+        .await;
+    session
+        .send(&exec_result(first.id, read_success("first", "one")))
+        .await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+
+    let last = *session.transcript.checkpoints().last().expect("checkpoint");
+    let tool_roots: Vec<(String, String)> = last
+        .root_prompt_messages_json
+        .iter()
+        .filter_map(|id| {
+            let root: serde_json::Value = serde_json::from_slice(blob(&session, id)).unwrap();
+            let part = &root["content"][0];
+            matches!(part["type"].as_str(), Some("tool-call" | "tool-result")).then(|| {
+                (
+                    part["type"].as_str().unwrap().to_owned(),
+                    part["toolCallId"].as_str().unwrap().to_owned(),
+                )
+            })
+        })
+        .collect();
+    let ids: Vec<&str> = tool_roots.iter().map(|(_, id)| id.as_str()).collect();
+    // Cursor-side call ids end with the call's position in the model's answer.
+    assert_eq!(ids.len(), 4, "{tool_roots:?}");
+    assert!(
+        ids[0].ends_with("_0") && ids[1].ends_with("_0"),
+        "{tool_roots:?}"
+    );
+    assert!(
+        ids[2].ends_with("_1") && ids[3].ends_with("_1"),
+        "{tool_roots:?}"
+    );
+    assert_eq!(
+        tool_roots
+            .iter()
+            .map(|(kind, _)| kind.as_str())
+            .collect::<Vec<_>>(),
+        ["tool-call", "tool-result", "tool-call", "tool-result"]
+    );
+    // The provider was sent the results in the same order.
+    let request = provider.requests()[1]["messages"].to_string();
+    assert!(
+        request.find("one").unwrap() < request.find("two").unwrap(),
+        "{request}"
+    );
+    // No checkpoint ever showed the second call without the first.
+    for state in session.transcript.checkpoints() {
+        let pending = state.pending_tool_calls.len();
+        assert!(
+            pending == 0 || pending == 2,
+            "pending {pending}: calls enter in order"
+        );
+    }
+}

@@ -13,6 +13,7 @@ use super::command::ExecControl;
 use super::turn::{Turn, fold_subagent_runs, fold_todos, switch_mode, user_texts};
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
+use crate::cursor::proto::agent as pb;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::{ToolOutcome, ToolStep};
 use crate::cursor::tools::{ToolKind, ToolRun, task};
@@ -40,6 +41,9 @@ struct Slot {
     run: Option<ToolRun>,
     /// The call has its outcome (a call not started yet is still pending).
     done: bool,
+    /// What the checkpoint's graph gets for the finished call — its result, its final card, the
+    /// notices it brought — kept until every earlier call of the batch is in the graph.
+    graph_entry: Option<(ToolResult, Option<pb::ToolCall>, Vec<String>)>,
 }
 
 /// How one call ended: its final card (when one was drawn), what the model reads, and the typed
@@ -53,6 +57,8 @@ struct Ending {
 
 pub(super) struct Batch {
     slots: Vec<Slot>,
+    /// The calls `slots[..in_graph]` are in the checkpoint's graph; the rest are pending there.
+    in_graph: usize,
     /// Server-side searches report back here (the sender is cloned into each search task).
     searches: (mpsc::Sender<SearchDone>, mpsc::Receiver<SearchDone>),
     /// Cancels the batch's searches when the batch is gone.
@@ -76,8 +82,10 @@ impl Batch {
                     index,
                     run: None,
                     done: false,
+                    graph_entry: None,
                 })
                 .collect(),
+            in_graph: 0,
             searches: mpsc::channel(4),
             _cancel_on_drop: cancel.clone().drop_guard(),
             cancel,
@@ -328,21 +336,37 @@ impl Batch {
             switch_mode(turn, to);
         }
         refold(turn, run.as_ref().map(ToolRun::kind), &call);
-        // Every call of the batch without its outcome yet, started or not.
-        let still_running: Vec<ToolCall> = self
-            .slots
+        self.slots[slot].graph_entry = Some((result, final_card, notices));
+        self.add_to_graph(turn, out).await
+    }
+
+    /// Adds the finished calls to the checkpoint's graph in call order — the order the model's
+    /// requests project them in (protocol.md §7), whatever order they finished in — and publishes
+    /// a checkpoint naming every call not in it yet as pending, started or not.
+    async fn add_to_graph(
+        &mut self,
+        turn: &mut Turn,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let before = self.in_graph;
+        while let Some(slot) = self.slots.get_mut(self.in_graph)
+            && let Some((result, card, notices)) = slot.graph_entry.take()
+        {
+            turn.checkpoints
+                .tool_completed(&slot.call, &result, card, &notices, out)
+                .await?;
+            self.in_graph += 1;
+        }
+        if self.in_graph == before {
+            // An earlier call is still running: the graph has nothing new to publish.
+            return Ok(());
+        }
+        let pending: Vec<ToolCall> = self.slots[self.in_graph..]
             .iter()
-            .filter(|slot| !slot.done)
             .map(|slot| slot.call.clone())
             .collect();
-        let details = turn.state_details(still_running, None);
-        turn.checkpoints
-            .tool_completed(&call, &result, final_card, &details, out)
-            .await?;
-        if !notices.is_empty() {
-            turn.checkpoints.runtime_messages(&notices, out).await?;
-        }
-        Ok(())
+        let details = turn.state_details(pending, None);
+        turn.checkpoints.checkpoint(&details, out).await
     }
 
     /// Ends every running call with `reason` on its card (nothing is persisted).

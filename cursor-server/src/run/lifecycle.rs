@@ -406,15 +406,15 @@ impl Checkpoints {
         self.emit(new_blobs, out).await
     }
 
-    /// A completed tool call: its card as a step, its call and result as roots, then a checkpoint
-    /// (whose details name the calls still running).
-    #[allow(clippy::too_many_arguments)]
+    /// A completed tool call enters the graph: its card as a step, its call and result as roots,
+    /// then the runtime messages it brought (a mode notice). The batch adds calls in call order
+    /// and checkpoints after.
     pub async fn tool_completed(
         &mut self,
         call: &ToolCall,
         result: &ToolResult,
         card: Option<pb::ToolCall>,
-        details: &StateDetails,
+        notices: &[String],
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let mut new_blobs = Vec::new();
@@ -435,8 +435,12 @@ impl Checkpoints {
             &result.content,
             result.is_error,
         )));
-        self.emit(new_blobs, out).await?;
-        self.checkpoint(details, out).await
+        new_blobs.extend(
+            notices
+                .iter()
+                .map(|text| self.graph.push_root(&roots::user(text))),
+        );
+        self.emit(new_blobs, out).await
     }
 
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.
