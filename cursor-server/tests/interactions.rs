@@ -194,12 +194,23 @@ async fn a_plan_created_in_plan_mode_is_accepted() {
         }),
     ))
     .await;
-    let transcript = turn.finish().await;
+    while turn.next().await.is_some() {}
+    let transcript = &turn.transcript;
     assert!(transcript.is_success());
     assert!(matches!(
-        completed_card(&transcript),
+        completed_card(transcript),
         tool_call::Tool::CreatePlanToolCall(_)
     ));
+    // The accepted plan is folded from history into the checkpoint, as Cursor keeps it.
+    let state = transcript
+        .checkpoints()
+        .last()
+        .copied()
+        .expect("a checkpoint");
+    let plan_id = state.plan.as_ref().expect("the checkpoint names the plan");
+    let plan = <pb::ConversationPlan as prost::Message>::decode(turn.blobs[plan_id].as_slice())
+        .expect("a plan blob");
+    assert_eq!(plan.plan, "# Steps\n1. Split");
     let requests = h.provider.requests();
     assert!(offered_tools(&requests[0]).contains(&"CreatePlan".to_owned()));
     assert_eq!(

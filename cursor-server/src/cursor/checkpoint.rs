@@ -155,7 +155,8 @@ impl ConversationGraph {
     }
 
     /// The checkpoint naming every root and turn (including the current one, as `turn`), with
-    /// `details`; returns it, its blob, and the todo blobs it names (which must be stored too).
+    /// `details`; returns it, its blob, and the todo and plan blobs it names (which must be stored
+    /// too).
     pub fn state(
         &self,
         turn: Option<&Blob>,
@@ -175,8 +176,15 @@ impl ConversationGraph {
             .iter()
             .map(|todo| Blob::new(todo_item(todo).encode_to_vec(), Vec::new()))
             .collect();
-        let todo_ids: Vec<BlobId> = todo_blobs.iter().map(|b| b.id).collect();
+        let mut todo_ids: Vec<BlobId> = todo_blobs.iter().map(|b| b.id).collect();
+        let plan_blob = details.plan.as_ref().map(|plan| {
+            Blob::new(
+                pb::ConversationPlan { plan: plan.clone() }.encode_to_vec(),
+                Vec::new(),
+            )
+        });
         let state = ConversationStateStructure {
+            plan: plan_blob.as_ref().map(|b| b.id.0.to_vec()),
             root_prompt_messages_json: ids(&self.roots),
             turns: ids(&turns),
             todos: ids(&todo_ids),
@@ -205,8 +213,14 @@ impl ConversationGraph {
         let mut edges = edges_of("root_prompt_messages_json", &self.roots);
         edges.extend(edges_of("turns", &turns));
         edges.extend(edges_of("todos", &todo_ids));
+        let mut new_blobs = todo_blobs;
+        if let Some(plan) = plan_blob {
+            edges.extend(edges_of("plan", &[plan.id]));
+            todo_ids.push(plan.id);
+            new_blobs.push(plan);
+        }
         let blob = Blob::new(state.encode_to_vec(), edges);
-        (state, blob, todo_blobs)
+        (state, blob, new_blobs)
     }
 
     /// Takes the last finished turn out of the list to continue it under `request_id` (a resumed
@@ -270,6 +284,9 @@ pub struct StateDetails {
     pub subagent_runs: Vec<SubagentRunState>,
     /// How many times the conversation's history was compacted into a summary.
     pub summaries: u32,
+    /// The plan folded from history (the last CreatePlan the user accepted): a `ConversationPlan`
+    /// blob.
+    pub plan: Option<String>,
 }
 
 fn subagent_run(run: &SubagentRunState) -> pb::SubagentRun {
@@ -637,6 +654,7 @@ mod tests {
             }),
             turn_ended_at_ms: None,
             summaries: 0,
+            plan: None,
             subagent_runs: vec![SubagentRunState {
                 parent_tool_call_id: "call-task".into(),
                 title: "Find the parser".into(),

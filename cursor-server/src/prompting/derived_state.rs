@@ -1,5 +1,5 @@
-//! State derived by folding history: the todo list and the subagents Task calls started. Nothing
-//! here is stored; the same history always folds to the same state.
+//! State derived by folding history: the todo list, the accepted plan and the subagents Task calls
+//! started. Nothing here is stored; the same history always folds to the same state.
 
 use std::collections::HashSet;
 
@@ -33,6 +33,33 @@ pub fn fold_todos(
         }
     }
     todos
+}
+
+/// The plan of the last CreatePlan call in `history` that did not fail (the user accepted it).
+/// `plan_of` takes a CreatePlan call's argument text to its plan (owned by the tool registry).
+pub fn fold_plan(
+    history: &[CanonicalMessage],
+    tool_name: &str,
+    plan_of: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let mut calls: Vec<(&str, &str)> = Vec::new();
+    let mut plan = None;
+    for message in history {
+        match message {
+            CanonicalMessage::ToolCall(record) if record.call.name == tool_name => {
+                calls.push((record.call.call_id.as_str(), record.call.arguments.as_str()));
+            }
+            CanonicalMessage::ToolResult(record) if !record.result.is_error => {
+                if let Some((_, arguments)) =
+                    calls.iter().find(|(id, _)| *id == record.result.call_id)
+                {
+                    plan = plan_of(arguments).or(plan);
+                }
+            }
+            _ => {}
+        }
+    }
+    plan
 }
 
 /// Every Task call in `history` with its state, folded from the typed metadata stored with each
@@ -90,4 +117,59 @@ pub fn fold_subagent_runs(
     }
     runs.extend(running);
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::message::{ToolCallRecord, ToolResultRecord};
+    use crate::model::tool::{ToolCall, ToolResult};
+
+    fn plan_call(id: &str, plan: &str, accepted: bool) -> [CanonicalMessage; 2] {
+        [
+            CanonicalMessage::ToolCall(ToolCallRecord {
+                model_call_id: "m".into(),
+                index: 0,
+                call: ToolCall {
+                    call_id: id.into(),
+                    provider_call_id: id.into(),
+                    name: "CreatePlan".into(),
+                    arguments: plan.into(),
+                },
+            }),
+            CanonicalMessage::ToolResult(ToolResultRecord {
+                model_call_id: "m".into(),
+                index: 0,
+                result: ToolResult {
+                    call_id: id.into(),
+                    content: String::new(),
+                    is_error: !accepted,
+                    meta: None,
+                },
+            }),
+        ]
+    }
+
+    #[test]
+    fn the_plan_is_the_last_one_the_user_accepted() {
+        let plan_of = |arguments: &str| Some(arguments.to_owned());
+        let mut history: Vec<CanonicalMessage> = Vec::new();
+        assert_eq!(fold_plan(&history, "CreatePlan", plan_of), None);
+        history.extend(plan_call("p1", "first", true));
+        history.extend(plan_call("p2", "rejected", false));
+        assert_eq!(
+            fold_plan(&history, "CreatePlan", plan_of).as_deref(),
+            Some("first")
+        );
+        history.extend(plan_call("p3", "second", true));
+        assert_eq!(
+            fold_plan(&history, "CreatePlan", plan_of).as_deref(),
+            Some("second")
+        );
+        // Folding is a pure function of history: the same history, the same plan.
+        assert_eq!(
+            fold_plan(&history, "CreatePlan", plan_of),
+            fold_plan(&history, "CreatePlan", plan_of)
+        );
+    }
 }

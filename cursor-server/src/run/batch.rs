@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::command::ExecControl;
-use super::turn::{Turn, fold_subagent_runs, fold_todos, switch_mode, user_texts};
+use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode, user_texts};
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
 use crate::cursor::proto::agent as pb;
@@ -431,5 +431,8 @@ fn refold(turn: &mut Turn, kind: Option<ToolKind>, call: &ToolCall) {
     }
     if call.name == ToolKind::Task.name() {
         turn.subagent_runs = fold_subagent_runs(&turn.history);
+    }
+    if kind == Some(ToolKind::CreatePlan) {
+        turn.plan = fold_plan(&turn.history);
     }
 }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use super::command::{RunAction, RunRequestInput};
 use super::lifecycle::{Checkpoints, TurnOpening};
-use super::turn::{Turn, default_bytes_per_token, fold_subagent_runs, fold_todos, user_texts};
+use super::turn::{
+    Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos, user_texts,
+};
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
@@ -128,6 +130,7 @@ pub(super) async fn open(
         tool_options,
         subagent: input.subagent,
         subagent_runs: fold_subagent_runs(&opened.history),
+        plan: fold_plan(&opened.history),
         turn_start: opened.turn_start.unwrap_or(opened.history.len()),
         compactions: latest_compaction(&opened.history).map_or(0, |(_, n, _)| n),
         last_body_bytes: 0,

@@ -128,6 +128,7 @@ struct Inner {
     conversation_owner: HashMap<String, String>,
     finished: HashSet<String>,
     finished_order: VecDeque<String>,
+    finished_total: u64,
 }
 
 /// What a lookup found: the run already there, or a new one whose actor the caller starts with
@@ -191,6 +192,12 @@ impl RunRegistry {
             .map(|handle| (previous, handle))
     }
 
+    /// How many runs are active, and how many have finished since the registry started.
+    pub fn counts(&self) -> (usize, u64) {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        (inner.active.len(), inner.finished_total)
+    }
+
     /// The run's actor has exited: late traffic for it gets `Finished`.
     pub fn mark_finished(&self, request_id: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -199,6 +206,7 @@ impl RunRegistry {
         inner
             .conversation_owner
             .retain(|_, owner| owner != request_id);
+        inner.finished_total += 1;
         if inner.finished.insert(request_id.to_owned()) {
             inner.finished_order.push_back(request_id.to_owned());
         }

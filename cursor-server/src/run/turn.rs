@@ -16,7 +16,7 @@ use crate::config::{ModelConfig, ProviderConfig};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::pending::PendingExecs;
 use crate::cursor::tool_result::ToolEnv;
-use crate::cursor::tools::{ToolKind, ToolOptions, task, todo};
+use crate::cursor::tools::{ToolKind, ToolOptions, interactive, task, todo};
 use crate::error::ServerError;
 use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunState, Todo};
 use crate::model::message::CanonicalMessage;
@@ -59,6 +59,8 @@ pub(super) struct Turn {
     pub subagent: Option<SubagentRole>,
     /// The subagents this conversation's finished Task calls started (refolded when one ends).
     pub subagent_runs: Vec<SubagentRunState>,
+    /// The plan folded from history (the last CreatePlan the user accepted).
+    pub plan: Option<String>,
     /// Where this run's messages start in `history` (a compaction keeps them verbatim).
     pub turn_start: usize,
     /// Compactions in this conversation so far (the checkpoint's `self_summary_count`).
@@ -244,6 +246,7 @@ impl Turn {
                 max_tokens: u64::from(self.model.context_window),
             }),
             turn_ended_at_ms,
+            plan: self.plan.clone(),
         }
     }
 
@@ -261,6 +264,15 @@ impl Turn {
 /// The subagents of `history`'s Task calls.
 pub(super) fn fold_subagent_runs(history: &[CanonicalMessage]) -> Vec<SubagentRunState> {
     derived_state::fold_subagent_runs(history, [])
+}
+
+/// The plan of `history`'s last accepted CreatePlan.
+pub(super) fn fold_plan(history: &[CanonicalMessage]) -> Option<String> {
+    derived_state::fold_plan(history, ToolKind::CreatePlan.name(), |arguments| {
+        interactive::CreatePlanInput::parse(arguments)
+            .ok()
+            .map(|input| input.plan)
+    })
 }
 
 pub(super) fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {
