@@ -1212,3 +1212,60 @@ async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_f
         );
     }
 }
+
+#[tokio::test]
+async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_again() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_w", "Read", r#"{"path":"notes.txt"}"#)],
+        (10, 2, 0),
+    )));
+    // The killed process's next call never completes; the restarted one answers.
+    provider.push(Reply::Hang {
+        events: Vec::new(),
+        sent: Default::default(),
+    });
+    provider.push(Reply::sse(text_events(&["resumed"], (12, 1, 0))));
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-durable",
+        &run_request_with_env("conv-durable", "read notes"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    // The 200 for the result is the promise: the process dies right after it.
+    session
+        .send(&exec_result(
+            exec.id,
+            read_success("notes.txt", "kept line"),
+        ))
+        .await;
+    process.kill().await.expect("SIGKILL");
+    drop(session);
+
+    // Should the read be asked for again, nobody answers it: fail fast rather than at 600 s.
+    let server =
+        TestServer::start_in(&provider.base_url(), db_dir, "client_idle_timeout_secs = 5").await;
+    let cursor = FakeCursor::new(server.addr);
+    let resumed = Session::start(
+        &cursor,
+        "req-durable-resume",
+        &fixtures::resume_request("conv-durable"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(resumed.is_success(), "{:?}", resumed.end);
+    assert!(
+        !resumed.kinds().contains(&"exec"),
+        "the read ran again: {:?}",
+        resumed.kinds()
+    );
+    assert_eq!(resumed.text(), "resumed");
+    let last = provider.requests().last().expect("a request").to_string();
+    assert!(last.contains("kept line"), "{last}");
+}

@@ -153,9 +153,9 @@ fn append_seqno_orders_buffers_gaps_and_drops_duplicates() {
     let mut inbox = Inbox::default();
     assert_eq!(inbox.push(2, "c"), Ok(Accepted::Buffered));
     assert_eq!(inbox.push(1, "b"), Ok(Accepted::Buffered));
-    assert_eq!(inbox.push(2, "c-again"), Ok(Accepted::Duplicate));
+    assert_eq!(inbox.push(2, "c-again"), Ok(Accepted::Duplicate("c-again")));
     assert_eq!(inbox.push(0, "a"), Ok(Accepted::Ready(vec!["a", "b", "c"])));
-    assert_eq!(inbox.push(1, "b-again"), Ok(Accepted::Duplicate));
+    assert_eq!(inbox.push(1, "b-again"), Ok(Accepted::Duplicate("b-again")));
     assert_eq!(inbox.push(3, "d"), Ok(Accepted::Ready(vec!["d"])));
     assert_eq!(inbox.expected(), 4);
     assert_eq!(inbox.push(-1, "x"), Err(InboxError::Negative(-1)));
@@ -258,10 +258,17 @@ async fn out_of_order_and_duplicate_appends_are_applied_in_seqno_order() {
     let cursor = FakeCursor::new(server.addr);
 
     let sse = cursor.open_run_sse("req-order").await;
-    // seqno 1 arrives first and must wait for 0; a duplicate 0 is dropped.
-    let heartbeat = cursor.append("req-order", 1, &fixtures::heartbeat()).await;
-    assert_eq!(heartbeat.status(), 200);
+    // seqno 1 arrives first and must wait for 0 (its answer too: an append is answered once
+    // applied); a duplicate 0 is dropped.
+    let early = cursor.clone();
+    let heartbeat = tokio::spawn(async move {
+        early
+            .append("req-order", 1, &fixtures::heartbeat())
+            .await
+            .status()
+    });
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!heartbeat.is_finished(), "seqno 1 is not applied before 0");
     assert!(
         provider.requests().is_empty(),
         "nothing runs before seqno 0"
@@ -274,6 +281,7 @@ async fn out_of_order_and_duplicate_appends_are_applied_in_seqno_order() {
         .append("req-order", 0, &fixtures::run_request("conv-order", "hi"))
         .await;
     assert_eq!(duplicate.status(), 200);
+    assert_eq!(heartbeat.await.expect("append task"), 200);
     let transcript = read_transcript(sse).await;
 
     assert!(transcript.is_success(), "{:?}", transcript.end);
@@ -490,7 +498,9 @@ async fn a_blob_ack_buffered_behind_a_gap_before_turn_ended_is_applied_when_the_
     // The IDE's concurrent appends: the second ACK overtakes the first, and the exec result
     // overtakes both. The run buffers the second ACK behind the gap, then the loop ends.
     let s = session.seqno();
-    session.send_at(s + 2, &fixtures::kv_ack(second)).await;
+    // Sent first; answered only once applied, i.e. once the gap before it fills.
+    let overtaking = session.send_at_concurrently(s + 2, &fixtures::kv_ack(second));
+    tokio::task::yield_now().await;
     session
         .send_at(
             s,
@@ -504,6 +514,7 @@ async fn a_blob_ack_buffered_behind_a_gap_before_turn_ended_is_applied_when_the_
     }
     // The first ACK arrives only after turn_ended and fills the gap: both count.
     session.send_at(s + 1, &fixtures::kv_ack(first)).await;
+    assert_eq!(overtaking.await.expect("append task"), 200);
     session.release_acks().await;
     let transcript = session.finish().await;
 

@@ -28,7 +28,7 @@ use super::proto::aiserver::{
 use super::run_sse::{self, StreamError};
 use crate::error::ProtocolError;
 use crate::run::actor;
-use crate::run::command::RunCommand;
+use crate::run::command::{Applied, RunCommand};
 use crate::run::registry::{RegistryError, RunHandle};
 use crate::state::AppState;
 
@@ -144,13 +144,16 @@ async fn bidi_append_route(
         header_str(&headers, "x-parent-agent-tool-call-id"),
     );
     let handle = actor::get_or_start(&state, &append.request_id).map_err(registry_error)?;
+    let (applied, was_applied) = Applied::new();
     let command = RunCommand::Appended {
         seqno: append.seqno,
         input,
+        applied,
     };
     // Queued under the run's input gate: once the run has decided to end, this is refused
-    // (`not_found`), never answered 200 and then dropped.
-    if handle.send_input(command).await.is_err() {
+    // (`not_found`). Answered once the run has applied it — a tool result is then in history, so
+    // the 200 survives a crash; an input the run ended before applying is `not_found` too.
+    if handle.send_input(command).await.is_err() || was_applied.await.is_err() {
         return Err(registry_error(RegistryError::Finished(append.request_id)));
     }
     Ok(connect::unary_ok(&BidiAppendResponse {}))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{ClientInput, RunCommand};
+use super::command::{Applied, ClientInput, RunCommand};
 use super::inbox::{Accepted, Inbox};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
@@ -31,7 +31,7 @@ pub struct RunActor {
     /// Its input gate (closed when the run ends) and its stop signal.
     control: Arc<RunControl>,
     /// Every client message of the run, in `append_seqno` order, for its whole life.
-    inbox: Inbox<ClientInput>,
+    inbox: Inbox<(ClientInput, Applied)>,
     downlink: Downlink,
     state: State,
     /// Set once the run is recorded in the store (a run_request was accepted).
@@ -360,11 +360,17 @@ impl RunActor {
     async fn handle_command(&mut self, command: RunCommand) -> Option<RunEnd> {
         match command {
             RunCommand::Ordered(input) => self.handle_input(input).await,
-            RunCommand::Appended { seqno, input } => match self.inbox.push(seqno, input) {
+            RunCommand::Appended {
+                seqno,
+                input,
+                applied,
+            } => match self.inbox.push(seqno, (input, applied)) {
                 Ok(Accepted::Ready(inputs)) => {
-                    for input in inputs {
-                        if let Some(end) = self.handle_input(input).await {
-                            return Some(end);
+                    for (input, applied) in inputs {
+                        let end = self.handle_input(input).await;
+                        applied.done();
+                        if end.is_some() {
+                            return end;
                         }
                     }
                     None
@@ -373,8 +379,9 @@ impl RunActor {
                     tracing::debug!(request_id = %self.request_id, seqno, expected = self.inbox.expected(), "append buffered behind a gap");
                     None
                 }
-                Ok(Accepted::Duplicate) => {
+                Ok(Accepted::Duplicate((_, applied))) => {
                     tracing::debug!(request_id = %self.request_id, seqno, "duplicate append dropped");
+                    applied.done();
                     None
                 }
                 Err(error) => Some(RunEnd::Failed(
@@ -575,13 +582,15 @@ impl RunActor {
                 _ = resend.tick() => turn.resend_overdue_blobs(&mut self.downlink).await,
                 command = self.commands.recv() => match command {
                     Some(RunCommand::Ordered(input)) => self.after_turn_ended(input).await,
-                    Some(RunCommand::Appended { seqno, input }) => match self.inbox.push(seqno, input) {
+                    Some(RunCommand::Appended { seqno, input, applied }) => match self.inbox.push(seqno, (input, applied)) {
                         Ok(Accepted::Ready(inputs)) => {
-                            for input in inputs {
+                            for (input, applied) in inputs {
                                 self.after_turn_ended(input).await;
+                                applied.done();
                             }
                         }
-                        Ok(Accepted::Buffered | Accepted::Duplicate) => {}
+                        Ok(Accepted::Duplicate((_, applied))) => applied.done(),
+                        Ok(Accepted::Buffered) => {}
                         Err(e) => {
                             tracing::warn!(request_id = %self.request_id, seqno, "append after turn_ended: {e}");
                             return false;

@@ -1,6 +1,8 @@
 //! What the transports tell a run: client inputs (already translated from protobuf by `cursor/`),
 //! downlink attachment, and transport-level failures.
 
+use tokio::sync::oneshot;
+
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::ConversationStateStructure;
@@ -90,13 +92,37 @@ pub struct RunRequestInput {
     pub client_state: Option<Box<ConversationStateStructure>>,
 }
 
+/// Fired once the client input it travels with has been applied — a tool result persisted, an ACK
+/// recorded — so the BidiAppend that carried it is answered only then: a 200 survives a crash.
+/// Dropped unfired when the run ends first (the append is answered `not_found`).
+#[derive(Debug, Default)]
+pub struct Applied(Option<oneshot::Sender<()>>);
+
+impl Applied {
+    pub fn new() -> (Applied, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        (Applied(Some(tx)), rx)
+    }
+
+    pub fn done(self) {
+        if let Some(tx) = self.0 {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// Messages to a run's actor.
 #[derive(Debug)]
 pub enum RunCommand {
     /// A client message from the HTTP/2 `Run` stream, already in protocol order.
     Ordered(ClientInput),
-    /// A client message from `BidiAppend`, to be ordered by its `append_seqno`.
-    Appended { seqno: i64, input: ClientInput },
+    /// A client message from `BidiAppend`, to be ordered by its `append_seqno`; `applied` fires
+    /// once the run has applied it.
+    Appended {
+        seqno: i64,
+        input: ClientInput,
+        applied: Applied,
+    },
     /// A RunSSE response body wants the run's downlink frames.
     AttachDownlink(DownlinkSink),
     /// The uplink broke (malformed frame); the run ends with this protocol error.

@@ -21,8 +21,8 @@ pub enum Accepted<T> {
     Ready(Vec<T>),
     /// Buffered behind a gap.
     Buffered,
-    /// Already seen; dropped.
-    Duplicate,
+    /// Already seen: handed back, to be dropped.
+    Duplicate(T),
 }
 
 #[derive(Debug)]
@@ -46,7 +46,7 @@ impl<T> Inbox<T> {
             return Err(InboxError::Negative(seqno));
         }
         if seqno < self.next || self.waiting.contains_key(&seqno) {
-            return Ok(Accepted::Duplicate);
+            return Ok(Accepted::Duplicate(item));
         }
         if seqno > self.next {
             if self.waiting.len() >= MAX_BUFFERED {

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
+#[derive(Clone)]
 pub struct FakeCursor {
     base: String,
     http1: reqwest::Client,
@@ -363,6 +364,29 @@ impl<'a> Session<'a> {
         let response = self.cursor.append(&self.request_id, seqno, message).await;
         assert_eq!(response.status(), 200, "BidiAppend accepted");
         self.seqno = self.seqno.max(seqno + 1);
+    }
+
+    /// Posts `message` at `seqno` without waiting for its answer, as the IDE's concurrent appends
+    /// do (an append is answered once the run has applied it, so one that overtook an earlier
+    /// seqno is answered after that one arrives). The handle yields its HTTP status.
+    pub fn send_at_concurrently(
+        &mut self,
+        seqno: i64,
+        message: &AgentClientMessage,
+    ) -> tokio::task::JoinHandle<u16> {
+        let (cursor, request_id, message) = (
+            self.cursor.clone(),
+            self.request_id.clone(),
+            message.clone(),
+        );
+        self.seqno = self.seqno.max(seqno + 1);
+        tokio::spawn(async move {
+            cursor
+                .append(&request_id, seqno, &message)
+                .await
+                .status()
+                .as_u16()
+        })
     }
 
     /// The next downlink message; `None` once the end-of-stream frame has arrived.
