@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::command::{Applied, ClientInput, RunCommand};
-use super::inbox::{Accepted, Inbox};
+use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use super::registry::{Lookup, RegistryError, RunControl, RunHandle};
@@ -364,8 +364,8 @@ impl RunActor {
                 seqno,
                 input,
                 applied,
-            } => match self.inbox.push(seqno, (input, applied)) {
-                Ok(Accepted::Ready(inputs)) => {
+            } => match self.order(seqno, input, applied) {
+                Ok(inputs) => {
                     for (input, applied) in inputs {
                         let end = self.handle_input(input).await;
                         applied.done();
@@ -373,15 +373,6 @@ impl RunActor {
                             return end;
                         }
                     }
-                    None
-                }
-                Ok(Accepted::Buffered) => {
-                    tracing::debug!(request_id = %self.request_id, seqno, expected = self.inbox.expected(), "append buffered behind a gap");
-                    None
-                }
-                Ok(Accepted::Duplicate((_, applied))) => {
-                    tracing::debug!(request_id = %self.request_id, seqno, "duplicate append dropped");
-                    applied.done();
                     None
                 }
                 Err(error) => Some(RunEnd::Failed(
@@ -419,6 +410,7 @@ impl RunActor {
     }
 
     async fn handle_input(&mut self, input: ClientInput) -> Option<RunEnd> {
+        self.note_answer(&input);
         let protocol = |e: ProtocolError| Some(RunEnd::Failed(e.into()));
         match input {
             ClientInput::RunRequest(request) => {
@@ -456,21 +448,18 @@ impl RunActor {
             }),
             ClientInput::Heartbeat | ClientInput::Prewarm => None,
             ClientInput::ExecResult { id, payload } => {
-                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec result"));
                 };
                 step_end(turn.on_exec_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::ExecControl { id, control } => {
-                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec control message"));
                 };
                 step_end(turn.on_exec_control(id, control, &mut self.downlink).await)
             }
             ClientInput::KvResult { id, payload } => {
-                self.downlink.answered(Awaited::Kv(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::Kv(format!(
                         "KV result for KV id {id}, which was never issued"
@@ -479,7 +468,6 @@ impl RunActor {
                 step_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::InteractionResponse { id, payload } => {
-                self.downlink.answered(Awaited::Exec(id));
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("interaction response"));
                 };
@@ -582,15 +570,13 @@ impl RunActor {
                 _ = resend.tick() => turn.resend_overdue_blobs(&mut self.downlink).await,
                 command = self.commands.recv() => match command {
                     Some(RunCommand::Ordered(input)) => self.after_turn_ended(input).await,
-                    Some(RunCommand::Appended { seqno, input, applied }) => match self.inbox.push(seqno, (input, applied)) {
-                        Ok(Accepted::Ready(inputs)) => {
+                    Some(RunCommand::Appended { seqno, input, applied }) => match self.order(seqno, input, applied) {
+                        Ok(inputs) => {
                             for (input, applied) in inputs {
                                 self.after_turn_ended(input).await;
                                 applied.done();
                             }
                         }
-                        Ok(Accepted::Duplicate((_, applied))) => applied.done(),
-                        Ok(Accepted::Buffered) => {}
                         Err(e) => {
                             tracing::warn!(request_id = %self.request_id, seqno, "append after turn_ended: {e}");
                             return false;
@@ -616,14 +602,49 @@ impl RunActor {
         }
     }
 
+    /// Puts an append in `append_seqno` order; returns the inputs now ready, oldest first. One
+    /// behind a gap waits in the inbox; a duplicate is answered (it was applied, or waits) and
+    /// dropped.
+    fn order(
+        &mut self,
+        seqno: i64,
+        input: ClientInput,
+        applied: Applied,
+    ) -> Result<Vec<(ClientInput, Applied)>, InboxError> {
+        Ok(match self.inbox.push(seqno, (input, applied))? {
+            Accepted::Ready(inputs) => inputs,
+            Accepted::Buffered => {
+                tracing::debug!(request_id = %self.request_id, seqno, expected = self.inbox.expected(), "append buffered behind a gap");
+                Vec::new()
+            }
+            Accepted::Duplicate((_, applied)) => {
+                tracing::debug!(request_id = %self.request_id, seqno, "duplicate append dropped");
+                applied.done();
+                Vec::new()
+            }
+        })
+    }
+
+    /// A request the client answers with `input` is not replayed to a reconnecting RunSSE.
+    fn note_answer(&mut self, input: &ClientInput) {
+        let answered = match input {
+            ClientInput::ExecResult { id, .. }
+            | ClientInput::ExecControl { id, .. }
+            | ClientInput::InteractionResponse { id, .. } => Awaited::Exec(*id),
+            ClientInput::KvResult { id, .. } => Awaited::Kv(*id),
+            _ => return,
+        };
+        self.downlink.answered(answered);
+    }
+
     /// A client message after `turn_ended`: the answers to our SETs count; the rest is logged.
     async fn after_turn_ended(&mut self, input: ClientInput) {
+        self.note_answer(&input);
         let State::Running(turn) = &mut self.state else {
             return;
         };
         match input {
             ClientInput::KvResult { id, payload } => {
-                self.downlink.answered(Awaited::Kv(id));
                 if let Err(e) = turn.on_kv_result(id, payload, &mut self.downlink).await {
                     tracing::warn!(request_id = %self.request_id, "KV result after turn_ended: {e}");
                 }

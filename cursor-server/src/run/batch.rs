@@ -39,8 +39,6 @@ struct Slot {
     index: u32,
     /// The running call; `None` before it starts and once it has its outcome.
     run: Option<ToolRun>,
-    /// The call has its outcome (a call not started yet is still pending).
-    done: bool,
     /// What the checkpoint's graph gets for the finished call — its result, its final card, the
     /// notices it brought — kept until every earlier call of the batch is in the graph.
     graph_entry: Option<(ToolResult, Option<pb::ToolCall>, Vec<String>)>,
@@ -81,7 +79,6 @@ impl Batch {
                     call,
                     index,
                     run: None,
-                    done: false,
                     graph_entry: None,
                 })
                 .collect(),
@@ -140,7 +137,8 @@ impl Batch {
 
     /// Whether every call has its result.
     pub fn complete(&self) -> bool {
-        self.slots.iter().all(|slot| slot.done)
+        // A call enters the graph as soon as it and every call before it have their outcomes.
+        self.in_graph == self.slots.len()
     }
 
     /// The next finished search (the batch holds a sender, so this waits rather than ends).
@@ -302,7 +300,6 @@ impl Batch {
     ) -> Result<(), ServerError> {
         turn.pending.finish_slot(slot);
         let entry = &mut self.slots[slot];
-        entry.done = true;
         let run = entry.run.take();
         let switched_to = match (&run, &ending.outcome) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),
