@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use cursor_server::config::{ModelConfig, Quirks};
 use cursor_server::cursor::checkpoint::{ConversationGraph, StateDetails, roots};
+use cursor_server::cursor::projection::{self, Base};
 use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
@@ -39,8 +40,7 @@ fn graph_with_history(messages: usize) -> ConversationGraph {
         )));
         if i % 10 == 0 {
             graph.begin_turn(&format!("req-{i}"), &pb::UserMessage::default(), 0);
-            let t = graph.turn_blob().expect("turn");
-            graph.finish_turn(&t, 1);
+            graph.close_turn(pb::StepTiming::default());
         }
     }
     graph.begin_turn("req-now", &pb::UserMessage::default(), 0);
@@ -57,6 +57,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
                     client_message_id: String::new(),
                     mode: None,
                     runtime: None,
+                    state_before: None,
                 })
             } else {
                 CanonicalMessage::Assistant(AssistantMessage {
@@ -66,6 +67,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
                     replay: None,
                     model_call_id: format!("mc{i}"),
                     planned_calls: Vec::new(),
+                    thinking_spans: Vec::new(),
                 })
             }
         })
@@ -98,8 +100,8 @@ fn main() {
         },
     };
     println!(
-        "{:>8} {:>16} {:>14} {:>18}",
-        "messages", "checkpoint (µs)", "new bytes", "projection (µs)"
+        "{:>8} {:>16} {:>14} {:>18} {:>18}",
+        "messages", "checkpoint (µs)", "new bytes", "projection (µs)", "re-project (µs)"
     );
     for size in [10, 100, 1_000] {
         let base = graph_with_history(size);
@@ -126,10 +128,21 @@ fn main() {
                 RequestParameters::default(),
             )));
         });
+        // A run's start: the whole graph projected from stored history.
+        let rows: Vec<(String, CanonicalMessage)> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (format!("req-{}", i / 2), m.clone()))
+            .collect();
+        let reproject = time(iterations.min(200), || {
+            let rows = rows.iter().map(|(r, m)| (r.as_str(), m));
+            black_box(projection::project(Base::default(), Vec::new(), rows));
+        });
         println!(
-            "{size:>8} {:>16.2} {new_bytes:>14} {:>18.2}",
+            "{size:>8} {:>16.2} {new_bytes:>14} {:>18.2} {:>18.2}",
             per_checkpoint.as_secs_f64() * 1e6,
-            projection.as_secs_f64() * 1e6
+            projection.as_secs_f64() * 1e6,
+            reproject.as_secs_f64() * 1e6
         );
     }
     let chunk = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}]}"#;

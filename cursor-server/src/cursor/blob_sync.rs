@@ -87,6 +87,11 @@ impl KvSync {
         id
     }
 
+    /// Whether the client holds `blob` or it is on its way there.
+    pub fn reaches_client(&self, blob: BlobId) -> bool {
+        self.acked.contains(&blob) || self.sending.contains(&blob)
+    }
+
     /// A `set_blob_args` for `blob`, unless the client holds it or it is already on its way.
     pub fn store(&mut self, blob: &Blob) -> Option<AgentServerMessage> {
         if self.acked.contains(&blob.id) || !self.sending.insert(blob.id) {

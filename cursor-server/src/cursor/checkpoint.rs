@@ -223,36 +223,52 @@ impl ConversationGraph {
         (state, blob, new_blobs)
     }
 
-    /// Takes the last finished turn out of the list to continue it under `request_id` (a resumed
-    /// run adds its steps to the turn it interrupted).
-    pub fn reopen_last_turn(&mut self, request_id: &str, turn: &AgentConversationTurnStructure) {
-        self.turns.pop();
-        let timing = self.turn_timings.pop().unwrap_or_default();
-        self.current = Some(TurnDraft {
-            started_at_ms: timing.timestamp_ms,
-            request_id: request_id.to_owned(),
-            user_message: BlobId::from_slice(&turn.user_message),
-            steps: turn
-                .steps
-                .iter()
-                .filter_map(|s| BlobId::from_slice(s))
-                .collect(),
-        });
-    }
-
-    pub fn last_turn(&self) -> Option<BlobId> {
-        self.turns.last().copied()
-    }
-
-    /// Closes the current turn with its final structure blob.
-    pub fn finish_turn(&mut self, turn: &Blob, ended_at_ms: u64) {
-        if let Some(current) = self.current.take() {
-            self.turn_timings.push(pb::StepTiming {
-                duration_ms: ended_at_ms.saturating_sub(current.started_at_ms),
-                timestamp_ms: current.started_at_ms,
-            });
+    /// Closes the current turn (if any) with its timing; returns its final structure blob.
+    pub fn close_turn(&mut self, timing: pb::StepTiming) -> Option<Blob> {
+        let turn = self.turn_blob();
+        if let Some(blob) = &turn {
+            self.turns.push(blob.id);
+            self.turn_timings.push(timing);
         }
-        self.turns.push(turn.id);
+        self.current = None;
+        turn
+    }
+
+    /// Appends a step already stored by id (a tool's card) to the current turn.
+    pub fn push_step_id(&mut self, id: BlobId) {
+        if let Some(turn) = &mut self.current {
+            turn.steps.push(id);
+        }
+    }
+
+    /// The run adding to the current turn (a resumed run continues the turn it interrupted).
+    pub fn set_turn_request(&mut self, request_id: &str) {
+        if let Some(turn) = &mut self.current
+            && turn.request_id != request_id
+        {
+            request_id.clone_into(&mut turn.request_id);
+        }
+    }
+
+    /// When the current turn started (ms since the epoch), for its timing entry.
+    pub fn set_turn_started(&mut self, started_at_ms: u64) {
+        if let Some(turn) = &mut self.current {
+            turn.started_at_ms = started_at_ms;
+        }
+    }
+
+    /// The finished turns' timings, in `turns` order.
+    pub fn timings(&self) -> &[pb::StepTiming] {
+        &self.turn_timings
+    }
+
+    pub fn turns(&self) -> &[BlobId] {
+        &self.turns
+    }
+
+    /// How many turns are finished (the next one to begin is at this position).
+    pub fn finished_turns(&self) -> usize {
+        self.turns.len()
     }
 
     pub fn root_count(&self) -> usize {
@@ -443,6 +459,7 @@ impl Import {
 
     fn user_message(origin: Origin, text: String) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            state_before: None,
             origin,
             text,
             client_message_id: String::new(),
@@ -487,6 +504,7 @@ impl Import {
             _ => {
                 self.imported += 1;
                 self.out.push(CanonicalMessage::Assistant(AssistantMessage {
+                    thinking_spans: Vec::new(),
                     text,
                     thinking,
                     model_id: String::new(),
@@ -544,6 +562,7 @@ impl Import {
             }));
             self.out
                 .push(CanonicalMessage::ToolResult(ToolResultRecord {
+                    card: None,
                     model_call_id,
                     index,
                     result: ToolResult {
@@ -677,7 +696,13 @@ mod tests {
         assert_eq!(state_blob.edges.len(), 3);
         assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
 
-        graph.finish_turn(&turn, 1_500);
+        assert_eq!(
+            graph.close_turn(pb::StepTiming {
+                duration_ms: 500,
+                timestamp_ms: 1_000
+            }),
+            Some(turn.clone())
+        );
         let details = sample_details();
         let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
         let run = &next_state.subagent_runs_by_parent_tool_call_id["call-task"];

@@ -10,6 +10,7 @@ pub mod exec;
 pub mod handlers;
 pub mod interaction;
 pub mod pending;
+pub mod projection;
 pub mod proto;
 pub mod run_sse;
 pub mod tool_result;

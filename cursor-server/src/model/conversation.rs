@@ -23,6 +23,25 @@ impl BlobId {
     }
 }
 
+/// Stored in history as lowercase hex (a card's or a state's id).
+impl Serialize for BlobId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for BlobId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<BlobId, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        hex::decode(&text)
+            .ok()
+            .and_then(|bytes| BlobId::from_slice(&bytes))
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("{text:?} is not a 32-byte hex blob id"))
+            })
+    }
+}
+
 impl std::fmt::Display for BlobId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.to_hex())

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::conversation::Mode;
+use super::conversation::{BlobId, Mode};
 use super::runtime_tag::{RuntimeEvent, RuntimeTag};
 use super::tool::{ToolCall, ToolResult};
 
@@ -71,6 +71,10 @@ pub struct UserMessage {
     /// For a runtime message: the event it tells (absent for the user's own messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<super::runtime_tag::RuntimeEvent>,
+    /// For the user's own message: the checkpoint the client held when it sent it (Cursor's
+    /// `conversation_state_blob_id`, the state "restore checkpoint" returns to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_before: Option<BlobId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +96,40 @@ pub struct AssistantMessage {
     /// without a stored result are known, and only those run again (`resume_action`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub planned_calls: Vec<ToolCall>,
+    /// How `thinking` was shown: one span per thinking segment, in order (the checkpoint's
+    /// thinking steps are projected from these).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking_spans: Vec<ThinkingSpan>,
+}
+
+/// One thinking segment of an assistant message: its length in bytes of `thinking` and how long
+/// the model thought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinkingSpan {
+    pub bytes: u32,
+    pub ms: u32,
+}
+
+impl AssistantMessage {
+    /// The thinking segments as shown: (text, duration). A message stored before segments were
+    /// recorded shows its thinking as one segment of unknown (1 ms) duration.
+    pub fn thinking_segments(&self) -> Vec<(&str, u32)> {
+        if self.thinking_spans.is_empty() {
+            return if self.thinking.is_empty() {
+                Vec::new()
+            } else {
+                vec![(self.thinking.as_str(), 1)]
+            };
+        }
+        let mut at = 0usize;
+        let mut out = Vec::with_capacity(self.thinking_spans.len());
+        for span in &self.thinking_spans {
+            let end = (at + span.bytes as usize).min(self.thinking.len());
+            out.push((self.thinking.get(at..end).unwrap_or_default(), span.ms));
+            at = end;
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +145,10 @@ pub struct ToolResultRecord {
     pub model_call_id: String,
     pub index: u32,
     pub result: ToolResult,
+    /// The call's finished card (a `ConversationStep` blob, stored before this record): the
+    /// checkpoint's tool step. `None` for calls that never showed a card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<BlobId>,
 }
 
 /// Endpoint-family-specific replay data, kept byte for byte.
@@ -136,6 +178,7 @@ impl RuntimeTag {
             client_message_id: String::new(),
             mode: self.event.new_mode(),
             runtime: Some(self.event.clone()),
+            state_before: None,
         })
     }
 }

@@ -130,6 +130,7 @@ mod tests {
         assert_ne!(chosen.event_id, reminder.event_id);
         let history = vec![
             CanonicalMessage::User(UserMessage {
+                state_before: None,
                 origin: Origin::User,
                 text: "hi".into(),
                 client_message_id: String::new(),

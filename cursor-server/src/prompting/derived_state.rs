@@ -138,6 +138,7 @@ mod tests {
                 },
             }),
             CanonicalMessage::ToolResult(ToolResultRecord {
+                card: None,
                 model_call_id: "m".into(),
                 index: 0,
                 result: ToolResult {

@@ -459,6 +459,7 @@ mod tests {
 
     fn user(text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            state_before: None,
             origin: Origin::User,
             text: text.into(),
             client_message_id: String::new(),
@@ -484,6 +485,7 @@ mod tests {
         };
         let result = |index: u32| {
             CanonicalMessage::ToolResult(ToolResultRecord {
+                card: None,
                 model_call_id: "mc1".into(),
                 index,
                 result: ToolResult {
@@ -497,6 +499,7 @@ mod tests {
         vec![
             user("hi"),
             CanonicalMessage::Assistant(AssistantMessage {
+                thinking_spans: Vec::new(),
                 text: String::new(),
                 thinking: "t".into(),
                 model_id: "m".into(),
@@ -690,6 +693,7 @@ mod tests {
             RequestParameters::default(),
         ));
         history.push(CanonicalMessage::Assistant(AssistantMessage {
+            thinking_spans: Vec::new(),
             text: "hello".into(),
             thinking: "t".into(),
             model_id: "m".into(),

@@ -10,14 +10,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::command::ExecControl;
-use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode, user_texts};
+use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode};
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
-use crate::cursor::proto::agent as pb;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::{ToolOutcome, ToolStep};
 use crate::cursor::tools::{ToolKind, ToolRun, task};
 use crate::error::ServerError;
+use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::prompting::compiler;
@@ -39,9 +39,6 @@ struct Slot {
     index: u32,
     /// The running call; `None` before it starts and once it has its outcome.
     run: Option<ToolRun>,
-    /// What the checkpoint's graph gets for the finished call — its result, its final card, the
-    /// notices it brought — kept until every earlier call of the batch is in the graph.
-    graph_entry: Option<(ToolResult, Option<pb::ToolCall>, Vec<String>)>,
 }
 
 /// How one call ended: its final card (when one was drawn), what the model reads, and the typed
@@ -55,8 +52,8 @@ struct Ending {
 
 pub(super) struct Batch {
     slots: Vec<Slot>,
-    /// The calls `slots[..in_graph]` are in the checkpoint's graph; the rest are pending there.
-    in_graph: usize,
+    /// How many calls have their result stored.
+    finished: usize,
     /// Server-side searches report back here (the sender is cloned into each search task).
     searches: (mpsc::Sender<SearchDone>, mpsc::Receiver<SearchDone>),
     /// Cancels the batch's searches when the batch is gone.
@@ -79,10 +76,9 @@ impl Batch {
                     call,
                     index,
                     run: None,
-                    graph_entry: None,
                 })
                 .collect(),
-            in_graph: 0,
+            finished: 0,
             searches: mpsc::channel(4),
             _cancel_on_drop: cancel.clone().drop_guard(),
             cancel,
@@ -137,8 +133,7 @@ impl Batch {
 
     /// Whether every call has its result.
     pub fn complete(&self) -> bool {
-        // A call enters the graph as soon as it and every call before it have their outcomes.
-        self.in_graph == self.slots.len()
+        self.finished == self.slots.len()
     }
 
     /// The next finished search (the batch holds a sender, so this waits rather than ends).
@@ -307,6 +302,10 @@ impl Batch {
         }
         .filter(|to| *to != turn.mode());
         let final_card = ending.outcome.as_ref().map(|o| (*o.card).clone());
+        let card = match final_card {
+            Some(card) => Some(turn.checkpoints.stash_card(card).await?),
+            None => None,
+        };
         if let Some(outcome) = ending.outcome {
             out.send_message(&interaction::tool_call_completed(
                 &entry.call.call_id,
@@ -328,42 +327,20 @@ impl Batch {
                 }),
             },
         );
-        let notices = persist(turn, entry.index, &call, &result, switched_to).await?;
+        let appended = persist(turn, entry.index, &call, &result, card, switched_to).await?;
+        self.finished += 1;
         if let Some(to) = switched_to {
             switch_mode(turn, to);
         }
         refold(turn, run.as_ref().map(ToolRun::kind), &call);
-        self.slots[slot].graph_entry = Some((result, final_card, notices));
-        self.add_to_graph(turn, out).await
-    }
-
-    /// Adds the finished calls to the checkpoint's graph in call order — the order the model's
-    /// requests project them in (protocol.md §7), whatever order they finished in — and publishes
-    /// a checkpoint naming every call not in it yet as pending, started or not.
-    async fn add_to_graph(
-        &mut self,
-        turn: &mut Turn,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let before = self.in_graph;
-        while let Some(slot) = self.slots.get_mut(self.in_graph)
-            && let Some((result, card, notices)) = slot.graph_entry.take()
-        {
-            turn.checkpoints
-                .tool_completed(&slot.call, &result, card, &notices, out)
-                .await?;
-            self.in_graph += 1;
+        // The graph adds the batch in call order — the order the model's requests project it in
+        // (protocol.md §7) — whatever order the calls finish in; a checkpoint names every call not
+        // in it yet as pending, started or not.
+        if turn.checkpoints.committed(&appended, out).await? {
+            let details = turn.state_details(turn.checkpoints.pending_calls(), None);
+            turn.checkpoints.checkpoint(&details, out).await?;
         }
-        if self.in_graph == before {
-            // An earlier call is still running: the graph has nothing new to publish.
-            return Ok(());
-        }
-        let pending: Vec<ToolCall> = self.slots[self.in_graph..]
-            .iter()
-            .map(|slot| slot.call.clone())
-            .collect();
-        let details = turn.state_details(pending, None);
-        turn.checkpoints.checkpoint(&details, out).await
+        Ok(())
     }
 
     /// Ends every running call with `reason` on its card (nothing is persisted).
@@ -382,15 +359,17 @@ impl Batch {
     }
 }
 
-/// Stores the call and its result in one transaction — with the notice of an approved mode switch,
-/// so the model is told in the same transaction — and returns the notices' texts.
+/// Stores the call and its result (naming its card) in one transaction — with the notice of an
+/// approved mode switch, so the model is told in the same transaction — and returns what was
+/// stored.
 async fn persist(
     turn: &mut Turn,
     index: u32,
     call: &ToolCall,
     result: &ToolResult,
+    card: Option<BlobId>,
     switched_to: Option<crate::model::conversation::Mode>,
-) -> Result<Vec<String>, ServerError> {
+) -> Result<Vec<CanonicalMessage>, ServerError> {
     let pair = [
         CanonicalMessage::ToolCall(ToolCallRecord {
             model_call_id: turn.model_call_id.clone(),
@@ -398,6 +377,7 @@ async fn persist(
             call: call.clone(),
         }),
         CanonicalMessage::ToolResult(ToolResultRecord {
+            card,
             model_call_id: turn.model_call_id.clone(),
             index,
             result: result.clone(),
@@ -416,9 +396,8 @@ async fn persist(
         &notice,
     )
     .await?;
-    let notices = user_texts(&appended[pair.len()..]);
-    turn.history.extend(appended);
-    Ok(notices)
+    turn.history.extend_from_slice(&appended);
+    Ok(appended)
 }
 
 /// Folds again what the finished call may have changed: the todo list, the subagent runs.

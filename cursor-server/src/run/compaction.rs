@@ -97,6 +97,7 @@ impl Compaction {
         );
         let mut covered = turn.history[..through].to_vec();
         covered.push(CanonicalMessage::User(UserMessage {
+            state_before: None,
             origin: Origin::Runtime,
             text: COMPACTION_REQUEST.to_owned(),
             client_message_id: String::new(),
@@ -155,11 +156,9 @@ impl Compaction {
             std::slice::from_ref(&tag),
         )
         .await?;
+        turn.checkpoints.committed(&appended, out).await?;
         turn.history.extend(appended);
         turn.compactions = self.number;
-        turn.checkpoints
-            .runtime_messages(std::slice::from_ref(&tag.text), out)
-            .await?;
         Ok(self.then)
     }
 }

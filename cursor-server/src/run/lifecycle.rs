@@ -7,17 +7,22 @@ use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::interaction;
+use crate::cursor::projection::{self, Base, NewBlobs, Projection};
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
 use crate::cursor::run_sse::Downlink;
 use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
-use crate::model::tool::{ToolCall, ToolResult};
+use crate::model::message::{CanonicalMessage, Origin};
+use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::store::blobs::{self, Edge};
+use crate::store::messages::Stored;
 use crate::store::{Store, StoreError, conversations, outbox};
 
 use std::collections::HashMap;
+
+use prost::Message as _;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -82,15 +87,16 @@ fn decode_stored<M: prost::Message + Default>(
     })
 }
 
-/// Publishes the run's checkpoints: builds the blob graph as history grows, stores each new blob in
-/// the CAS and asks the client to store it, and publishes a checkpoint only once every blob it
-/// references is acknowledged (protocol.md §7). Owned by the run's turn loop.
+/// Publishes the run's checkpoints: keeps the blob graph as the projection of history
+/// (`cursor/projection.rs`) — re-projected when the run starts, extended by each commit — stores
+/// each new blob in the CAS and asks the client to store it, and publishes a checkpoint only once
+/// every blob it references is acknowledged (protocol.md §7). Owned by the run's turn loop.
 pub struct Checkpoints {
     /// The run's handle on the store: blobs, outbox, the conversation head.
     store: Store,
     conversation_id: String,
     request_id: String,
-    graph: ConversationGraph,
+    projection: Projection,
     kv: KvSync,
     gate: CheckpointGate<(ConversationStateStructure, BlobId)>,
     /// Every blob sent in this run: the newest checkpoint references them all.
@@ -103,104 +109,228 @@ pub struct Checkpoints {
     previous_head: Option<BlobId>,
     /// The mode recorded in that state (a resumed run continues in it).
     previous_mode: Option<Mode>,
-    /// Blobs an earlier run sent and never got acknowledged (outbox): sent again with the first
-    /// new blobs of this run.
+    /// Blobs to send with the first new blobs of this run, read from the CAS: those an earlier
+    /// run sent and never got acknowledged (outbox), and those a re-projection names.
     owed: Vec<BlobId>,
+    /// Blobs built by opening the run (a new base, a healed graph): stored and sent with the first
+    /// new blobs.
+    opening: Vec<Blob>,
+    /// Tool cards stored for results about to be committed: sent from memory, not read back.
+    cards: HashMap<BlobId, Blob>,
+    /// The base is the client's state until the import sets it (with the messages it covers).
+    importing: bool,
     /// The turn's last checkpoints wait for `turn_ended` before they are published.
     held: bool,
     /// The transitional checkpoint, published right before the final one (whose id is first).
     transitional: Option<(BlobId, (ConversationStateStructure, BlobId))>,
 }
 
-/// What opens a turn in the graph: the mode's system prompt (the first root of a new
-/// conversation) and the user's message in the mode they picked.
-#[derive(Debug, Clone, Copy)]
-pub struct TurnOpening<'a> {
-    pub system: &'a str,
-    /// The injected-context message stored before the user's, if there is a new one.
-    pub context: Option<&'a str>,
-    pub mode: Mode,
-    pub user_text: &'a str,
-    pub user_message_id: &'a str,
+/// The newest checkpoint this server built for the conversation (published, or left unpublished
+/// in the outbox by an earlier run), decoded.
+async fn newest_state(
+    store: &Store,
+    newest: Option<BlobId>,
+) -> Result<Option<(BlobId, ConversationStateStructure)>, ServerError> {
+    let Some(id) = newest else {
+        return Ok(None);
+    };
+    let Some(data) = blobs::get(store, id).await? else {
+        return Ok(None);
+    };
+    let state = decode_stored::<ConversationStateStructure>(
+        &data,
+        "agent.v1.ConversationStateStructure",
+        id,
+    )?;
+    Ok(Some((id, state)))
+}
+
+/// The base recorded for the conversation.
+async fn stored_base(store: &Store, id: BlobId, covers: usize) -> Result<Base, ServerError> {
+    let Some(data) = blobs::get(store, id).await? else {
+        return Err(StoreError::MissingBlob(id).into());
+    };
+    let state = decode_stored::<ConversationStateStructure>(
+        &data,
+        "agent.v1.ConversationStateStructure",
+        id,
+    )?;
+    Ok(Base {
+        graph: ConversationGraph::from_state(&state),
+        covers,
+    })
+}
+
+/// Records `graph` as the conversation's base covering its first `covers` messages (a base a
+/// concurrent first run set first is kept); the base's roots go out with the run's first blobs.
+async fn set_base(
+    store: &Store,
+    conversation_id: &str,
+    graph: ConversationGraph,
+    covers: usize,
+) -> Result<Base, ServerError> {
+    let (_, state_blob, _) = graph.state(None, &StateDetails::default());
+    blobs::put_all(store, &[(state_blob.id, state_blob.data.as_ref(), &[])]).await?;
+    let (id, covers_in_force) =
+        conversations::set_base(store, conversation_id, state_blob.id, covers).await?;
+    if id == state_blob.id {
+        Ok(Base { graph, covers })
+    } else {
+        stored_base(store, id, covers_in_force).await
+    }
+}
+
+/// The conversation's base: as recorded; else, for its first run, the client's state (an import,
+/// recorded once its messages are stored: `importing`), the newest checkpoint (a conversation
+/// stored before bases existed, taken to cover its history) or the mode's system prompt.
+async fn base_of(
+    store: &Store,
+    conversation_id: &str,
+    client_state: Option<&ConversationStateStructure>,
+    newest: Option<&ConversationStateStructure>,
+    stored_messages: usize,
+    system: &str,
+) -> Result<(Base, bool), ServerError> {
+    if let Some((id, covers)) = conversations::base(store, conversation_id).await? {
+        return Ok((stored_base(store, id, covers).await?, false));
+    }
+    let base = match (client_state, newest) {
+        (Some(client), None) if stored_messages == 0 => {
+            let graph = ConversationGraph::from_state(client);
+            return Ok((Base { graph, covers: 0 }, true));
+        }
+        (_, Some(state)) if stored_messages > 0 => {
+            let graph = ConversationGraph::from_state(state);
+            set_base(store, conversation_id, graph, stored_messages).await?
+        }
+        _ => {
+            let mut graph = ConversationGraph::default();
+            let root = graph.push_root(&roots::system(system));
+            blobs::put_all(store, &[(root.id, root.data.as_ref(), &[])]).await?;
+            set_base(store, conversation_id, graph, 0).await?
+        }
+    };
+    Ok((base, false))
+}
+
+/// Whether the run starts by sending the projection's blobs: when the newest checkpoint differs
+/// from the projection of history (it is continued from the projection), or none was published.
+fn must_heal(
+    conversation_id: &str,
+    newest: Option<&(BlobId, ConversationStateStructure)>,
+    projection: &Projection,
+    importing: bool,
+) -> bool {
+    match newest {
+        Some((id, state)) if !projects_to(projection, state) => {
+            tracing::warn!(
+                conversation_id,
+                checkpoint = %id,
+                roots = state.root_prompt_messages_json.len(),
+                projected_roots = projection.graph().root_count(),
+                "the newest checkpoint differs from the projection of history; continuing from the projection"
+            );
+            true
+        }
+        Some(_) => false,
+        None => !importing,
+    }
+}
+
+/// Whether `state` names exactly the roots and turns the projection has.
+fn projects_to(projection: &Projection, state: &ConversationStateStructure) -> bool {
+    let graph = projection.graph();
+    let ids = |list: &[Vec<u8>]| -> Vec<BlobId> {
+        list.iter()
+            .filter_map(|id| BlobId::from_slice(id))
+            .collect()
+    };
+    let mut turns = graph.turns().to_vec();
+    turns.extend(graph.turn_blob().map(|turn| turn.id));
+    ids(&state.root_prompt_messages_json) == graph.roots() && ids(&state.turns) == turns
 }
 
 impl Checkpoints {
-    /// Continues the conversation's graph from its stored head and opens this run's turn.
-    pub async fn start(
-        store: Store,
-        conversation_id: &str,
-        request_id: &str,
-        opening: TurnOpening<'_>,
-        out: &mut Downlink,
-    ) -> Result<Checkpoints, ServerError> {
-        let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
-        checkpoints.begin_turn(request_id, opening, out).await?;
-        Ok(checkpoints)
-    }
-
-    /// The conversation's graph: from the newest checkpoint this server built (published, or
-    /// left unpublished in the outbox by an earlier run), else from the state the client sent
-    /// (`client_state`, for a conversation being imported; the client holds those blobs).
+    /// The conversation's graph projected from its stored `history` (each message with the run
+    /// that appended it) and its base — the client's state for a conversation being imported
+    /// (`client_state`; the client holds those blobs) — then compared with the newest checkpoint
+    /// this server built: what that checkpoint lacks (a crash between a commit and its
+    /// checkpoint) is in this run's graph.
     pub async fn open(
         store: Store,
         conversation_id: &str,
         request_id: &str,
         client_state: Option<&ConversationStateStructure>,
+        history: &[Stored],
+        system: &str,
     ) -> Result<Checkpoints, ServerError> {
         let head = conversations::head(&store, conversation_id).await?;
         let owed = outbox::pending(&store, conversation_id).await?;
         let mut acked = blobs::acked(&store, conversation_id).await?;
-        let newest = owed.checkpoint.or(head.map(|(id, _)| id));
         let revision = head.map_or(0, |(_, revision)| revision);
-        let mut previous_mode = None;
-        let (graph, previous_head) = match (newest, client_state) {
-            (Some(id), _) => match blobs::get(&store, id).await? {
-                Some(data) => {
-                    let state = decode_stored::<ConversationStateStructure>(
-                        &data,
-                        "agent.v1.ConversationStateStructure",
-                        id,
-                    )?;
-                    previous_mode = state.mode.and_then(|m| checkpoint::mode_of(m).ok());
-                    (ConversationGraph::from_state(&state), Some(id))
-                }
-                None => (ConversationGraph::default(), None),
-            },
-            (None, Some(state)) => {
-                acked.extend(
-                    state
-                        .root_prompt_messages_json
-                        .iter()
-                        .chain(&state.turns)
-                        .filter_map(|id| BlobId::from_slice(id)),
-                );
-                (ConversationGraph::from_state(state), None)
-            }
-            (None, None) => (ConversationGraph::default(), None),
-        };
-        if !owed.blobs.is_empty() {
-            tracing::info!(
-                conversation_id,
-                owed = owed.blobs.len(),
-                "an earlier run left blobs unacknowledged; sending them again"
+        let newest = newest_state(&store, owed.checkpoint.or(head.map(|(id, _)| id))).await?;
+        if let (None, Some(state)) = (&newest, client_state) {
+            acked.extend(
+                state
+                    .root_prompt_messages_json
+                    .iter()
+                    .chain(&state.turns)
+                    .filter_map(|id| BlobId::from_slice(id)),
             );
         }
+        let timings = newest
+            .as_ref()
+            .map(|(_, state)| state)
+            .or(client_state)
+            .map(|state| state.turn_timings.clone())
+            .unwrap_or_default();
+        let (base, importing) = base_of(
+            &store,
+            conversation_id,
+            client_state,
+            newest.as_ref().map(|(_, state)| state),
+            history.len(),
+            system,
+        )
+        .await?;
+        let rows = history
+            .iter()
+            .map(|row| (row.request_id.as_str(), &row.message));
+        let (projection, built) = projection::project(base, timings, rows);
+        let mut owed_blobs = owed.blobs;
+        let mut opening = Vec::new();
+        let heal = must_heal(conversation_id, newest.as_ref(), &projection, importing);
+        if heal {
+            // A new base's roots are the client's only once sent; a recorded base's were sent.
+            if newest.is_none() {
+                owed_blobs.extend(projection.base_roots());
+            }
+            opening.extend(built.built);
+            owed_blobs.extend(built.stored);
+        }
+        let previous_mode = newest
+            .as_ref()
+            .and_then(|(_, state)| state.mode)
+            .and_then(|m| checkpoint::mode_of(m).ok());
         Ok(Checkpoints {
             store,
             conversation_id: conversation_id.to_owned(),
             request_id: request_id.to_owned(),
             previous_mode,
-            owed: owed.blobs,
+            previous_head: newest.map(|(id, _)| id),
+            owed: owed_blobs,
+            opening,
+            cards: HashMap::new(),
+            importing,
             held: false,
             transitional: None,
-            graph,
+            projection,
             kv: KvSync::with_acked(acked),
             gate: CheckpointGate::default(),
             referenced: Vec::new(),
             outstanding: HashMap::new(),
             revision,
             last_published: None,
-            previous_head,
         })
     }
 
@@ -209,55 +339,89 @@ impl Checkpoints {
         self.previous_mode
     }
 
-    /// Opens this run's turn with the user's message.
-    pub async fn begin_turn(
-        &mut self,
-        request_id: &str,
-        opening: TurnOpening<'_>,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let TurnOpening {
-            system,
-            context,
-            mode,
-            user_text,
-            user_message_id,
-        } = opening;
-        let mut new_blobs = Vec::new();
-        if self.graph.root_count() == 0 {
-            new_blobs.push(self.graph.push_root(&roots::system(system)));
-        }
-        if let Some(context) = context {
-            new_blobs.push(self.graph.push_root(&roots::user(context)));
-        }
-        new_blobs.push(self.graph.push_root(&roots::user(user_text)));
-        new_blobs.push(
-            self.graph.begin_turn(
-                request_id,
-                &pb::UserMessage {
-                    text: user_text.to_owned(),
-                    message_id: user_message_id.to_owned(),
-                    conversation_state_blob_id: self
-                        .previous_head
-                        .map(|id| id.0.to_vec())
-                        .unwrap_or_default(),
-                    mode: checkpoint::agent_mode(mode),
-                    ..pb::UserMessage::default()
-                },
-                now_ms(),
-            ),
-        );
-        self.emit(new_blobs, out).await
+    /// The checkpoint the client holds before this run (a new user message records it).
+    pub fn previous_head(&self) -> Option<BlobId> {
+        self.previous_head
     }
 
-    /// Forgets roots the client could not produce (see `ConversationGraph::drop_roots`).
-    pub fn forget_missing_roots(&mut self, missing: &[BlobId]) {
-        self.graph.drop_roots(missing);
+    /// Messages this run committed enter the graph (in the order the store holds them); their
+    /// blobs are stored and sent. Returns whether the graph grew.
+    pub async fn committed(
+        &mut self,
+        messages: &[CanonicalMessage],
+        out: &mut Downlink,
+    ) -> Result<bool, ServerError> {
+        let turns = self.projection.graph().finished_turns();
+        let began = messages
+            .iter()
+            .any(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User));
+        let mut new_blobs = NewBlobs::default();
+        for message in messages {
+            self.projection
+                .apply(&self.request_id, message, &mut new_blobs);
+        }
+        if began || self.projection.graph().finished_turns() != turns {
+            // This run's user message opened a new turn: it started now.
+            self.projection.graph_mut().set_turn_started(now_ms());
+        }
+        let grew = !new_blobs.is_empty();
+        let mut blobs = new_blobs.built;
+        for id in new_blobs.stored {
+            match self.cards.remove(&id) {
+                Some(card) => blobs.push(card),
+                None => self.owed.push(id),
+            }
+        }
+        self.emit(blobs, out).await?;
+        Ok(grew)
+    }
+
+    /// Stores a tool's finished card as a step blob before its result is committed (the result
+    /// names it); returns its id.
+    pub async fn stash_card(&mut self, card: pb::ToolCall) -> Result<BlobId, ServerError> {
+        let blob = Blob::new(
+            pb::ConversationStep {
+                message: Some(conversation_step::Message::ToolCall(card)),
+            }
+            .encode_to_vec(),
+            Vec::new(),
+        );
+        blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
+        let id = blob.id;
+        self.cards.insert(id, blob);
+        Ok(id)
+    }
+
+    /// The calls of the open batch not in the graph yet (the checkpoint's pending calls).
+    pub fn pending_calls(&self) -> Vec<ToolCall> {
+        self.projection.pending_calls()
+    }
+
+    /// The imported messages are stored: the client's roots (less those it could not produce)
+    /// become the graph's base, covering them.
+    pub async fn imported(
+        &mut self,
+        missing: &[BlobId],
+        covers: usize,
+        system: &str,
+    ) -> Result<(), ServerError> {
+        if !std::mem::take(&mut self.importing) {
+            return Ok(());
+        }
+        let mut graph = self.projection.graph().clone();
+        graph.drop_roots(missing);
+        if graph.root_count() == 0 {
+            self.opening.push(graph.push_root(&roots::system(system)));
+        }
+        let timings = graph.timings().to_vec();
+        let base = set_base(&self.store, &self.conversation_id, graph, covers).await?;
+        self.projection = Projection::new(base, timings);
+        Ok(())
     }
 
     /// Asks the client for every root of the graph (importing a conversation); returns their ids.
     pub async fn fetch_roots(&mut self, out: &mut Downlink) -> Vec<BlobId> {
-        let roots = self.graph.roots().to_vec();
+        let roots = self.projection.graph().roots().to_vec();
         for id in &roots {
             out.send_message(&self.kv.fetch(*id)).await;
         }
@@ -269,55 +433,28 @@ impl Checkpoints {
         out.send_message(&self.kv.fetch(id)).await;
     }
 
-    /// Continues the conversation's last turn (a resumed run has no new user message).
-    pub async fn resume(
-        store: Store,
-        conversation_id: &str,
-        request_id: &str,
-    ) -> Result<Checkpoints, ServerError> {
-        let mut checkpoints = Checkpoints::open(store, conversation_id, request_id, None).await?;
-        if let Some(last) = checkpoints.graph.last_turn()
-            && let Some(data) = blobs::get(&checkpoints.store, last).await?
-        {
-            let turn = decode_stored::<pb::ConversationTurnStructure>(
-                &data,
-                "agent.v1.ConversationTurnStructure",
-                last,
-            )?;
-            if let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(turn)) =
-                turn.turn
-            {
-                checkpoints.graph.reopen_last_turn(request_id, &turn);
+    /// Stores `new_blobs` (after what opening the run built and what the client may lack), sends
+    /// those the client does not hold yet, and records them in the outbox until they are
+    /// acknowledged.
+    async fn emit(&mut self, new_blobs: Vec<Blob>, out: &mut Downlink) -> Result<(), ServerError> {
+        let mut all = std::mem::take(&mut self.opening);
+        for id in std::mem::take(&mut self.owed) {
+            if self.kv.reaches_client(id) {
+                continue;
             }
-        }
-        Ok(checkpoints)
-    }
-
-    /// Stores `new_blobs` (and whatever an earlier run still owes), sends those the client does
-    /// not hold yet, and records them in the outbox until they are acknowledged.
-    async fn emit(
-        &mut self,
-        mut new_blobs: Vec<Blob>,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        if !self.owed.is_empty() {
-            let mut owed = Vec::new();
-            for id in std::mem::take(&mut self.owed) {
-                match blobs::get(&self.store, id).await? {
-                    Some(data) => owed.push(Blob {
-                        id,
-                        data: data.into(),
-                        edges: Vec::new(),
-                    }),
-                    None => {
-                        tracing::warn!(conversation_id = %self.conversation_id, blob = %id, "an owed blob is no longer stored")
-                    }
+            match blobs::get(&self.store, id).await? {
+                Some(data) => all.push(Blob {
+                    id,
+                    data: data.into(),
+                    edges: Vec::new(),
+                }),
+                None => {
+                    tracing::warn!(conversation_id = %self.conversation_id, blob = %id, "an owed blob is no longer stored")
                 }
             }
-            owed.append(&mut new_blobs);
-            new_blobs = owed;
         }
-        let edges: Vec<Vec<Edge<'_>>> = new_blobs
+        all.extend(new_blobs);
+        let edges: Vec<Vec<Edge<'_>>> = all
             .iter()
             .map(|blob| {
                 blob.edges
@@ -330,7 +467,7 @@ impl Checkpoints {
                     .collect()
             })
             .collect();
-        let stored: Vec<(BlobId, &[u8], &[Edge<'_>])> = new_blobs
+        let stored: Vec<(BlobId, &[u8], &[Edge<'_>])> = all
             .iter()
             .zip(&edges)
             .map(|(blob, edges)| (blob.id, blob.data.as_ref(), edges.as_slice()))
@@ -338,7 +475,7 @@ impl Checkpoints {
         blobs::put_all(&self.store, &stored).await?;
         drop(stored);
         let mut sent = Vec::new();
-        for blob in new_blobs {
+        for blob in all {
             if let Some(message) = self.kv.store(&blob) {
                 out.send_message(&message).await;
                 sent.push(blob.id);
@@ -351,108 +488,17 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// A finished thinking segment.
-    pub async fn thinking(
-        &mut self,
-        text: &str,
-        duration_ms: u32,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let step = self
-            .graph
-            .push_step(conversation_step::Message::ThinkingMessage(
-                pb::ThinkingMessage {
-                    text: text.to_owned(),
-                    duration_ms,
-                },
-            ));
-        self.emit(vec![step], out).await
-    }
-
-    /// Runtime messages (mode notices, reminders) appended to history: roots the model sees.
-    pub async fn runtime_messages(
-        &mut self,
-        texts: &[String],
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let new_blobs = texts
-            .iter()
-            .map(|text| self.graph.push_root(&roots::user(text)))
-            .collect();
-        self.emit(new_blobs, out).await
-    }
-
-    /// A completed provider call's text and reasoning.
-    pub async fn assistant(
-        &mut self,
-        text: &str,
-        reasoning: &str,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let mut new_blobs = Vec::new();
-        if !text.is_empty() {
-            new_blobs.push(
-                self.graph
-                    .push_step(conversation_step::Message::AssistantMessage(
-                        pb::AssistantMessage {
-                            text: text.to_owned(),
-                        },
-                    )),
-            );
-        }
-        if !text.is_empty() || !reasoning.is_empty() {
-            new_blobs.push(self.graph.push_root(&roots::assistant(text, reasoning)));
-        }
-        self.emit(new_blobs, out).await
-    }
-
-    /// A completed tool call enters the graph: its card as a step, its call and result as roots,
-    /// then the runtime messages it brought (a mode notice). The batch adds calls in call order
-    /// and checkpoints after.
-    pub async fn tool_completed(
-        &mut self,
-        call: &ToolCall,
-        result: &ToolResult,
-        card: Option<pb::ToolCall>,
-        notices: &[String],
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
-        let mut new_blobs = Vec::new();
-        if let Some(card) = card {
-            new_blobs.push(
-                self.graph
-                    .push_step(conversation_step::Message::ToolCall(card)),
-            );
-        }
-        new_blobs.push(self.graph.push_root(&roots::tool_call(
-            &call.call_id,
-            &call.name,
-            &call.arguments,
-        )));
-        new_blobs.push(self.graph.push_root(&roots::tool_result(
-            &call.call_id,
-            &call.name,
-            &result.content,
-            result.is_error,
-        )));
-        new_blobs.extend(
-            notices
-                .iter()
-                .map(|text| self.graph.push_root(&roots::user(text))),
-        );
-        self.emit(new_blobs, out).await
-    }
-
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.
     pub async fn checkpoint(
         &mut self,
         details: &StateDetails,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
-        let Some(turn) = self.graph.turn_blob() else {
+        let Some(turn) = self.projection.graph().turn_blob() else {
             return Ok(());
         };
-        let (state, state_blob, mut new_blobs) = self.graph.state(Some(&turn), details);
+        let (state, state_blob, mut new_blobs) =
+            self.projection.graph().state(Some(&turn), details);
         let state_id = state_blob.id;
         new_blobs.push(turn);
         new_blobs.push(state_blob);
@@ -481,12 +527,12 @@ impl Checkpoints {
         last: &StateDetails,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
-        let Some(turn) = self.graph.turn_blob() else {
+        let Some(turn) = self.projection.graph().turn_blob() else {
             return Ok(());
         };
         let (transitional_state, transitional_blob, mut new_blobs) =
-            self.graph.state(Some(&turn), transitional);
-        let (final_state, final_blob, _) = self.graph.state(Some(&turn), last);
+            self.projection.graph().state(Some(&turn), transitional);
+        let (final_state, final_blob, _) = self.projection.graph().state(Some(&turn), last);
         let (transitional_id, final_id) = (transitional_blob.id, final_blob.id);
         new_blobs.extend([turn, transitional_blob, final_blob]);
         self.emit(new_blobs, out).await?;

@@ -27,7 +27,7 @@ use crate::cursor::tools::edit::FieldStreamer;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::message::latest_compaction;
-use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay};
+use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay, ThinkingSpan};
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::provider::{FinishReason, ProviderError, ResponseEvent};
@@ -75,8 +75,10 @@ struct Draft {
     replay: Option<ProviderReplay>,
     /// Set while a thinking segment is open (monotonic clock).
     thinking_since: Option<Instant>,
-    /// The open thinking segment's text (for its checkpoint step).
-    thinking_segment: String,
+    /// The open thinking segment's length in bytes of `thinking`.
+    thinking_segment_bytes: usize,
+    /// The closed thinking segments (the committed message's thinking steps).
+    thinking_spans: Vec<ThinkingSpan>,
     usage: Option<Usage>,
     calls: Vec<DraftCall>,
 }
@@ -289,7 +291,7 @@ impl TurnLoop {
                         .await;
                 }
                 if let ResponseEvent::Finished(reason) = event {
-                    streaming.close_thinking(&mut self.turn, out).await?;
+                    streaming.close_thinking(out).await;
                     warn_unfinished(&self.turn, &reason);
                     return self.complete_call(out).await;
                 }
@@ -339,6 +341,7 @@ impl TurnLoop {
             .collect();
         let turn = &mut self.turn;
         let assistant = AssistantMessage {
+            thinking_spans: Vec::new(),
             text: draft.text,
             thinking: draft.thinking,
             model_id: turn.model_id().to_owned(),
@@ -348,11 +351,9 @@ impl TurnLoop {
         };
         let message = CanonicalMessage::Assistant(assistant);
         turn.append(std::slice::from_ref(&message)).await?;
-        if let CanonicalMessage::Assistant(a) = &message {
-            turn.checkpoints
-                .assistant(&a.text, &a.thinking, out)
-                .await?;
-        }
+        turn.checkpoints
+            .committed(std::slice::from_ref(&message), out)
+            .await?;
         turn.history.push(message);
         if calls.is_empty() {
             return Ok(self.complete());
@@ -566,20 +567,20 @@ impl Streaming {
                 let draft = &mut self.draft;
                 draft.thinking_since.get_or_insert_with(Instant::now);
                 draft.thinking.push_str(&text);
-                draft.thinking_segment.push_str(&text);
+                draft.thinking_segment_bytes += text.len();
                 let tokens = interaction::token_delta(&text);
                 out.send_message(&interaction::thinking_delta(text)).await;
                 out.send_message(&tokens).await;
             }
             ResponseEvent::TextDelta(text) => {
-                self.close_thinking(turn, out).await?;
+                self.close_thinking(out).await;
                 self.draft.text.push_str(&text);
                 let tokens = interaction::token_delta(&text);
                 out.send_message(&interaction::text_delta(text)).await;
                 out.send_message(&tokens).await;
             }
             ResponseEvent::ToolCallStart { index, id, name } => {
-                self.close_thinking(turn, out).await?;
+                self.close_thinking(out).await;
                 self.on_tool_start(turn, index, id, name, out).await?;
             }
             ResponseEvent::ToolArgsDelta { index, fragment } => {
@@ -660,20 +661,18 @@ impl Streaming {
         Ok(())
     }
 
-    async fn close_thinking(
-        &mut self,
-        turn: &mut Turn,
-        out: &mut Downlink,
-    ) -> Result<(), ServerError> {
+    async fn close_thinking(&mut self, out: &mut Downlink) {
         if let Some(since) = self.draft.thinking_since.take() {
             let elapsed = since.elapsed().as_millis();
             out.send_message(&interaction::thinking_completed(elapsed))
                 .await;
-            let text = std::mem::take(&mut self.draft.thinking_segment);
-            let ms = u32::try_from(elapsed.max(1)).unwrap_or(u32::MAX);
-            turn.checkpoints.thinking(&text, ms, out).await?;
+            // The segment becomes a thinking step when the message is committed, never before.
+            let bytes = std::mem::take(&mut self.draft.thinking_segment_bytes);
+            self.draft.thinking_spans.push(ThinkingSpan {
+                bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+                ms: u32::try_from(elapsed.max(1)).unwrap_or(u32::MAX),
+            });
         }
-        Ok(())
     }
 }
 

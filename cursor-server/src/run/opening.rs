@@ -10,10 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::command::{RunAction, RunRequestInput};
-use super::lifecycle::{Checkpoints, TurnOpening};
-use super::turn::{
-    Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos, user_texts,
-};
+use super::lifecycle::Checkpoints;
+use super::turn::{Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos};
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
@@ -221,6 +219,30 @@ async fn open_action(
     }
 }
 
+/// The conversation's stored history and the checkpoints projected from it (the mode's system
+/// prompt is the first root of a conversation new to the graph).
+async fn stored(
+    request: &Request<'_>,
+    client_state: Option<&ConversationStateStructure>,
+) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
+    let app = request.app;
+    let rows = messages::load_rows(&app.store, request.conversation_id).await?;
+    let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
+    let checkpoints = Checkpoints::open(
+        app.store.clone(),
+        request.conversation_id,
+        request.request_id,
+        client_state,
+        &rows,
+        &system,
+    )
+    .await?;
+    Ok((
+        rows.into_iter().map(|row| row.message).collect(),
+        checkpoints,
+    ))
+}
+
 /// A conversation (or a user text) only the client has: its roots become our history first.
 async fn open_import(
     request: &Request<'_>,
@@ -230,14 +252,7 @@ async fn open_import(
     client_state: Option<&ConversationStateStructure>,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
-    let app = request.app;
-    let mut checkpoints = Checkpoints::open(
-        app.store.clone(),
-        request.conversation_id,
-        request.request_id,
-        client_state,
-    )
-    .await?;
+    let (_, mut checkpoints) = stored(request, client_state).await?;
     let roots = if client_state.is_some() {
         checkpoints.fetch_roots(out).await
     } else {
@@ -269,34 +284,18 @@ async fn open_user_message(
     message_id: &str,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
-    let app = request.app;
-    let mut history = messages::load(&app.store, request.conversation_id).await?;
+    let (mut history, mut checkpoints) = stored(request, None).await?;
     let turn_start = Some(history.len());
     let user = UserMessage {
+        state_before: checkpoints.previous_head(),
         origin: Origin::User,
         text: text.to_owned(),
         client_message_id: message_id.to_owned(),
         mode: Some(request.mode),
         runtime: None,
     };
-    let committed = commit_user_message(request, &mut history, user, request.context).await?;
-    let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
-    let opening = TurnOpening {
-        system: &system,
-        context: committed.context.as_deref(),
-        mode: request.mode,
-        user_text: text,
-        user_message_id: message_id,
-    };
-    let mut checkpoints = Checkpoints::start(
-        app.store.clone(),
-        request.conversation_id,
-        request.request_id,
-        opening,
-        out,
-    )
-    .await?;
-    checkpoints.runtime_messages(&committed.after, out).await?;
+    let appended = commit_user_message(request, &mut history, user, request.context).await?;
+    checkpoints.committed(&appended, out).await?;
     Ok(Opened {
         history,
         checkpoints,
@@ -307,14 +306,7 @@ async fn open_user_message(
 
 /// Resume and summarize: the stored history and the checkpoints where the conversation stopped.
 async fn open_stored(request: &Request<'_>, first: First) -> Result<Opened, ServerError> {
-    let app = request.app;
-    let history = messages::load(&app.store, request.conversation_id).await?;
-    let checkpoints = Checkpoints::resume(
-        app.store.clone(),
-        request.conversation_id,
-        request.request_id,
-    )
-    .await?;
+    let (history, checkpoints) = stored(request, None).await?;
     Ok(Opened {
         history,
         checkpoints,
@@ -331,39 +323,19 @@ async fn open_background(
 ) -> Result<Opened, ServerError> {
     let app = request.app;
     let (conversation_id, request_id) = (request.conversation_id, request.request_id);
-    let mut history = messages::load(&app.store, conversation_id).await?;
+    let (mut history, mut checkpoints) = stored(request, None).await?;
     let turn_start = Some(history.len());
     let appended =
         messages::append_with_tags(&app.store, conversation_id, request_id, &[], &[], tags).await?;
-    let notices = user_texts(&appended);
+    checkpoints.committed(&appended, out).await?;
+    let told = !appended.is_empty();
     history.extend(appended);
-    if notices.is_empty() {
-        // Every completion was already told: nothing new for the model.
-        let checkpoints =
-            Checkpoints::resume(app.store.clone(), conversation_id, request_id).await?;
-        return Ok(Opened {
-            history,
-            checkpoints,
-            turn_start,
-            first: First::Complete,
-        });
-    }
-    let mode = current_mode(&history).unwrap_or(request.mode);
-    let (system, _) = compiler::prompt_for(&app.prompts, mode, None);
-    let opening = TurnOpening {
-        system: &system,
-        context: None,
-        mode,
-        user_text: &notices.join("\n\n"),
-        user_message_id: "",
-    };
-    let checkpoints =
-        Checkpoints::start(app.store.clone(), conversation_id, request_id, opening, out).await?;
     Ok(Opened {
         history,
         checkpoints,
         turn_start,
-        first: First::Call,
+        // Every completion already told: nothing new for the model.
+        first: if told { First::Call } else { First::Complete },
     })
 }
 
@@ -428,13 +400,16 @@ impl Import {
             .filter(|id| matches!(self.got.get(id), Some(None)))
             .copied()
             .collect();
-        turn.checkpoints.forget_missing_roots(&missing);
         let imported = checkpoint::import_roots(&roots);
         if !self.roots.is_empty() {
             tracing::info!(request_id = %turn.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
         }
         turn.append(&imported).await?;
         turn.history = messages::load(&turn.app.store, turn.conversation_id()).await?;
+        // The client's roots stand for the imported messages: they are the graph's base.
+        turn.checkpoints
+            .imported(&missing, turn.history.len(), &turn.system)
+            .await?;
         turn.turn_start = turn.history.len();
         self.commit(turn, user_text, out).await
     }
@@ -457,48 +432,31 @@ impl Import {
             context: self.context.as_ref(),
         };
         let user = UserMessage {
+            state_before: turn.checkpoints.previous_head(),
             origin: Origin::User,
-            text: user_text.clone(),
+            text: user_text,
             client_message_id: self.user_message_id.clone(),
             mode: Some(turn.mode()),
             runtime: None,
         };
-        let committed =
+        let appended =
             commit_user_message(&request, &mut turn.history, user, request.context).await?;
         turn.tool_env.todos = fold_todos(&turn.history);
-        let opening = TurnOpening {
-            system: &turn.system,
-            context: committed.context.as_deref(),
-            mode: turn.mode(),
-            user_text: &user_text,
-            user_message_id: &self.user_message_id,
-        };
-        turn.checkpoints
-            .begin_turn(&turn.request_id, opening, out)
-            .await?;
-        turn.checkpoints
-            .runtime_messages(&committed.after, out)
-            .await
+        turn.checkpoints.committed(&appended, out).await?;
+        Ok(())
     }
-}
-
-/// The runtime texts a committed user message brought, for the checkpoint roots.
-struct CommittedUserMessage {
-    /// The injected-context message before it, if the context was new.
-    context: Option<String>,
-    /// Notices and reminders after it.
-    after: Vec<String>,
 }
 
 /// Appends the user's message with its runtime messages in one transaction: the workspace context
 /// before it when the model has not seen that context yet, the mode notice and the mode's reminder
-/// after it. `history` (the stored history before the message) is extended with what was stored.
+/// after it. `history` (the stored history before the message) is extended with what was stored,
+/// which is returned.
 async fn commit_user_message(
     request: &Request<'_>,
     history: &mut Vec<CanonicalMessage>,
     user: UserMessage,
     context: Option<&WorkspaceContext>,
-) -> Result<CommittedUserMessage, ServerError> {
+) -> Result<Vec<CanonicalMessage>, ServerError> {
     let (app, request_id) = (request.app, request.request_id);
     let mode = user.mode.unwrap_or_default();
     let before: Vec<RuntimeTag> = context
@@ -515,14 +473,6 @@ async fn commit_user_message(
         &after,
     )
     .await?;
-    let user_at = appended
-        .iter()
-        .position(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User))
-        .unwrap_or(0);
-    let committed = CommittedUserMessage {
-        context: user_texts(&appended[..user_at]).into_iter().next(),
-        after: user_texts(&appended[user_at + 1..]),
-    };
-    history.extend(appended);
-    Ok(committed)
+    history.extend_from_slice(&appended);
+    Ok(appended)
 }

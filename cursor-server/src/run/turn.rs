@@ -279,18 +279,6 @@ pub(super) fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {
     derived_state::fold_todos(history, ToolKind::TodoWrite.name(), todo::parse_todo_update)
 }
 
-/// The texts of the user-role messages among `appended` (runtime notices and the like), for the
-/// checkpoint's roots.
-pub(super) fn user_texts(appended: &[CanonicalMessage]) -> Vec<String> {
-    appended
-        .iter()
-        .filter_map(|m| match m {
-            CanonicalMessage::User(user) => Some(user.text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A new mode's system prompt and tools for this run.
 pub(super) fn switch_mode(turn: &mut Turn, to: Mode) {
     tracing::info!(request_id = %turn.request_id, from = ?turn.mode(), ?to, "mode switched");

@@ -23,15 +23,19 @@ pub struct HashMismatch {
     pub actual: BlobId,
 }
 
-/// Stores each `(id, data, edges)` as `put` does.
+/// Stores each `(id, data, edges)` as `put` does, in one write transaction.
 pub async fn put_all(
     store: &Store,
     blobs: &[(BlobId, &[u8], &[Edge<'_>])],
 ) -> Result<(), StoreError> {
-    let mut conn = store.pool().acquire().await.context("storing blobs")?;
-    for (id, data, edges) in blobs {
-        put(&mut conn, *id, data, edges).await?;
+    if blobs.is_empty() {
+        return Ok(());
     }
+    let mut tx = store.begin_write().await?;
+    for (id, data, edges) in blobs {
+        put(&mut tx, *id, data, edges).await?;
+    }
+    tx.commit().await.context("committing blobs")?;
     Ok(())
 }
 
@@ -80,9 +84,9 @@ pub async fn get(store: &Store, id: BlobId) -> Result<Option<Vec<u8>>, StoreErro
     Ok(row.map(|row| row.get::<Vec<u8>, _>("data")))
 }
 
-/// Deletes every blob not reachable from a conversation head, the outbox or one of `extra_roots`, sparing blobs
-/// younger than `grace` (a run may be building a graph that no head references yet). Returns the
-/// number of blobs deleted.
+/// Deletes every blob not reachable from a conversation head or base, a stored tool result's card,
+/// the outbox or one of `extra_roots`, sparing blobs younger than `grace` (a run may be building a
+/// graph that no head references yet). Returns the number of blobs deleted.
 pub async fn collect_garbage(
     store: &Store,
     extra_roots: &[BlobId],
@@ -108,6 +112,9 @@ pub async fn collect_garbage(
     let deleted = sqlx::query(
         "WITH RECURSIVE live(id) AS (
              SELECT head_blob FROM conversations WHERE head_blob IS NOT NULL
+             UNION SELECT base_state FROM conversations WHERE base_state IS NOT NULL
+             UNION SELECT unhex(json_extract(body, '$.card')) FROM messages
+                 WHERE role = 'tool' AND json_extract(body, '$.card') IS NOT NULL
              UNION SELECT id FROM gc_roots
              UNION SELECT blob_id FROM outbox
              UNION SELECT id FROM blobs WHERE created_at_ms >= ?

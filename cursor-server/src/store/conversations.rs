@@ -58,3 +58,56 @@ pub async fn move_head(
     .rows_affected();
     Ok(moved == 1)
 }
+
+/// Where the conversation's graph starts (`cursor/projection.rs`): its base state blob and how
+/// many stored messages that base covers; `None` until the first run sets it.
+pub async fn base(
+    store: &Store,
+    conversation_id: &str,
+) -> Result<Option<(BlobId, usize)>, StoreError> {
+    let row = sqlx::query("SELECT base_state, base_messages FROM conversations WHERE id = ?")
+        .bind(conversation_id)
+        .fetch_optional(store.pool())
+        .await
+        .context("reading the graph's base")?;
+    Ok(row.and_then(|row| {
+        let blob: Option<Vec<u8>> = row.get("base_state");
+        let covers: i64 = row.get("base_messages");
+        blob.as_deref()
+            .and_then(BlobId::from_slice)
+            .map(|id| (id, usize::try_from(covers).unwrap_or(0)))
+    }))
+}
+
+/// Sets the graph's base (a stored blob); a base already set is kept (the first run decides it).
+/// Returns the base in force.
+pub async fn set_base(
+    store: &Store,
+    conversation_id: &str,
+    state: BlobId,
+    covers: usize,
+) -> Result<(BlobId, usize), StoreError> {
+    let mut tx = store.begin_write().await?;
+    ensure(&mut tx, conversation_id).await?;
+    sqlx::query(
+        "UPDATE conversations SET base_state = ?, base_messages = ? WHERE id = ? AND base_state IS NULL",
+    )
+    .bind(&state.0[..])
+    .bind(i64::try_from(covers).unwrap_or(i64::MAX))
+    .bind(conversation_id)
+    .execute(&mut *tx)
+    .await
+    .context("setting the graph's base")?;
+    let row = sqlx::query("SELECT base_state, base_messages FROM conversations WHERE id = ?")
+        .bind(conversation_id)
+        .fetch_one(&mut *tx)
+        .await
+        .context("reading the graph's base")?;
+    tx.commit().await.context("committing the graph's base")?;
+    let blob: Vec<u8> = row.get("base_state");
+    let covers: i64 = row.get("base_messages");
+    Ok((
+        BlobId::from_slice(&blob).unwrap_or(state),
+        usize::try_from(covers).unwrap_or(0),
+    ))
+}

@@ -153,13 +153,30 @@ pub async fn any(store: &Store, conversation_id: &str) -> Result<bool, StoreErro
     Ok(row.is_some())
 }
 
+/// A stored message with the run that appended it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub request_id: String,
+    pub message: CanonicalMessage,
+}
+
 /// The whole history of a conversation, oldest first (empty for an unknown conversation).
 pub async fn load(
     store: &Store,
     conversation_id: &str,
 ) -> Result<Vec<CanonicalMessage>, StoreError> {
+    Ok(load_rows(store, conversation_id)
+        .await?
+        .into_iter()
+        .map(|row| row.message)
+        .collect())
+}
+
+/// The whole history with the run that appended each message (the checkpoint's projection reads
+/// turns from it).
+pub async fn load_rows(store: &Store, conversation_id: &str) -> Result<Vec<Stored>, StoreError> {
     let rows = sqlx::query(
-        "SELECT seq, body, tool_meta FROM messages WHERE conversation_id = ? ORDER BY seq",
+        "SELECT seq, body, tool_meta, request_id FROM messages WHERE conversation_id = ? ORDER BY seq",
     )
     .bind(conversation_id)
     .fetch_all(store.pool())
@@ -179,7 +196,10 @@ pub async fn load(
             if let (CanonicalMessage::ToolResult(record), Some(meta)) = (&mut message, meta) {
                 record.result.meta = Some(serde_json::from_str(&meta).map_err(corrupt)?);
             }
-            Ok(message)
+            Ok(Stored {
+                request_id: row.get("request_id"),
+                message,
+            })
         })
         .collect()
 }
@@ -207,6 +227,7 @@ mod tests {
     /// A user message typed in `mode`.
     fn user_in(mode: Option<Mode>, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            state_before: None,
             origin: Origin::User,
             text: text.into(),
             client_message_id: String::new(),
@@ -376,6 +397,7 @@ mod tests {
             },
         });
         let result = CanonicalMessage::ToolResult(ToolResultRecord {
+            card: None,
             model_call_id: "m".into(),
             index: 0,
             result: ToolResult {

@@ -35,6 +35,8 @@ pub enum StoreError {
     CorruptRun { request_id: String, status: String },
     #[error("stored blob {id} does not decode: {message}")]
     CorruptBlob { id: String, message: String },
+    #[error("blob {0} is named by the store but not stored")]
+    MissingBlob(crate::model::conversation::BlobId),
     #[error(
         "run {request_id} no longer owns conversation {conversation_id} (a newer run took it over); its messages were not stored"
     )]

@@ -1,0 +1,300 @@
+//! The blob graph as a function of committed history: a fold over the conversation's stored
+//! messages, in store order, from the graph's base (the system prompt root, or the roots and turns
+//! of a conversation imported from the client). The same history gives the same blob ids; the
+//! fold never changes history; the run's hot path applies each commit to the same fold, so what a
+//! run publishes is what a later run re-projects, and a message committed but never added to the
+//! graph (a crash between the two) is in the next run's graph.
+//!
+//! Two projections of one history: the UI turns (`turns`: the user's message, thinking, text and
+//! each tool's card — every step shown) and the model replay (`root_prompt_messages_json`: what the
+//! model reads, with the provider projector's filtering and order: a model call's answered tool
+//! calls in call order right after it, notices after the whole batch, unanswered calls left out).
+//!
+//! Its own file because `cursor/checkpoint.rs` holds the graph's building blocks and the state
+//! within 800 lines; the fold over history is the one place that decides what the graph contains.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::checkpoint::{Blob, ConversationGraph, roots};
+use super::proto::agent::{self as pb, conversation_step};
+use crate::model::conversation::BlobId;
+use crate::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
+use crate::model::tool::{ToolCall, ToolResult};
+
+/// Where a conversation's graph starts, and how many of its first stored messages that already
+/// covers (an imported conversation's messages are the client's roots read back).
+#[derive(Debug, Clone, Default)]
+pub struct Base {
+    pub graph: ConversationGraph,
+    pub covers: usize,
+}
+
+/// Blobs the fold added: built here, or stored earlier by id (tool cards, put in the CAS before
+/// their result was committed).
+#[derive(Debug, Default)]
+pub struct NewBlobs {
+    pub built: Vec<Blob>,
+    pub stored: Vec<BlobId>,
+}
+
+impl NewBlobs {
+    pub fn is_empty(&self) -> bool {
+        self.built.is_empty() && self.stored.is_empty()
+    }
+}
+
+/// A finished call waiting for the calls before it (the graph adds a batch in call order).
+#[derive(Debug, Clone)]
+struct Answered {
+    call: ToolCall,
+    result: ToolResult,
+    card: Option<BlobId>,
+}
+
+/// The tool batch of the latest model call with calls, while some are not in the graph yet.
+#[derive(Debug, Clone)]
+struct OpenBatch {
+    model_call_id: String,
+    planned: Vec<ToolCall>,
+    /// Calls `planned[..next]` are in the graph (or were never answered and were skipped).
+    next: u32,
+    answered: BTreeMap<u32, Answered>,
+    /// Runtime messages committed while the batch was open: roots after the batch.
+    notices: Vec<String>,
+}
+
+/// The fold's state: the graph so far and what is waiting to enter it.
+#[derive(Debug, Clone, Default)]
+pub struct Projection {
+    graph: ConversationGraph,
+    /// How many of the graph's first roots are the base's.
+    base_roots: usize,
+    /// Timings of turns, by position, known from the published state (they are wall-clock facts,
+    /// not history): a turn closed by the fold takes its entry from here.
+    timings: Vec<pb::StepTiming>,
+    batch: Option<OpenBatch>,
+    /// Calls committed whose result is not (the pair is one transaction: at most a batch's worth).
+    calls: HashMap<(String, u32), ToolCall>,
+}
+
+impl Projection {
+    pub fn new(base: Base, timings: Vec<pb::StepTiming>) -> Projection {
+        Projection {
+            base_roots: base.graph.root_count(),
+            graph: base.graph,
+            timings,
+            batch: None,
+            calls: HashMap::new(),
+        }
+    }
+
+    /// The roots the base holds (before the conversation's own messages).
+    pub fn base_roots(&self) -> Vec<BlobId> {
+        self.graph.roots()[..self.base_roots.min(self.graph.root_count())].to_vec()
+    }
+
+    pub fn graph(&self) -> &ConversationGraph {
+        &self.graph
+    }
+
+    pub fn graph_mut(&mut self) -> &mut ConversationGraph {
+        &mut self.graph
+    }
+
+    /// Calls of the open batch not in the graph yet — running, waiting for an earlier call, or
+    /// not started — in call order (the checkpoint's `pending_tool_calls`).
+    pub fn pending_calls(&self) -> Vec<ToolCall> {
+        self.batch.as_ref().map_or_else(Vec::new, |batch| {
+            batch.planned[batch.next as usize..].to_vec()
+        })
+    }
+
+    /// Adds one committed message (appended by run `request_id`) to the graph.
+    pub fn apply(&mut self, request_id: &str, message: &CanonicalMessage, out: &mut NewBlobs) {
+        match message {
+            CanonicalMessage::User(user) if user.origin == Origin::User => {
+                self.flush(out);
+                self.begin_turn(request_id, user, out);
+            }
+            CanonicalMessage::User(notice) => match &mut self.batch {
+                Some(batch) => batch.notices.push(notice.text.clone()),
+                None => out
+                    .built
+                    .push(self.graph.push_root(&roots::user(&notice.text))),
+            },
+            CanonicalMessage::Assistant(assistant) => {
+                self.flush(out);
+                self.graph.set_turn_request(request_id);
+                self.assistant(assistant, out);
+            }
+            CanonicalMessage::ToolCall(record) => {
+                self.calls.insert(
+                    (record.model_call_id.clone(), record.index),
+                    record.call.clone(),
+                );
+            }
+            CanonicalMessage::ToolResult(record) => {
+                let key = (record.model_call_id.clone(), record.index);
+                let Some(call) = self.calls.remove(&key) else {
+                    tracing::warn!(call_id = %record.result.call_id, "a stored tool result has no stored call; left out of the graph");
+                    return;
+                };
+                self.graph.set_turn_request(request_id);
+                let answered = Answered {
+                    call,
+                    result: record.result.clone(),
+                    card: record.card,
+                };
+                match &mut self.batch {
+                    Some(batch) if batch.model_call_id == record.model_call_id => {
+                        batch.answered.insert(record.index, answered);
+                        self.advance(out);
+                    }
+                    // A call of an earlier model call, answered late: it enters where it is.
+                    _ => self.add_pair(&answered, out),
+                }
+            }
+        }
+    }
+
+    fn begin_turn(&mut self, request_id: &str, user: &UserMessage, out: &mut NewBlobs) {
+        let position = self.graph.finished_turns();
+        if let Some(done) = self
+            .graph
+            .close_turn(self.timings.get(position).copied().unwrap_or_default())
+        {
+            out.built.push(done);
+        }
+        let started_at_ms = self
+            .timings
+            .get(self.graph.finished_turns())
+            .map_or(0, |timing| timing.timestamp_ms);
+        out.built
+            .push(self.graph.push_root(&roots::user(&user.text)));
+        out.built.push(
+            self.graph.begin_turn(
+                request_id,
+                &pb::UserMessage {
+                    text: user.text.clone(),
+                    message_id: user.client_message_id.clone(),
+                    conversation_state_blob_id: user
+                        .state_before
+                        .map(|id| id.0.to_vec())
+                        .unwrap_or_default(),
+                    mode: super::checkpoint::agent_mode(user.mode.unwrap_or_default()),
+                    ..pb::UserMessage::default()
+                },
+                started_at_ms,
+            ),
+        );
+    }
+
+    fn assistant(&mut self, assistant: &AssistantMessage, out: &mut NewBlobs) {
+        for (text, ms) in assistant.thinking_segments() {
+            out.built.push(
+                self.graph
+                    .push_step(conversation_step::Message::ThinkingMessage(
+                        pb::ThinkingMessage {
+                            text: text.to_owned(),
+                            duration_ms: ms,
+                        },
+                    )),
+            );
+        }
+        if !assistant.text.is_empty() {
+            out.built.push(
+                self.graph
+                    .push_step(conversation_step::Message::AssistantMessage(
+                        pb::AssistantMessage {
+                            text: assistant.text.clone(),
+                        },
+                    )),
+            );
+        }
+        if !assistant.text.is_empty() || !assistant.thinking.is_empty() {
+            out.built.push(
+                self.graph
+                    .push_root(&roots::assistant(&assistant.text, &assistant.thinking)),
+            );
+        }
+        if !assistant.planned_calls.is_empty() {
+            self.batch = Some(OpenBatch {
+                model_call_id: assistant.model_call_id.clone(),
+                planned: assistant.planned_calls.clone(),
+                next: 0,
+                answered: BTreeMap::new(),
+                notices: Vec::new(),
+            });
+        }
+    }
+
+    /// Adds the open batch's answered calls that are next in call order; closes it when every
+    /// call is in.
+    fn advance(&mut self, out: &mut NewBlobs) {
+        let Some(mut batch) = self.batch.take() else {
+            return;
+        };
+        while let Some(answered) = batch.answered.remove(&batch.next) {
+            self.add_pair(&answered, out);
+            batch.next += 1;
+        }
+        if batch.next as usize >= batch.planned.len() {
+            self.add_notices(&batch.notices, out);
+        } else {
+            self.batch = Some(batch);
+        }
+    }
+
+    /// The next model call or user message: calls never answered are left out; the rest enter
+    /// in call order, then the batch's notices.
+    fn flush(&mut self, out: &mut NewBlobs) {
+        if let Some(batch) = self.batch.take() {
+            for answered in batch.answered.values() {
+                self.add_pair(answered, out);
+            }
+            self.add_notices(&batch.notices, out);
+        }
+        self.calls.clear();
+    }
+
+    fn add_pair(&mut self, answered: &Answered, out: &mut NewBlobs) {
+        if let Some(card) = answered.card {
+            self.graph.push_step_id(card);
+            out.stored.push(card);
+        }
+        let Answered { call, result, .. } = answered;
+        out.built.push(self.graph.push_root(&roots::tool_call(
+            &call.call_id,
+            &call.name,
+            &call.arguments,
+        )));
+        out.built.push(self.graph.push_root(&roots::tool_result(
+            &call.call_id,
+            &call.name,
+            &result.content,
+            result.is_error,
+        )));
+    }
+
+    fn add_notices(&mut self, notices: &[String], out: &mut NewBlobs) {
+        for text in notices {
+            out.built.push(self.graph.push_root(&roots::user(text)));
+        }
+    }
+}
+
+/// Projects `history` (each message with the run that appended it) from `base`: the graph, and
+/// every blob it built or names.
+pub fn project<'a>(
+    base: Base,
+    timings: Vec<pb::StepTiming>,
+    history: impl IntoIterator<Item = (&'a str, &'a CanonicalMessage)>,
+) -> (Projection, NewBlobs) {
+    let covers = base.covers;
+    let mut projection = Projection::new(base, timings);
+    let mut out = NewBlobs::default();
+    for (request_id, message) in history.into_iter().skip(covers) {
+        projection.apply(request_id, message, &mut out);
+    }
+    (projection, out)
+}
