@@ -8,13 +8,19 @@ mod fake_provider;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
+use cursor_server::cursor::checkpoint::ConversationGraph;
+use cursor_server::cursor::projection::{self, Base};
 use cursor_server::cursor::proto::agent::{
     self as pb, ConversationStateStructure, ConversationStep, ConversationTurnStructure,
     agent_server_message, conversation_step, conversation_turn_structure,
 };
 use cursor_server::model::conversation::BlobId;
+use cursor_server::model::message::{
+    AssistantMessage, CanonicalMessage, ToolCallRecord, ToolResultRecord,
+};
+use cursor_server::model::tool::{ToolCall, ToolResult};
 use cursor_server::store::Store;
-use cursor_server::store::{conversations, outbox};
+use cursor_server::store::{conversations, messages, outbox};
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{
     FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,
@@ -1211,6 +1217,189 @@ async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_f
             "pending {pending}: calls enter in order"
         );
     }
+    // Each card merged its result into the call as it started: its arguments, in call order.
+    let turn = ConversationTurnStructure::decode(blob(&session, &last.turns[0])).unwrap();
+    let Some(conversation_turn_structure::Turn::AgentConversationTurn(turn)) = turn.turn else {
+        panic!("an agent turn")
+    };
+    let cards: Vec<(String, bool)> = turn
+        .steps
+        .iter()
+        .filter_map(|id| {
+            match ConversationStep::decode(blob(&session, id))
+                .unwrap()
+                .message
+            {
+                Some(conversation_step::Message::ToolCall(pb::ToolCall {
+                    tool: Some(pb::tool_call::Tool::ReadToolCall(read)),
+                })) => Some((
+                    read.args.expect("started arguments").path,
+                    read.result.is_some(),
+                )),
+                _ => None,
+            }
+        })
+        .collect();
+    assert_eq!(
+        cards,
+        [("first".to_owned(), true), ("second".to_owned(), true)]
+    );
+
+    // What the run published is what its stored history projects to.
+    let db_path = server.db_dir.path().join("test.db");
+    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+        .await
+        .unwrap();
+    let graph = projected(&store, "conv-call-order").await;
+    assert_projects_to(&graph, last);
+}
+
+async fn first_acked(store: &Store, id: BlobId) -> bool {
+    cursor_server::store::blobs::acked(store, "conv-gap")
+        .await
+        .unwrap()
+        .contains(&id)
+}
+
+/// The graph a conversation's stored history projects to (from its recorded base).
+async fn projected(store: &Store, conversation_id: &str) -> ConversationGraph {
+    let (base, covers) = conversations::base(store, conversation_id)
+        .await
+        .unwrap()
+        .expect("a recorded base");
+    let base = cursor_server::store::blobs::get(store, base)
+        .await
+        .unwrap()
+        .expect("base blob");
+    let base = ConversationStateStructure::decode(base.as_slice()).unwrap();
+    let rows = messages::load_rows(store, conversation_id).await.unwrap();
+    let base = Base {
+        graph: ConversationGraph::from_state(&base),
+        covers,
+    };
+    let rows = rows
+        .iter()
+        .map(|row| (row.request_id.as_str(), &row.message));
+    projection::project(base, Vec::new(), rows)
+        .0
+        .graph()
+        .clone()
+}
+
+fn assert_projects_to(graph: &ConversationGraph, state: &ConversationStateStructure) {
+    let ids = |list: &[Vec<u8>]| -> Vec<BlobId> {
+        list.iter()
+            .map(|id| BlobId::from_slice(id).unwrap())
+            .collect()
+    };
+    assert_eq!(
+        graph.roots(),
+        ids(&state.root_prompt_messages_json).as_slice()
+    );
+    let mut turns = graph.turns().to_vec();
+    turns.extend(graph.turn_blob().map(|turn| turn.id));
+    assert_eq!(turns, ids(&state.turns));
+}
+
+#[tokio::test]
+async fn a_tool_pair_committed_just_before_a_crash_is_in_the_next_turns_checkpoint() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["First."], (10, 2, 0))));
+    provider.push(Reply::sse(text_events(&["Second."], (12, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let first = Session::start(
+        &cursor,
+        "req-gap-1",
+        &run_request_with_env("conv-gap", "one"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(first.is_success(), "{:?}", first.end);
+    let db = server.stop().await;
+
+    // What a crash right after a tool batch's commit leaves: history with a call and its result
+    // that no checkpoint names.
+    let db_path = db.path().join("test.db");
+    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+        .await
+        .unwrap();
+    let call = ToolCall {
+        call_id: "call_gap".into(),
+        provider_call_id: "p_gap".into(),
+        name: "Read".into(),
+        arguments: r#"{"path":"gap.txt"}"#.into(),
+    };
+    let crashed = [
+        CanonicalMessage::Assistant(AssistantMessage {
+            text: String::new(),
+            thinking: String::new(),
+            thinking_spans: Vec::new(),
+            model_id: "test-model".into(),
+            replay: None,
+            model_call_id: "mc-gap".into(),
+            planned_calls: vec![call.clone()],
+        }),
+        CanonicalMessage::ToolCall(ToolCallRecord {
+            model_call_id: "mc-gap".into(),
+            index: 0,
+            call,
+        }),
+        CanonicalMessage::ToolResult(ToolResultRecord {
+            model_call_id: "mc-gap".into(),
+            index: 0,
+            result: ToolResult {
+                call_id: "call_gap".into(),
+                content: "the gap's line".into(),
+                is_error: false,
+                meta: None,
+            },
+            card: None,
+        }),
+    ];
+    messages::append(&store, "conv-gap", "req-gap-1", &crashed)
+        .await
+        .unwrap();
+    drop(store);
+
+    let server = TestServer::start_in(&provider.base_url(), db, "").await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-gap-2",
+        &run_request_with_env("conv-gap", "two"),
+    )
+    .await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let last = *session.transcript.checkpoints().last().expect("checkpoint");
+    let db_path = server.db_dir.path().join("test.db");
+    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+        .await
+        .unwrap();
+    let mut tool_roots = Vec::new();
+    for id in &last.root_prompt_messages_json {
+        let id = BlobId::from_slice(id).unwrap();
+        let data = cursor_server::store::blobs::get(&store, id).await.unwrap();
+        let root: serde_json::Value = serde_json::from_slice(&data.expect("root stored")).unwrap();
+        if root["content"][0]["toolCallId"] == "call_gap" {
+            // The client holds it, or was asked to store it in this run.
+            assert!(session.blobs.contains_key(&id.0[..]) || first_acked(&store, id).await);
+            tool_roots.push(root);
+        }
+    }
+    assert_eq!(
+        tool_roots.len(),
+        2,
+        "the call and its result are roots again"
+    );
+    assert_eq!(tool_roots[1]["content"][0]["result"], "the gap's line");
+    assert_projects_to(&projected(&store, "conv-gap").await, last);
 }
 
 #[tokio::test]

@@ -298,3 +298,334 @@ pub fn project<'a>(
     }
     (projection, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::cursor::checkpoint::StateDetails;
+    use crate::model::message::{ThinkingSpan, ToolCallRecord, ToolResultRecord};
+
+    fn user(origin: Origin, text: &str) -> CanonicalMessage {
+        CanonicalMessage::User(UserMessage {
+            origin,
+            text: text.into(),
+            client_message_id: format!("m-{text}"),
+            mode: None,
+            runtime: None,
+            state_before: None,
+        })
+    }
+
+    fn call(index: u32, path: &str) -> ToolCall {
+        ToolCall {
+            call_id: format!("c{index}"),
+            provider_call_id: format!("p{index}"),
+            name: "Read".into(),
+            arguments: format!(r#"{{"path":"{path}"}}"#),
+        }
+    }
+
+    fn assistant(
+        model_call: &str,
+        text: &str,
+        thinking: &[(&str, u32)],
+        calls: Vec<ToolCall>,
+    ) -> CanonicalMessage {
+        CanonicalMessage::Assistant(AssistantMessage {
+            text: text.into(),
+            thinking: thinking.iter().map(|(t, _)| *t).collect(),
+            thinking_spans: thinking
+                .iter()
+                .map(|(t, ms)| ThinkingSpan {
+                    bytes: t.len() as u32,
+                    ms: *ms,
+                })
+                .collect(),
+            model_id: "m".into(),
+            replay: None,
+            model_call_id: model_call.into(),
+            planned_calls: calls,
+        })
+    }
+
+    fn pair(
+        model_call: &str,
+        index: u32,
+        path: &str,
+        card: Option<BlobId>,
+    ) -> [CanonicalMessage; 2] {
+        [
+            CanonicalMessage::ToolCall(ToolCallRecord {
+                model_call_id: model_call.into(),
+                index,
+                call: call(index, path),
+            }),
+            CanonicalMessage::ToolResult(ToolResultRecord {
+                model_call_id: model_call.into(),
+                index,
+                result: ToolResult {
+                    call_id: format!("c{index}"),
+                    content: format!("content of {path}"),
+                    is_error: false,
+                    meta: None,
+                },
+                card,
+            }),
+        ]
+    }
+
+    fn card_id(path: &str) -> BlobId {
+        BlobId::of(format!("card {path}").as_bytes())
+    }
+
+    /// Two turns: parallel reads finishing in reverse order with a notice between, then a call the
+    /// run never answered (stopped) under thinking only.
+    fn history() -> Vec<(String, CanonicalMessage)> {
+        let mut rows = vec![
+            ("r1", user(Origin::User, "read a and b")),
+            (
+                "r1",
+                assistant(
+                    "mc1",
+                    "Reading.",
+                    &[("pl", 5), ("an", 7)],
+                    vec![call(0, "a"), call(1, "b")],
+                ),
+            ),
+        ];
+        let [c1, r1] = pair("mc1", 1, "b", Some(card_id("b")));
+        let [c0, r0] = pair("mc1", 0, "a", Some(card_id("a")));
+        rows.extend([
+            ("r1", c1),
+            ("r1", r1),
+            ("r1", user(Origin::Runtime, "notice")),
+        ]);
+        rows.extend([("r1", c0), ("r1", r0)]);
+        rows.extend([
+            ("r1", assistant("mc2", "Done.", &[], Vec::new())),
+            ("r2", user(Origin::User, "run it")),
+            (
+                "r2",
+                assistant("mc3", "", &[("hmm", 3)], vec![call(2, "never")]),
+            ),
+        ]);
+        rows.into_iter().map(|(r, m)| (r.to_owned(), m)).collect()
+    }
+
+    fn base() -> Base {
+        let mut graph = ConversationGraph::default();
+        graph.push_root(&roots::system("sys"));
+        Base { graph, covers: 0 }
+    }
+
+    fn run(rows: &[(String, CanonicalMessage)]) -> (Projection, NewBlobs) {
+        project(
+            base(),
+            Vec::new(),
+            rows.iter().map(|(r, m)| (r.as_str(), m)),
+        )
+    }
+
+    fn decode_root(blobs: &NewBlobs, id: &BlobId) -> Value {
+        let blob = blobs
+            .built
+            .iter()
+            .find(|b| b.id == *id)
+            .expect("root blob built");
+        serde_json::from_slice(&blob.data).expect("JSON root")
+    }
+
+    #[test]
+    fn projecting_twice_gives_the_same_ids_and_leaves_history_as_it_was() {
+        let rows = history();
+        let before = rows.clone();
+        let (first, _) = run(&rows);
+        let (second, _) = run(&rows);
+        assert_eq!(rows, before, "projection does not change history");
+        assert_eq!(first.graph().roots(), second.graph().roots());
+        assert_eq!(first.graph().turns(), second.graph().turns());
+        assert_eq!(first.graph().turn_blob(), second.graph().turn_blob());
+        let details = StateDetails::default();
+        assert_eq!(
+            first.graph().state(None, &details).1.id,
+            second.graph().state(None, &details).1.id
+        );
+    }
+
+    #[test]
+    fn roots_follow_call_order_with_notices_after_the_batch_and_leave_unanswered_calls_out() {
+        let rows = history();
+        let (projection, blobs) = run(&rows);
+        let roots: Vec<Value> = projection.graph().roots()[1..]
+            .iter()
+            .map(|id| decode_root(&blobs, id))
+            .collect();
+        let shape: Vec<String> = roots
+            .iter()
+            .map(|root| {
+                let part = &root["content"][0];
+                match part["type"].as_str() {
+                    Some("tool-call") | Some("tool-result") => {
+                        format!(
+                            "{} {}",
+                            part["type"].as_str().unwrap(),
+                            part["toolCallId"].as_str().unwrap()
+                        )
+                    }
+                    _ => format!(
+                        "{} {}",
+                        root["role"].as_str().unwrap(),
+                        part["text"].as_str().unwrap_or("")
+                    ),
+                }
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "user read a and b",
+                "assistant plan", // reasoning first, then the text in the same root
+                "tool-call c0",
+                "tool-result c0",
+                "tool-call c1",
+                "tool-result c1",
+                "user notice",
+                "assistant Done.",
+                "user run it",
+                "assistant hmm",
+            ]
+            .map(str::to_owned)
+            .map(|s| if s == "assistant pl" {
+                "assistant planan".to_owned()
+            } else {
+                s
+            })
+        );
+        assert_eq!(roots[1]["content"][1]["text"], "Reading.");
+        assert!(
+            projection
+                .pending_calls()
+                .iter()
+                .map(|c| &c.call_id)
+                .eq(["c2"].iter()),
+            "the unanswered call is pending, not a root"
+        );
+    }
+
+    #[test]
+    fn ui_turns_keep_every_thinking_segment_text_and_card_in_call_order() {
+        let rows = history();
+        let (projection, blobs) = run(&rows);
+        let first_turn = projection.graph().turns()[0];
+        let turn = blobs
+            .built
+            .iter()
+            .find(|b| b.id == first_turn)
+            .expect("turn blob");
+        let turn = pb::ConversationTurnStructure::decode(turn.data.as_ref()).unwrap();
+        let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(turn)) = turn.turn
+        else {
+            panic!("an agent turn")
+        };
+        let steps: Vec<String> = turn
+            .steps
+            .iter()
+            .map(|id| {
+                let id = BlobId::from_slice(id).unwrap();
+                if id == card_id("a") {
+                    return "card a".to_owned();
+                }
+                if id == card_id("b") {
+                    return "card b".to_owned();
+                }
+                let blob = blobs.built.iter().find(|b| b.id == id).expect("step blob");
+                match pb::ConversationStep::decode(blob.data.as_ref())
+                    .unwrap()
+                    .message
+                {
+                    Some(conversation_step::Message::ThinkingMessage(t)) => {
+                        format!("thinking {} {}ms", t.text, t.duration_ms)
+                    }
+                    Some(conversation_step::Message::AssistantMessage(a)) => {
+                        format!("text {}", a.text)
+                    }
+                    other => format!("{other:?}"),
+                }
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "thinking pl 5ms",
+                "thinking an 7ms",
+                "text Reading.",
+                "card a",
+                "card b",
+                "text Done."
+            ]
+        );
+        assert_eq!(blobs.stored, [card_id("a"), card_id("b")]);
+        // The second turn is still open: its thinking shows though its call never got a result.
+        let open = projection.graph().turn_blob().expect("open turn");
+        let open = pb::ConversationTurnStructure::decode(open.data.as_ref()).unwrap();
+        let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(open)) = open.turn
+        else {
+            panic!("an agent turn")
+        };
+        assert_eq!(open.steps.len(), 1);
+        assert_eq!(open.request_id.as_deref(), Some("r2"));
+    }
+
+    #[test]
+    fn applying_commits_one_by_one_gives_the_projection_of_the_whole_history() {
+        let rows = history();
+        let (whole, _) = run(&rows);
+        for split in 0..=rows.len() {
+            let (mut live, _) = run(&rows[..split]);
+            let mut out = NewBlobs::default();
+            for (request_id, message) in &rows[split..] {
+                live.apply(request_id, message, &mut out);
+            }
+            assert_eq!(
+                live.graph().roots(),
+                whole.graph().roots(),
+                "split at {split}"
+            );
+            assert_eq!(
+                live.graph().turns(),
+                whole.graph().turns(),
+                "split at {split}"
+            );
+            assert_eq!(
+                live.graph().turn_blob(),
+                whole.graph().turn_blob(),
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_resumed_run_completes_the_interrupted_batch_in_call_order_under_its_own_request() {
+        let mut rows = history();
+        rows.truncate(4); // user, assistant with two calls, then only call 1's pair
+        let [c0, r0] = pair("mc1", 0, "a", None);
+        rows.extend([("resume".to_owned(), c0), ("resume".to_owned(), r0)]);
+        let (projection, blobs) = run(&rows);
+        let ids: Vec<String> = projection.graph().roots()[3..]
+            .iter()
+            .map(|id| decode_root(&blobs, id)["content"][0]["toolCallId"].to_string())
+            .collect();
+        assert_eq!(ids, [r#""c0""#, r#""c0""#, r#""c1""#, r#""c1""#]);
+        assert!(projection.pending_calls().is_empty());
+        let open = projection.graph().turn_blob().expect("open turn");
+        let open = pb::ConversationTurnStructure::decode(open.data.as_ref()).unwrap();
+        let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(open)) = open.turn
+        else {
+            panic!("an agent turn")
+        };
+        assert_eq!(open.request_id.as_deref(), Some("resume"));
+    }
+}
