@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use cursor_server::app::App;
 use cursor_server::config::{Config, DEFAULT_CONFIG_PATH};
-use cursor_server::store::{Store, blobs};
+use cursor_server::cursor::projection;
+use cursor_server::store::Store;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -65,7 +66,7 @@ async fn collect_garbage(config: &Config) -> ExitCode {
         }
     };
     let grace = std::time::Duration::from_secs(3600);
-    match blobs::collect_garbage(&store, &[], grace).await {
+    match projection::collect_garbage(&store, grace).await {
         Ok(deleted) => {
             println!("cursor-server gc: deleted {deleted} unreachable blobs");
             ExitCode::SUCCESS

@@ -176,7 +176,7 @@ impl ConversationGraph {
             .iter()
             .map(|todo| Blob::new(todo_item(todo).encode_to_vec(), Vec::new()))
             .collect();
-        let mut todo_ids: Vec<BlobId> = todo_blobs.iter().map(|b| b.id).collect();
+        let todo_ids: Vec<BlobId> = todo_blobs.iter().map(|b| b.id).collect();
         let plan_blob = details.plan.as_ref().map(|plan| {
             Blob::new(
                 pb::ConversationPlan { plan: plan.clone() }.encode_to_vec(),
@@ -210,16 +210,11 @@ impl ConversationGraph {
                 .collect(),
             ..ConversationStateStructure::default()
         };
-        let mut edges = edges_of("root_prompt_messages_json", &self.roots);
-        edges.extend(edges_of("turns", &turns));
-        edges.extend(edges_of("todos", &todo_ids));
         let mut new_blobs = todo_blobs;
-        if let Some(plan) = plan_blob {
-            edges.extend(edges_of("plan", &[plan.id]));
-            todo_ids.push(plan.id);
-            new_blobs.push(plan);
-        }
-        let blob = Blob::new(state.encode_to_vec(), edges);
+        new_blobs.extend(plan_blob);
+        // No edge rows: a state names every root and turn, so its edges would grow with history
+        // at every checkpoint; garbage collection reads what a state names (`named_blobs`).
+        let blob = Blob::new(state.encode_to_vec(), Vec::new());
         (state, blob, new_blobs)
     }
 
@@ -283,6 +278,19 @@ impl ConversationGraph {
     pub fn drop_roots(&mut self, missing: &[BlobId]) {
         self.roots.retain(|id| !missing.contains(id));
     }
+}
+
+/// Every blob a state names: its roots, turns, todos and plan (the turns name their own children
+/// through edges).
+pub fn named_blobs(state: &ConversationStateStructure) -> Vec<BlobId> {
+    state
+        .root_prompt_messages_json
+        .iter()
+        .chain(&state.turns)
+        .chain(&state.todos)
+        .chain(&state.plan)
+        .filter_map(|id| BlobId::from_slice(id))
+        .collect()
 }
 
 /// What a checkpoint states besides the graph, in domain terms (folded from history by the loop).
@@ -693,7 +701,11 @@ mod tests {
         );
         assert_eq!(state.root_prompt_messages_json.len(), 2);
         assert_eq!(state.turns, vec![turn.id.0.to_vec()]);
-        assert_eq!(state_blob.edges.len(), 3);
+        assert!(
+            state_blob.edges.is_empty(),
+            "a state's edges would grow with history"
+        );
+        assert_eq!(named_blobs(&state).len(), 3, "two roots and the turn");
         assert!(blobs.iter().all(|b| b.id == BlobId::of(&b.data)));
 
         assert_eq!(
@@ -705,6 +717,7 @@ mod tests {
         );
         let details = sample_details();
         let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
+        assert!(named_blobs(&next_state).contains(&todo_blobs[0].id));
         let run = &next_state.subagent_runs_by_parent_tool_call_id["call-task"];
         assert_eq!(
             (run.status, run.subagent_id.as_deref(), run.title.as_deref()),
@@ -742,12 +755,7 @@ mod tests {
                 .map(|t| (t.used_tokens, t.max_tokens)),
             Some((1200, 200_000))
         );
-        assert!(
-            next_blob
-                .edges
-                .iter()
-                .any(|(kind, _, id)| *kind == "todos" && *id == todo_blobs[0].id)
-        );
+        assert!(next_blob.edges.is_empty());
         let decoded = ConversationStateStructure::decode(state_blob.data.as_ref()).unwrap();
         assert_eq!(ConversationGraph::from_state(&decoded).root_count(), 2);
     }

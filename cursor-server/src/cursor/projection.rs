@@ -14,12 +14,16 @@
 //! within 800 lines; the fold over history is the one place that decides what the graph contains.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use prost::Message as _;
 
 use super::checkpoint::{Blob, ConversationGraph, roots};
 use super::proto::agent::{self as pb, conversation_step};
 use crate::model::conversation::BlobId;
 use crate::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use crate::model::tool::{ToolCall, ToolResult};
+use crate::store::{Store, StoreError, blobs, conversations};
 
 /// Where a conversation's graph starts, and how many of its first stored messages that already
 /// covers (an imported conversation's messages are the client's roots read back).
@@ -297,6 +301,28 @@ pub fn project<'a>(
         projection.apply(request_id, message, &mut out);
     }
     (projection, out)
+}
+
+/// Deletes the blobs no conversation's graph reaches (sparing those younger than `grace`): what
+/// the heads, bases and unpublished checkpoints name, and their turns' children. Returns how many
+/// were deleted.
+pub async fn collect_garbage(store: &Store, grace: Duration) -> Result<u64, StoreError> {
+    let mut live = Vec::new();
+    for top in conversations::graph_tops(store).await? {
+        let Some(data) = blobs::get(store, top).await? else {
+            continue;
+        };
+        match pb::ConversationStateStructure::decode(data.as_slice()) {
+            Ok(state) => live.extend(super::checkpoint::named_blobs(&state)),
+            Err(e) => {
+                return Err(StoreError::CorruptBlob {
+                    id: top.to_hex(),
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    blobs::collect_garbage(store, &live, grace).await
 }
 
 #[cfg(test)]

@@ -437,6 +437,16 @@ impl Checkpoints {
     /// those the client does not hold yet, and records them in the outbox until they are
     /// acknowledged.
     async fn emit(&mut self, new_blobs: Vec<Blob>, out: &mut Downlink) -> Result<(), ServerError> {
+        self.emit_with(new_blobs, Vec::new(), out).await
+    }
+
+    /// `emit`, also storing `local` blobs the client is not asked to hold.
+    async fn emit_with(
+        &mut self,
+        new_blobs: Vec<Blob>,
+        local: Vec<Blob>,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
         let mut all = std::mem::take(&mut self.opening);
         for id in std::mem::take(&mut self.owed) {
             if self.kv.reaches_client(id) {
@@ -471,6 +481,11 @@ impl Checkpoints {
             .iter()
             .zip(&edges)
             .map(|(blob, edges)| (blob.id, blob.data.as_ref(), edges.as_slice()))
+            .chain(
+                local
+                    .iter()
+                    .map(|blob| (blob.id, blob.data.as_ref(), &[][..])),
+            )
             .collect();
         blobs::put_all(&self.store, &stored).await?;
         drop(stored);
@@ -534,8 +549,12 @@ impl Checkpoints {
             self.projection.graph().state(Some(&turn), transitional);
         let (final_state, final_blob, _) = self.projection.graph().state(Some(&turn), last);
         let (transitional_id, final_id) = (transitional_blob.id, final_blob.id);
-        new_blobs.extend([turn, transitional_blob, final_blob]);
-        self.emit(new_blobs, out).await?;
+        new_blobs.extend([turn, final_blob]);
+        // The transitional state is published inline and superseded at once: nothing names its
+        // blob, so the client is not asked to store it (the final one is the next message's
+        // `conversation_state_blob_id`).
+        self.emit_with(new_blobs, vec![transitional_blob], out)
+            .await?;
         outbox::checkpoint_built(
             &self.store,
             &self.conversation_id,

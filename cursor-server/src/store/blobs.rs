@@ -8,6 +8,9 @@ use sqlx::{Row, SqliteConnection};
 use super::{QueryContext, Store, StoreError, now_ms};
 use crate::model::conversation::BlobId;
 
+/// Edges stored by one statement (4 bound values each, well under SQLite's limit).
+const EDGES_PER_STATEMENT: usize = 256;
+
 /// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Edge<'a> {
@@ -60,17 +63,29 @@ async fn put(
         .execute(&mut *conn)
         .await
         .context("storing blob")?;
-    for edge in edges {
-        sqlx::query(
-            "INSERT OR IGNORE INTO blob_edges (parent, kind, ordinal, child) VALUES (?, ?, ?, ?)",
-        )
-        .bind(&id.0[..])
-        .bind(edge.kind)
-        .bind(i64::from(edge.ordinal))
-        .bind(&edge.child.0[..])
-        .execute(&mut *conn)
-        .await
-        .context("storing blob edge")?;
+    // One statement per chunk of edges: each statement is a round trip to the database thread.
+    for chunk in edges.chunks(EDGES_PER_STATEMENT) {
+        let mut sql =
+            String::from("INSERT OR IGNORE INTO blob_edges (parent, kind, ordinal, child) VALUES ");
+        for i in 0..chunk.len() {
+            sql.push_str(if i == 0 {
+                "(?, ?, ?, ?)"
+            } else {
+                ", (?, ?, ?, ?)"
+            });
+        }
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for edge in chunk {
+            query = query
+                .bind(&id.0[..])
+                .bind(edge.kind)
+                .bind(i64::from(edge.ordinal))
+                .bind(&edge.child.0[..]);
+        }
+        query
+            .execute(&mut *conn)
+            .await
+            .context("storing blob edges")?;
     }
     Ok(())
 }

@@ -111,3 +111,20 @@ pub async fn set_base(
         usize::try_from(covers).unwrap_or(0),
     ))
 }
+
+/// Every state blob a conversation's graph hangs from: heads, bases and checkpoints built but not
+/// published (outbox), of every conversation (garbage collection's roots).
+pub async fn graph_tops(store: &Store) -> Result<Vec<BlobId>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT head_blob AS id FROM conversations WHERE head_blob IS NOT NULL
+         UNION SELECT base_state FROM conversations WHERE base_state IS NOT NULL
+         UNION SELECT blob_id FROM outbox WHERE kind = 'checkpoint'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .context("listing graph tops")?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("id")))
+        .collect())
+}
