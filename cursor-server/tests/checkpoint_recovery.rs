@@ -1252,6 +1252,29 @@ async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_f
         .unwrap();
     let graph = projected(&store, "conv-call-order").await;
     assert_projects_to(&graph, last);
+
+    // Garbage collection keeps all of it: what the head names, the turns' steps and the cards.
+    let deleted = projection::collect_garbage(&store, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(deleted > 0, "superseded states and turn versions go");
+    let mut kept = last
+        .root_prompt_messages_json
+        .iter()
+        .chain(&last.turns)
+        .chain(&turn.steps)
+        .map(|id| BlobId::from_slice(id).unwrap())
+        .collect::<Vec<_>>();
+    kept.push(BlobId::from_slice(&turn.user_message).unwrap());
+    for id in kept {
+        assert!(
+            cursor_server::store::blobs::get(&store, id)
+                .await
+                .unwrap()
+                .is_some(),
+            "gc deleted {id}"
+        );
+    }
 }
 
 async fn first_acked(store: &Store, id: BlobId) -> bool {
