@@ -272,6 +272,26 @@ impl Downlink {
         self.send(Replay::of(message), frame).await;
     }
 
+    /// Sends two messages as one write (a text delta and its token count): half the channel hops
+    /// and syscalls per streamed event. Journaled and replayed as two frames.
+    pub async fn send_together(&mut self, first: &AgentServerMessage, second: &AgentServerMessage) {
+        let (a, b) = (
+            connect::encode_message(first),
+            connect::encode_message(second),
+        );
+        if self.ended || !self.ever_attached {
+            self.send(Replay::of(first), a).await;
+            self.send(Replay::of(second), b).await;
+            return;
+        }
+        self.journal.record(Replay::of(first), &a);
+        self.journal.record(Replay::of(second), &b);
+        let mut joined = bytes::BytesMut::with_capacity(a.len() + b.len());
+        joined.extend_from_slice(&a);
+        joined.extend_from_slice(&b);
+        self.send_frame(joined.freeze()).await;
+    }
+
     async fn send(&mut self, replay: Replay, frame: Bytes) {
         if self.ended {
             tracing::error!("frame after end-of-stream dropped");

@@ -117,6 +117,8 @@ pub struct Checkpoints {
     opening: Vec<Blob>,
     /// Tool cards stored for results about to be committed: sent from memory, not read back.
     cards: HashMap<BlobId, Blob>,
+    /// ACKs not stored yet: they are, with the next checkpoint published.
+    acked: Vec<BlobId>,
     /// The base is the client's state until the import sets it (with the messages it covers).
     importing: bool,
     /// The turn's last checkpoints wait for `turn_ended` before they are published.
@@ -167,12 +169,16 @@ async fn set_base(
     store: &Store,
     conversation_id: &str,
     graph: ConversationGraph,
+    new_roots: &[Blob],
     covers: usize,
 ) -> Result<Base, ServerError> {
     let (_, state_blob, _) = graph.state(None, &StateDetails::default());
-    blobs::put_all(store, &[(state_blob.id, state_blob.data.as_ref(), &[])]).await?;
-    let (id, covers_in_force) =
-        conversations::set_base(store, conversation_id, state_blob.id, covers).await?;
+    let mut stored: Vec<(BlobId, &[u8])> = new_roots
+        .iter()
+        .map(|root| (root.id, root.data.as_ref()))
+        .collect();
+    stored.push((state_blob.id, state_blob.data.as_ref()));
+    let (id, covers_in_force) = blobs::put_base(store, conversation_id, &stored, covers).await?;
     if id == state_blob.id {
         Ok(Base { graph, covers })
     } else {
@@ -201,13 +207,12 @@ async fn base_of(
         }
         (_, Some(state)) if stored_messages > 0 => {
             let graph = ConversationGraph::from_state(state);
-            set_base(store, conversation_id, graph, stored_messages).await?
+            set_base(store, conversation_id, graph, &[], stored_messages).await?
         }
         _ => {
             let mut graph = ConversationGraph::default();
             let root = graph.push_root(&roots::system(system));
-            blobs::put_all(store, &[(root.id, root.data.as_ref(), &[])]).await?;
-            set_base(store, conversation_id, graph, 0).await?
+            set_base(store, conversation_id, graph, &[root], 0).await?
         }
     };
     Ok((base, false))
@@ -321,6 +326,7 @@ impl Checkpoints {
             owed: owed_blobs,
             opening,
             cards: HashMap::new(),
+            acked: Vec::new(),
             importing,
             held: false,
             transitional: None,
@@ -410,11 +416,20 @@ impl Checkpoints {
         }
         let mut graph = self.projection.graph().clone();
         graph.drop_roots(missing);
+        let mut new_roots = Vec::new();
         if graph.root_count() == 0 {
-            self.opening.push(graph.push_root(&roots::system(system)));
+            new_roots.push(graph.push_root(&roots::system(system)));
         }
         let timings = graph.timings().to_vec();
-        let base = set_base(&self.store, &self.conversation_id, graph, covers).await?;
+        let base = set_base(
+            &self.store,
+            &self.conversation_id,
+            graph,
+            &new_roots,
+            covers,
+        )
+        .await?;
+        self.opening.extend(new_roots);
         self.projection = Projection::new(base, timings);
         Ok(())
     }
@@ -487,19 +502,30 @@ impl Checkpoints {
                     .map(|blob| (blob.id, blob.data.as_ref(), &[][..])),
             )
             .collect();
-        blobs::put_all(&self.store, &stored).await?;
+        // Which blobs go to the client is decided first, so storing them and recording them as
+        // owed is one write transaction; the KV requests follow it.
+        let messages: Vec<_> = all.iter().map(|blob| self.kv.store(blob)).collect();
+        let sent: Vec<BlobId> = all
+            .iter()
+            .zip(&messages)
+            .filter(|(_, message)| message.is_some())
+            .map(|(blob, _)| blob.id)
+            .collect();
+        let sending = (
+            self.conversation_id.as_str(),
+            self.request_id.as_str(),
+            &sent[..],
+        );
+        blobs::put_and_send(&self.store, &stored, Some(sending)).await?;
         drop(stored);
-        let mut sent = Vec::new();
-        for blob in all {
-            if let Some(message) = self.kv.store(&blob) {
+        for (blob, message) in all.into_iter().zip(messages) {
+            if let Some(message) = message {
                 out.send_message(&message).await;
-                sent.push(blob.id);
                 self.outstanding
                     .insert(blob.id, (blob.clone(), Instant::now()));
             }
             self.referenced.push(blob.id);
         }
-        outbox::blobs_sent(&self.store, &self.conversation_id, &self.request_id, &sent).await?;
         Ok(())
     }
 
@@ -601,7 +627,16 @@ impl Checkpoints {
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         self.revision += 1;
-        if !outbox::publish(&self.store, &self.conversation_id, state_id, self.revision).await? {
+        let acked = std::mem::take(&mut self.acked);
+        if !blobs::acknowledge_and_publish(
+            &self.store,
+            &self.conversation_id,
+            &acked,
+            state_id,
+            self.revision,
+        )
+        .await?
+        {
             tracing::warn!(conversation_id = %self.conversation_id, "a newer run moved the head; this checkpoint is not published");
             return Ok(());
         }
@@ -621,7 +656,8 @@ impl Checkpoints {
         match self.kv.on_result(id, *payload.0) {
             Ok(KvOutcome::Stored(blob)) => {
                 self.outstanding.remove(&blob);
-                blobs::record_acks(&self.store, &self.conversation_id, &[blob]).await?;
+                // Stored with the next publication (a lost ACK only means the blob is sent again).
+                self.acked.push(blob);
                 if !self.held {
                     for ready in self.gate.ready(&self.kv) {
                         self.publish(ready, out).await?;

@@ -569,15 +569,15 @@ impl Streaming {
                 draft.thinking.push_str(&text);
                 draft.thinking_segment_bytes += text.len();
                 let tokens = interaction::token_delta(&text);
-                out.send_message(&interaction::thinking_delta(text)).await;
-                out.send_message(&tokens).await;
+                out.send_together(&interaction::thinking_delta(text), &tokens)
+                    .await;
             }
             ResponseEvent::TextDelta(text) => {
                 self.close_thinking(out).await;
                 self.draft.text.push_str(&text);
                 let tokens = interaction::token_delta(&text);
-                out.send_message(&interaction::text_delta(text)).await;
-                out.send_message(&tokens).await;
+                out.send_together(&interaction::text_delta(text), &tokens)
+                    .await;
             }
             ResponseEvent::ToolCallStart { index, id, name } => {
                 self.close_thinking(out).await;

@@ -31,12 +31,47 @@ pub async fn put_all(
     store: &Store,
     blobs: &[(BlobId, &[u8], &[Edge<'_>])],
 ) -> Result<(), StoreError> {
-    if blobs.is_empty() {
+    put_and_send(store, blobs, None).await
+}
+
+/// Stores `blobs` and records the last one (a state) as the conversation's graph base covering its
+/// first `covers` messages, in one write transaction; a base already set is kept. Returns the
+/// base in force.
+pub async fn put_base(
+    store: &Store,
+    conversation_id: &str,
+    blobs: &[(BlobId, &[u8])],
+    covers: usize,
+) -> Result<(BlobId, usize), StoreError> {
+    let mut tx = store.begin_write().await?;
+    for (id, data) in blobs {
+        put(&mut tx, *id, data, &[]).await?;
+    }
+    let state = blobs.last().map_or(BlobId([0; 32]), |(id, _)| *id);
+    let base = super::conversations::set_base_in(&mut tx, conversation_id, state, covers).await?;
+    tx.commit().await.context("committing the graph's base")?;
+    Ok(base)
+}
+
+/// Blobs about to be sent to a conversation's client: `(conversation_id, request_id, ids)`.
+pub type Sending<'a> = (&'a str, &'a str, &'a [BlobId]);
+
+/// Stores the blobs and records those about to be sent in the outbox, in one write transaction.
+pub async fn put_and_send(
+    store: &Store,
+    blobs: &[(BlobId, &[u8], &[Edge<'_>])],
+    sending: Option<Sending<'_>>,
+) -> Result<(), StoreError> {
+    let sending = sending.filter(|(_, _, ids)| !ids.is_empty());
+    if blobs.is_empty() && sending.is_none() {
         return Ok(());
     }
     let mut tx = store.begin_write().await?;
     for (id, data, edges) in blobs {
         put(&mut tx, *id, data, edges).await?;
+    }
+    if let Some((conversation_id, request_id, ids)) = sending {
+        super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, ids).await?;
     }
     tx.commit().await.context("committing blobs")?;
     Ok(())
@@ -161,20 +196,51 @@ pub async fn record_acks(
     ids: &[BlobId],
 ) -> Result<(), StoreError> {
     let mut tx = store.begin_write().await?;
-    super::conversations::ensure(&mut tx, conversation_id).await?;
+    acks_in(&mut tx, conversation_id, ids).await?;
+    tx.commit().await.context("committing blob acks")?;
+    Ok(())
+}
+
+async fn acks_in(
+    conn: &mut SqliteConnection,
+    conversation_id: &str,
+    ids: &[BlobId],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    super::conversations::ensure(&mut *conn, conversation_id).await?;
     for id in ids {
         sqlx::query(
             "INSERT OR IGNORE INTO conversation_blob_acks (conversation_id, blob_id) VALUES (?, ?)",
         )
         .bind(conversation_id)
         .bind(&id.0[..])
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .context("recording blob ack")?;
     }
-    super::outbox::blobs_acknowledged(&mut tx, conversation_id, ids).await?;
-    tx.commit().await.context("committing blob acks")?;
-    Ok(())
+    super::outbox::blobs_acknowledged(&mut *conn, conversation_id, ids).await
+}
+
+/// Records the client's ACKs for `acked` and publishes `state` as revision `revision` (unless a
+/// newer revision is the head), in one write transaction: a checkpoint is published once its
+/// blobs are acknowledged, so both facts land together. Returns whether the head moved.
+pub async fn acknowledge_and_publish(
+    store: &Store,
+    conversation_id: &str,
+    acked: &[BlobId],
+    state: BlobId,
+    revision: i64,
+) -> Result<bool, StoreError> {
+    let mut tx = store.begin_write().await?;
+    acks_in(&mut tx, conversation_id, acked).await?;
+    let moved = super::conversations::move_head(&mut tx, conversation_id, state, revision).await?;
+    if moved {
+        super::outbox::checkpoint_published(&mut tx, conversation_id, state).await?;
+    }
+    tx.commit().await.context("committing conversation head")?;
+    Ok(moved)
 }
 
 /// Blobs the client already holds for `conversation_id`.

@@ -79,31 +79,29 @@ pub async fn base(
     }))
 }
 
-/// Sets the graph's base (a stored blob); a base already set is kept (the first run decides it).
-/// Returns the base in force.
-pub async fn set_base(
-    store: &Store,
+/// Sets the graph's base (a blob stored in the same transaction); a base already set is kept (the
+/// first run decides it). Returns the base in force.
+pub(super) async fn set_base_in(
+    conn: &mut SqliteConnection,
     conversation_id: &str,
     state: BlobId,
     covers: usize,
 ) -> Result<(BlobId, usize), StoreError> {
-    let mut tx = store.begin_write().await?;
-    ensure(&mut tx, conversation_id).await?;
+    ensure(&mut *conn, conversation_id).await?;
     sqlx::query(
         "UPDATE conversations SET base_state = ?, base_messages = ? WHERE id = ? AND base_state IS NULL",
     )
     .bind(&state.0[..])
     .bind(i64::try_from(covers).unwrap_or(i64::MAX))
     .bind(conversation_id)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .context("setting the graph's base")?;
     let row = sqlx::query("SELECT base_state, base_messages FROM conversations WHERE id = ?")
         .bind(conversation_id)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await
         .context("reading the graph's base")?;
-    tx.commit().await.context("committing the graph's base")?;
     let blob: Vec<u8> = row.get("base_state");
     let covers: i64 = row.get("base_messages");
     Ok((

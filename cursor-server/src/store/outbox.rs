@@ -29,12 +29,23 @@ pub async fn blobs_sent(
     if ids.is_empty() {
         return Ok(());
     }
-    let mut conn = store
-        .pool()
-        .acquire()
-        .await
-        .context("recording sent blobs")?;
-    conversations::ensure(&mut conn, conversation_id).await?;
+    let mut tx = store.begin_write().await?;
+    blobs_sent_in(&mut tx, conversation_id, request_id, ids).await?;
+    tx.commit().await.context("recording sent blobs")?;
+    Ok(())
+}
+
+/// `blobs_sent` inside a caller's transaction (with the blobs' own storing).
+pub(super) async fn blobs_sent_in(
+    conn: &mut SqliteConnection,
+    conversation_id: &str,
+    request_id: &str,
+    ids: &[BlobId],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    conversations::ensure(&mut *conn, conversation_id).await?;
     let now = now_ms();
     for id in ids {
         sqlx::query(
@@ -79,7 +90,7 @@ pub async fn checkpoint_built(
     state: BlobId,
 ) -> Result<(), StoreError> {
     let mut conn = store
-        .pool()
+        .writer()
         .acquire()
         .await
         .context("recording the unpublished checkpoint")?;
@@ -123,7 +134,7 @@ pub async fn publish(
 
 /// The checkpoint `state` was published. Every blob it names is acknowledged, and a checkpoint is
 /// published only when it is the newest one built, so whatever else is owed is superseded.
-async fn checkpoint_published(
+pub(super) async fn checkpoint_published(
     conn: &mut SqliteConnection,
     conversation_id: &str,
     state: BlobId,

@@ -93,7 +93,7 @@ pub async fn reconcile_interrupted(store: &Store) -> Result<u64, StoreError> {
          WHERE status = 'running'",
     )
     .bind(now_ms())
-    .execute(store.pool())
+    .execute(store.writer())
     .await
     .context("ending the runs a stopped server left running")?;
     Ok(done.rows_affected())
@@ -126,7 +126,7 @@ pub async fn finish(
     .bind(message)
     .bind(now_ms())
     .bind(request_id)
-    .execute(store.pool())
+    .execute(store.writer())
     .await
     .context("recording run end")?;
     Ok(())
@@ -242,7 +242,7 @@ pub async fn record_provider_call(
     .bind(as_i64(call.usage.reasoning_tokens))
     .bind(&call.finish_reason)
     .bind(&call.error)
-    .execute(store.pool())
+    .execute(store.writer())
     .await
     .context("recording a provider call")?;
     Ok(())

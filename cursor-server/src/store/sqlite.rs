@@ -17,9 +17,13 @@ fn is_busy(error: &sqlx::Error) -> bool {
         if db.code().is_some_and(|code| matches!(code.as_ref(), "5" | "261" | "517" | "773")))
 }
 
+/// Readers and the one writer. SQLite admits one writer at a time; a writer that finds the lock
+/// taken sleeps in its busy handler (up to 100 ms between tries), so writers queue here instead,
+/// on a pool of one connection: in order, woken as soon as the writer before them commits.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
+    writer: SqlitePool,
 }
 
 impl Store {
@@ -36,17 +40,28 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(open_error)?;
+        sqlx::migrate!("./migrations").run(&writer).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store { pool, writer })
     }
 
+    /// The readers (WAL: they never wait for the writer).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The one writing connection, for a single statement outside a transaction.
+    pub fn writer(&self) -> &SqlitePool {
+        &self.writer
     }
 
     /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front, waiting for it up to
@@ -57,7 +72,7 @@ impl Store {
     pub async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
         let mut attempt = 0;
         loop {
-            match self.pool.begin_with("BEGIN IMMEDIATE").await {
+            match self.writer.begin_with("BEGIN IMMEDIATE").await {
                 Ok(tx) => return Ok(tx),
                 Err(source) if is_busy(&source) && attempt < BUSY_RETRIES => {
                     attempt += 1;
@@ -79,5 +94,6 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
 }
