@@ -1481,3 +1481,225 @@ async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_a
     let last = provider.requests().last().expect("a request").to_string();
     assert!(last.contains("kept line"), "{last}");
 }
+
+/// The stored history of `conversation_id` and its run records, read from the database a killed
+/// process left.
+async fn stored_after_kill(
+    db: &std::path::Path,
+    conversation_id: &str,
+) -> (Store, Vec<CanonicalMessage>) {
+    let store = Store::open(&format!("sqlite://{}", db.join("test.db").display()))
+        .await
+        .expect("the database opens after SIGKILL");
+    let history = messages::load(&store, conversation_id)
+        .await
+        .expect("history decodes");
+    (store, history)
+}
+
+/// How many tool results history holds (each call of these scenarios is the model's only one).
+fn tool_results(history: &[CanonicalMessage]) -> usize {
+    history
+        .iter()
+        .filter(|m| matches!(m, CanonicalMessage::ToolResult(_)))
+        .count()
+}
+
+#[tokio::test]
+async fn killed_with_a_tool_running_the_resume_runs_it_once_and_the_turn_completes() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_run", "Read", r#"{"path":"r.txt"}"#)],
+        (10, 2, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["read it"], (12, 1, 0))));
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-tool-running",
+        &run_request_with_env("conv-tool-running", "read r"),
+    )
+    .await;
+    let _never_answered = session.next_exec().await;
+    process.kill().await.expect("SIGKILL");
+    drop(session);
+
+    let (store, history) = stored_after_kill(db_dir.path(), "conv-tool-running").await;
+    assert_eq!(tool_results(&history), 0, "the call never completed");
+    assert!(
+        matches!(history.last(), Some(CanonicalMessage::Assistant(a)) if a.planned_calls.len() == 1),
+        "the model's call is stored before it runs: {history:?}"
+    );
+    drop(store);
+
+    let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut resumed = Session::start(
+        &cursor,
+        "req-tool-running-2",
+        &fixtures::resume_request("conv-tool-running"),
+    )
+    .await;
+    let exec = resumed.next_exec().await;
+    resumed
+        .send(&exec_result(exec.id, read_success("r.txt", "the line")))
+        .await;
+    while resumed.next().await.is_some() {}
+    assert!(
+        resumed.transcript.is_success(),
+        "{:?}",
+        resumed.transcript.end
+    );
+    assert_eq!(resumed.transcript.text(), "read it");
+    assert_eq!(
+        provider.requests().len(),
+        2,
+        "the model was not asked again for the call"
+    );
+    let db = server.stop().await;
+    let (store, history) = stored_after_kill(db.path(), "conv-tool-running").await;
+    assert_eq!(tool_results(&history), 1);
+    let last = *resumed.transcript.checkpoints().last().expect("checkpoint");
+    assert_projects_to(&projected(&store, "conv-tool-running").await, last);
+}
+
+#[tokio::test]
+async fn killed_while_the_model_reads_a_tool_result_the_resume_asks_it_again_without_the_tool() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_done", "Read", r#"{"path":"d.txt"}"#)],
+        (10, 2, 0),
+    )));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut partial = text_events(&["half "], (5, 1, 0));
+    partial.truncate(2);
+    provider.push(Reply::Hang {
+        events: partial,
+        sent: sent.clone(),
+    });
+    provider.push(Reply::sse(text_events(&["whole answer"], (12, 1, 0))));
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-second-call",
+        &run_request_with_env("conv-second-call", "read d"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    session
+        .send(&exec_result(exec.id, read_success("d.txt", "done line")))
+        .await;
+    // The second call is streaming when the process dies.
+    loop {
+        let message = session.next().await.expect("the stream goes on");
+        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
+            && matches!(
+                update.message,
+                Some(pb::interaction_update::Message::TextDelta(_))
+            )
+        {
+            break;
+        }
+    }
+    process.kill().await.expect("SIGKILL");
+    drop(session);
+
+    let (store, history) = stored_after_kill(db_dir.path(), "conv-second-call").await;
+    assert_eq!(tool_results(&history), 1);
+    assert!(
+        matches!(history.last(), Some(CanonicalMessage::ToolResult(_))),
+        "the half answer is not history: {:?}",
+        history.last()
+    );
+    drop(store);
+
+    let server =
+        TestServer::start_in(&provider.base_url(), db_dir, "client_idle_timeout_secs = 5").await;
+    let cursor = FakeCursor::new(server.addr);
+    let resumed = Session::start(
+        &cursor,
+        "req-second-call-2",
+        &fixtures::resume_request("conv-second-call"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(resumed.is_success(), "{:?}", resumed.end);
+    assert!(!resumed.kinds().contains(&"exec"), "{:?}", resumed.kinds());
+    assert_eq!(resumed.text(), "whole answer");
+    let last = provider.requests().last().expect("a request").to_string();
+    assert!(last.contains("done line"), "{last}");
+    assert!(!last.contains("half"), "{last}");
+}
+
+#[tokio::test]
+async fn killed_after_turn_ended_before_the_final_checkpoint_the_next_turn_has_the_answer_once() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Answer one."], (10, 2, 0))));
+    provider.push(Reply::sse(text_events(&["Answer two."], (12, 1, 0))));
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-ended",
+        &run_request_with_env("conv-ended", "one"),
+    )
+    .await;
+    // No ACK reaches the server: the final checkpoint can never be published.
+    session.withhold_acks = true;
+    loop {
+        let message = session.next().await.expect("the stream goes on");
+        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
+            && matches!(
+                update.message,
+                Some(pb::interaction_update::Message::TurnEnded(_))
+            )
+        {
+            break;
+        }
+    }
+    assert!(
+        session.transcript.checkpoints().is_empty(),
+        "nothing was published"
+    );
+    process.kill().await.expect("SIGKILL");
+    drop(session);
+
+    let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut second = Session::start(
+        &cursor,
+        "req-ended-2",
+        &run_request_with_env("conv-ended", "two"),
+    )
+    .await;
+    while second.next().await.is_some() {}
+    assert!(
+        second.transcript.is_success(),
+        "{:?}",
+        second.transcript.end
+    );
+    let request = provider.requests()[1]["messages"].to_string();
+    assert_eq!(request.matches("Answer one.").count(), 1, "{request}");
+    let last = *second.transcript.checkpoints().last().expect("checkpoint");
+    assert_eq!(last.turns.len(), 2, "the first turn is in the graph");
+    let db = server.stop().await;
+    let (store, _) = stored_after_kill(db.path(), "conv-ended").await;
+    let run = cursor_server::store::runs::get(&store, "req-ended")
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(
+        run.outcome.status.as_str(),
+        "failed",
+        "ended by the restart"
+    );
+    assert_projects_to(&projected(&store, "conv-ended").await, last);
+}
