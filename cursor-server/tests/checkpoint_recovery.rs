@@ -1433,12 +1433,15 @@ async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_a
         &[("call_w", "Read", r#"{"path":"notes.txt"}"#)],
         (10, 2, 0),
     )));
-    // The killed process's next call never completes; the restarted one answers.
+    // The killed process's next call — if it gets that far before it dies — never completes; the
+    // restarted process talks to a provider of its own, so which of them makes that call does
+    // not matter.
     provider.push(Reply::Hang {
         events: Vec::new(),
         sent: Default::default(),
     });
-    provider.push(Reply::sse(text_events(&["resumed"], (12, 1, 0))));
+    let after_restart = FakeProvider::start().await;
+    after_restart.push(Reply::sse(text_events(&["resumed"], (12, 1, 0))));
     let db_dir = tempfile::tempdir().expect("tempdir");
     let (mut process, addr) = fixtures::spawn_process(&provider.base_url(), db_dir.path()).await;
     let cursor = FakeCursor::new(addr);
@@ -1460,8 +1463,12 @@ async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_a
     drop(session);
 
     // Should the read be asked for again, nobody answers it: fail fast rather than at 600 s.
-    let server =
-        TestServer::start_in(&provider.base_url(), db_dir, "client_idle_timeout_secs = 5").await;
+    let server = TestServer::start_in(
+        &after_restart.base_url(),
+        db_dir,
+        "client_idle_timeout_secs = 5",
+    )
+    .await;
     let cursor = FakeCursor::new(server.addr);
     let resumed = Session::start(
         &cursor,
@@ -1478,7 +1485,11 @@ async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_a
         resumed.kinds()
     );
     assert_eq!(resumed.text(), "resumed");
-    let last = provider.requests().last().expect("a request").to_string();
+    let last = after_restart
+        .requests()
+        .last()
+        .expect("a request")
+        .to_string();
     assert!(last.contains("kept line"), "{last}");
 }
 
