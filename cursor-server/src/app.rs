@@ -44,6 +44,10 @@ impl App {
         }
         let http = reqwest::Client::builder()
             .connect_timeout(config.provider_connect_timeout)
+            // Enough kept-alive connections per provider for steady traffic; after a burst of
+            // runs the rest close instead of holding their buffers (and the memory they pin).
+            .pool_max_idle_per_host(IDLE_PROVIDER_CONNECTIONS)
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
             .build()
             .map_err(|e| ServerError::HttpClient(e.to_string()))?;
         let upstream = match &config.upstream {
@@ -122,6 +126,9 @@ impl App {
 }
 
 /// How often an idle server checks whether a burst of runs left freed memory to return.
+/// Idle connections kept open per provider host.
+const IDLE_PROVIDER_CONNECTIONS: usize = 32;
+
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Gives the memory a burst of runs freed back to the system once no run is active: glibc keeps
