@@ -940,17 +940,10 @@ async fn runs_a_killed_process_left_running_are_ended_with_a_reason_when_the_ser
     )
     .await;
     // The run is recorded and streaming when the process dies.
-    loop {
-        let message = session.next().await.expect("the stream goes on");
-        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
-            && matches!(
-                update.message,
-                Some(pb::interaction_update::Message::TextDelta(_))
-            )
-        {
-            break;
-        }
-    }
+    read_until(&mut session, |update| {
+        matches!(update, pb::interaction_update::Message::TextDelta(_))
+    })
+    .await;
     process.kill().await.expect("SIGKILL");
     drop(session);
 
@@ -1493,6 +1486,21 @@ async fn a_tool_result_answered_200_survives_a_sigkill_and_the_tool_never_runs_a
     assert!(last.contains("kept line"), "{last}");
 }
 
+/// Reads the run's stream until an interaction update `wanted` accepts.
+async fn read_until(
+    session: &mut Session<'_>,
+    wanted: fn(&pb::interaction_update::Message) -> bool,
+) {
+    loop {
+        let message = session.next().await.expect("the stream goes on");
+        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
+            && update.message.as_ref().is_some_and(wanted)
+        {
+            return;
+        }
+    }
+}
+
 /// The stored history of `conversation_id` and its run records, read from the database a killed
 /// process left.
 async fn stored_after_kill(
@@ -1607,17 +1615,10 @@ async fn killed_while_the_model_reads_a_tool_result_the_resume_asks_it_again_wit
         .send(&exec_result(exec.id, read_success("d.txt", "done line")))
         .await;
     // The second call is streaming when the process dies.
-    loop {
-        let message = session.next().await.expect("the stream goes on");
-        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
-            && matches!(
-                update.message,
-                Some(pb::interaction_update::Message::TextDelta(_))
-            )
-        {
-            break;
-        }
-    }
+    read_until(&mut session, |update| {
+        matches!(update, pb::interaction_update::Message::TextDelta(_))
+    })
+    .await;
     process.kill().await.expect("SIGKILL");
     drop(session);
 
@@ -1665,17 +1666,10 @@ async fn killed_after_turn_ended_before_the_final_checkpoint_the_next_turn_has_t
     .await;
     // No ACK reaches the server: the final checkpoint can never be published.
     session.withhold_acks = true;
-    loop {
-        let message = session.next().await.expect("the stream goes on");
-        if let Some(agent_server_message::Message::InteractionUpdate(update)) = &message.message
-            && matches!(
-                update.message,
-                Some(pb::interaction_update::Message::TurnEnded(_))
-            )
-        {
-            break;
-        }
-    }
+    read_until(&mut session, |update| {
+        matches!(update, pb::interaction_update::Message::TurnEnded(_))
+    })
+    .await;
     assert!(
         session.transcript.checkpoints().is_empty(),
         "nothing was published"

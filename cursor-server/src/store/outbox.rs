@@ -19,23 +19,8 @@ pub struct Pending {
     pub blobs: Vec<BlobId>,
 }
 
-/// Records blobs just sent with `set_blob_args`.
-pub async fn blobs_sent(
-    store: &Store,
-    conversation_id: &str,
-    request_id: &str,
-    ids: &[BlobId],
-) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let mut tx = store.begin_write().await?;
-    blobs_sent_in(&mut tx, conversation_id, request_id, ids).await?;
-    tx.commit().await.context("recording sent blobs")?;
-    Ok(())
-}
-
-/// `blobs_sent` inside a caller's transaction (with the blobs' own storing).
+/// Records blobs about to be sent with `set_blob_args`, inside the transaction that stores them
+/// (`blobs::put_and_send`).
 pub(super) async fn blobs_sent_in(
     conn: &mut SqliteConnection,
     conversation_id: &str,
@@ -190,7 +175,9 @@ mod tests {
             BlobId::of(b"s1"),
             BlobId::of(b"s2"),
         );
-        blobs_sent(&store, "c", "r1", &[a, b]).await.unwrap();
+        crate::store::blobs::put_and_send(&store, &[], Some(("c", "r1", &[a, b])))
+            .await
+            .unwrap();
         checkpoint_built(&store, "c", "r1", s1).await.unwrap();
         checkpoint_built(&store, "c", "r1", s2).await.unwrap();
         blobs_acknowledged(&mut conn, "c", &[a]).await.unwrap();
