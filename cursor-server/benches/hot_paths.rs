@@ -91,7 +91,7 @@ fn main() {
         display_name: "m".into(),
         context_window: 128_000,
         reasoning: false,
-        max_output_tokens: 4096,
+        max_output_tokens: None,
         thinking_budget: None,
         quirks: Quirks {
             stream_usage: true,

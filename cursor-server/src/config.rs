@@ -146,11 +146,20 @@ pub struct ModelConfig {
     pub display_name: String,
     pub context_window: u32,
     pub reasoning: bool,
-    /// Output token limit sent where the endpoint requires one (Anthropic `max_tokens`).
-    pub max_output_tokens: u32,
+    /// The output token limit the configuration sets: Chat (`max_tokens`, or
+    /// `max_completion_tokens` for reasoning models) and Responses (`max_output_tokens`) send it
+    /// only when set; Anthropic, which requires one, sends `output_limit()`.
+    pub max_output_tokens: Option<u32>,
     /// Anthropic: `Some(n)` = legacy `thinking.budget_tokens = n`; `None` = adaptive thinking.
     pub thinking_budget: Option<u32>,
     pub quirks: Quirks,
+}
+
+impl ModelConfig {
+    /// The output limit for endpoints that require one (Anthropic's `max_tokens`).
+    pub fn output_limit(&self) -> u32 {
+        self.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS)
+    }
 }
 
 /// Per-model differences between endpoints that claim the same API, in one place.
@@ -264,6 +273,17 @@ impl Config {
     /// mode suffix Cursor's picker adds (`-high`, `-thinking`, `-fast`, ...), which becomes a
     /// request parameter.
     pub fn resolve_model(&self, model_id: &str) -> Option<ModelChoice> {
+        // Cursor's "Auto" is the configured default, unless a model is configured under that id.
+        let configured = |id: &str| {
+            self.providers
+                .iter()
+                .any(|p| p.models.iter().any(|m| m.id == id))
+        };
+        let model_id = if model_id == AUTO_MODEL_ID && !configured(model_id) {
+            self.default_model.as_str()
+        } else {
+            model_id
+        };
         let find = |id: &str| {
             self.providers
                 .iter()
@@ -372,6 +392,9 @@ struct FileQuirks {
 
 const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
 const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 32_000;
+
+/// The model id Cursor sends when the user picks "Auto".
+pub const AUTO_MODEL_ID: &str = "default";
 /// Anthropic's smallest allowed thinking budget.
 const MIN_THINKING_BUDGET: u32 = 1024;
 
@@ -737,7 +760,7 @@ impl FileProvider {
                 display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
                 context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
                 reasoning: model.reasoning,
-                max_output_tokens,
+                max_output_tokens: model.max_output_tokens,
                 thinking_budget: model.thinking_budget,
                 quirks: Quirks {
                     stream_usage: model.quirks.stream_usage.unwrap_or(true),

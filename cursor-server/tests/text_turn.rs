@@ -469,6 +469,30 @@ async fn an_unknown_model_is_not_found_and_names_the_configured_models() {
 }
 
 #[tokio::test]
+async fn cursors_auto_model_runs_on_the_configured_default() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["auto"], (3, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let transcript = fake_cursor::Session::start(
+        &cursor,
+        "req-auto",
+        &fixtures::run_request_for_model("conv-auto", "hi", "default"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "auto");
+    let request = &provider.requests()[0];
+    assert_eq!(
+        request["model"],
+        format!("upstream-{}", fixtures::MODEL),
+        "the default model's upstream id"
+    );
+}
+
+#[tokio::test]
 async fn a_slow_provider_is_covered_by_heartbeats() {
     let provider = FakeProvider::start().await;
     provider.push(Reply::Sse {

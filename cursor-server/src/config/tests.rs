@@ -90,6 +90,13 @@ fn example_config_is_valid() {
     })
     .expect("the shipped example config must validate");
     assert!(config.resolve_model(&config.default_model).is_some());
+    // Cursor's "Auto" sends the id `default`: it is the configured default model.
+    let auto = config.resolve_model(AUTO_MODEL_ID).expect("Auto resolves");
+    let default = config.resolve_model(&config.default_model).unwrap();
+    assert_eq!(
+        (auto.provider, auto.model),
+        (default.provider, default.model)
+    );
 }
 #[test]
 fn every_example_configuration_in_the_provider_docs_loads() {

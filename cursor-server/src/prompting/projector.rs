@@ -174,7 +174,16 @@ pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
     if !request.tools.is_empty() {
         body["tools"] = Value::Array(request.tools.to_vec());
     }
-    if let Some(effort) = request.parameters.effort {
+    if let Some(limit) = model.max_output_tokens {
+        // OpenAI's reasoning models take only `max_completion_tokens`; other servers `max_tokens`.
+        let field = if model.reasoning {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body[field] = limit.into();
+    }
+    if let Some(effort) = request.parameters.effort.filter(|_| model.reasoning) {
         // DeepSeek-style servers know low..high; "minimal"/"max" are clamped to the nearest.
         let value = match effort {
             Effort::Minimal => "low",
@@ -271,6 +280,9 @@ pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
     });
     if !tools.is_empty() {
         body["tools"] = Value::Array(tools);
+    }
+    if let Some(limit) = model.max_output_tokens {
+        body["max_output_tokens"] = limit.into();
     }
     if model.reasoning {
         let mut reasoning = json!({ "summary": "auto" });
@@ -404,7 +416,7 @@ pub fn anthropic(request: &ModelRequest<'_>) -> Value {
     }
     let mut body = json!({
         "model": model.upstream_id,
-        "max_tokens": model.max_output_tokens,
+        "max_tokens": model.output_limit(),
         "system": [{ "type": "text", "text": request.system, "cache_control": cache }],
         "messages": messages,
         "stream": true,
@@ -447,7 +459,7 @@ mod tests {
             display_name: "M".into(),
             context_window: 1000,
             reasoning,
-            max_output_tokens: 4096,
+            max_output_tokens: Some(4096),
             thinking_budget: None,
             quirks: Quirks {
                 stream_usage: true,
@@ -536,6 +548,48 @@ mod tests {
         assert_eq!(messages[2]["content"], Value::Null);
         assert_eq!(messages[3]["tool_call_id"], "call_0");
         assert_eq!(messages[4]["content"], "content 1");
+    }
+
+    #[test]
+    fn output_limits_and_effort_go_where_each_family_and_model_takes_them() {
+        let history = vec![user("hi")];
+        let parameters = RequestParameters {
+            effort: Some(Effort::High),
+            ..RequestParameters::default()
+        };
+        let body = |model: &ModelConfig, project: fn(&ModelRequest<'_>) -> Value| {
+            project(&compile("s", &history, model, &[], parameters))
+        };
+        let plain = model(false);
+        let chat = body(&plain, openai_chat);
+        assert_eq!(chat["max_tokens"], 4096);
+        assert!(chat.get("max_completion_tokens").is_none());
+        assert!(
+            chat.get("reasoning_effort").is_none(),
+            "effort only for reasoning models"
+        );
+        let thinking = body(&model(true), openai_chat);
+        assert_eq!(thinking["max_completion_tokens"], 4096);
+        assert!(thinking.get("max_tokens").is_none());
+        assert_eq!(thinking["reasoning_effort"], "high");
+        let responses = body(&plain, openai_responses);
+        assert_eq!(responses["max_output_tokens"], 4096);
+        assert!(responses.get("reasoning").is_none());
+        let unset = ModelConfig {
+            max_output_tokens: None,
+            ..model(false)
+        };
+        assert!(body(&unset, openai_chat).get("max_tokens").is_none());
+        assert!(
+            body(&unset, openai_responses)
+                .get("max_output_tokens")
+                .is_none()
+        );
+        assert_eq!(
+            body(&unset, anthropic)["max_tokens"],
+            32_000,
+            "Anthropic requires one"
+        );
     }
 
     #[test]
