@@ -608,3 +608,130 @@ async fn each_provider_call_is_recorded_once_with_its_timing_usage_and_ending() 
         "{error}"
     );
 }
+
+/// A run_request whose user message carries `context` (what the user attached).
+fn run_request_with_attachments(
+    conversation_id: &str,
+    text: &str,
+    context: cursor_server::cursor::proto::agent::SelectedContext,
+) -> cursor_server::cursor::proto::agent::AgentClientMessage {
+    use cursor_server::cursor::proto::agent::{agent_client_message, conversation_action};
+    let mut message = run_request(conversation_id, text);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+        && let Some(user) = action.user_message.as_mut()
+    {
+        user.selected_context = Some(context);
+    }
+    message
+}
+
+#[tokio::test]
+async fn what_the_user_attaches_reaches_the_model_once_and_is_replayed_byte_for_byte() {
+    use cursor_server::cursor::proto::agent as pb;
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["seen"], (30, 1, 0))));
+    provider.push(Reply::sse(text_events(&["again"], (40, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let position = |line| pb::Position { line, column: 1 };
+    let context = pb::SelectedContext {
+        files: vec![pb::SelectedFile {
+            content: "fn main() {}\n".into(),
+            path: "/home/user/demo/src/main.rs".into(),
+            relative_path: Some("src/main.rs".into()),
+        }],
+        code_selections: vec![pb::SelectedCodeSelection {
+            content: "let x = 1;".into(),
+            path: "/home/user/demo/src/lib.rs".into(),
+            relative_path: Some("src/lib.rs".into()),
+            range: Some(pb::Range {
+                start: Some(position(10)),
+                end: Some(position(12)),
+            }),
+        }],
+        cursor_rules: vec![pb::SelectedCursorRule {
+            rule: Some(pb::CursorRule {
+                full_path: ".cursor/rules/style.mdc".into(),
+                content: "Always use tabs.".into(),
+                ..Default::default()
+            }),
+        }],
+        cursor_commands: vec![pb::SelectedCursorCommand {
+            name: "review".into(),
+            content: "Review the diff for bugs.".into(),
+            ..Default::default()
+        }],
+        terminal_selections: vec![pb::SelectedTerminalSelection {
+            content: "error[E0308]: mismatched types".into(),
+            title: Some("cargo".into()),
+            path: None,
+            range: Some(pb::Range {
+                start: Some(position(3)),
+                end: Some(position(3)),
+            }),
+        }],
+        selected_videos: vec![pb::SelectedVideo {
+            filename: "demo.mp4".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let first = fake_cursor::Session::start(
+        &cursor,
+        "req-attached-1",
+        &run_request_with_attachments("conv-attached", "look", context),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(first.is_success(), "{:?}", first.end);
+    let second = fake_cursor::Session::start(
+        &cursor,
+        "req-attached-2",
+        &run_request("conv-attached", "and now?"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(second.is_success(), "{:?}", second.end);
+
+    let requests = provider.requests();
+    let first_messages = requests[0]["messages"].as_array().unwrap();
+    let text = serde_json::to_string(first_messages).unwrap();
+    for expected in [
+        r#"<file path=\"src/main.rs\">\nfn main() {}\n"#,
+        r#"<code_selection path=\"src/lib.rs\" lines=\"10-12\">\nlet x = 1;"#,
+        r#"<rule path=\".cursor/rules/style.mdc\">"#,
+        "Always use tabs.",
+        r#"<command name=\"/review\">"#,
+        "Review the diff for bugs.",
+        r#"<terminal title=\"cargo\" lines=\"3-3\">\nerror[E0308]"#,
+        r#"<not_shown kind=\"video\" name=\"demo.mp4\">"#,
+    ] {
+        assert!(text.contains(expected), "{expected} missing from {text}");
+    }
+    let attached_at = first_messages
+        .iter()
+        .position(|m| m["content"].to_string().contains("<attached_context>"))
+        .expect("an attached-context message");
+    assert_eq!(
+        first_messages[attached_at + 1]["content"],
+        "look",
+        "the attachments come right before the message they belong to"
+    );
+    // The next turn replays them byte for byte, once.
+    let second_messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(
+        &second_messages[..first_messages.len()],
+        first_messages.as_slice()
+    );
+    assert_eq!(
+        serde_json::to_string(second_messages)
+            .unwrap()
+            .matches("<attached_context>")
+            .count(),
+        1
+    );
+}

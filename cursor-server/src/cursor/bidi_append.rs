@@ -196,10 +196,16 @@ fn user_message_run(
     };
     // A text blob stands for the text only when the text itself is empty.
     let text_blob = text_blob_id(user.text_blob_id.as_deref())?.filter(|_| user.text.is_empty());
+    let attached = user
+        .selected_context
+        .as_ref()
+        .map(super::selected_context::attachments)
+        .unwrap_or_default();
     let run_action = RunAction::UserMessage {
         text: user.text,
         message_id: user.message_id,
         text_blob,
+        attached,
     };
     let context = action.request_context.as_ref();
     let terminals_folder = context
@@ -615,6 +621,7 @@ mod tests {
                 text: "hi".to_owned(),
                 message_id: "u1".to_owned(),
                 text_blob: None,
+                attached: Vec::new(),
             }
         );
         assert_eq!(input.mode, Mode::Agent);

@@ -13,5 +13,6 @@ pub mod pending;
 pub mod projection;
 pub mod proto;
 pub mod run_sse;
+pub mod selected_context;
 pub mod tool_result;
 pub mod tools;

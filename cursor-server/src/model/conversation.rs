@@ -282,3 +282,43 @@ mod tests {
         assert_eq!(replaced.len(), 1);
     }
 }
+
+/// Something the user attached to a message (Cursor's `SelectedContext`: @-mentions, selections,
+/// rules, `/commands`, terminals, diffs...), in the terms the model reads it. Rendered once into a
+/// runtime message stored with the user's message, so every later request replays the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "attached", rename_all = "snake_case")]
+pub enum Attachment {
+    /// A whole file (@-mentioned).
+    File { path: String, content: String },
+    /// Lines of a file the user selected; `lines` is 1-based and inclusive.
+    Selection {
+        path: String,
+        lines: Option<(u32, u32)>,
+        content: String,
+    },
+    /// A folder: its directory tree as the client listed it.
+    Folder { path: String, tree: String },
+    /// A terminal's content, or lines selected in it.
+    Terminal {
+        title: String,
+        lines: Option<(u32, u32)>,
+        content: String,
+    },
+    /// A rule the user picked: its text applies to this message.
+    Rule { path: String, content: String },
+    /// A `/command`: its content is the user's instruction.
+    Command { name: String, content: String },
+    /// A diff or commit (working tree, branch against main, a commit, a pull request).
+    Diff { label: String, content: String },
+    /// A link, with the text the client fetched for it if any.
+    Link {
+        url: String,
+        content: Option<String>,
+    },
+    /// Any other text the client attached, under what it is.
+    Text { label: String, content: String },
+    /// Attached, but nothing of it can be shown to the model (a video, a browser tab, a docs
+    /// index this server cannot search): the model is told its name and that it is not shown.
+    Unshown { kind: String, name: String },
+}

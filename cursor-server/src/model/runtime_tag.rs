@@ -31,6 +31,9 @@ pub enum RuntimeEvent {
     /// were summarized into this message, which the model sees in their place (compaction
     /// `number` of the conversation, counting from 1). Nothing is deleted.
     Compacted { number: u32, through: usize },
+    /// What the user attached to the message of this run (files, selections, rules, commands,
+    /// terminals, diffs...), rendered once.
+    Attached,
 }
 
 /// One ended background task, as the client reports it.
@@ -69,6 +72,7 @@ impl RuntimeEvent {
             RuntimeEvent::ModeReminder { .. } => "mode_reminder",
             RuntimeEvent::BackgroundTaskEnded { .. } => "background_task_ended",
             RuntimeEvent::Compacted { .. } => "compacted",
+            RuntimeEvent::Attached => "attached",
         }
     }
 
@@ -81,7 +85,8 @@ impl RuntimeEvent {
             RuntimeEvent::ModeReminder { .. }
             | RuntimeEvent::WorkspaceContext { .. }
             | RuntimeEvent::BackgroundTaskEnded { .. }
-            | RuntimeEvent::Compacted { .. } => None,
+            | RuntimeEvent::Compacted { .. }
+            | RuntimeEvent::Attached => None,
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use super::assets::{PromptAssets, PromptKind};
 use crate::config::ModelConfig;
-use crate::model::conversation::{Mode, RuleScope, SubagentRole, WorkspaceContext};
+use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag,
@@ -33,6 +33,85 @@ pub fn context_tag(
         anchor,
         text,
     ))
+}
+
+/// What the user attached to their message, as one runtime message stored just before it (`None`
+/// when nothing was attached). Deterministic, so every later request replays the same bytes.
+pub fn attachments_tag(attached: &[Attachment], anchor: &str) -> Option<RuntimeTag> {
+    if attached.is_empty() {
+        return None;
+    }
+    Some(RuntimeTag::new(
+        RuntimeEvent::Attached,
+        anchor,
+        render_attachments(attached),
+    ))
+}
+
+fn render_attachments(attached: &[Attachment]) -> String {
+    use std::fmt::Write;
+    let lines = |lines: &Option<(u32, u32)>| {
+        lines.map_or_else(String::new, |(from, to)| format!(" lines=\"{from}-{to}\""))
+    };
+    let mut out = String::from(
+        "<attached_context>\nThe user attached the following to the message that comes next. Paths \
+         are as the user's workspace names them; line ranges are 1-based and inclusive.\n",
+    );
+    for attachment in attached {
+        let _ = match attachment {
+            Attachment::File { path, content } => {
+                writeln!(out, "<file path=\"{path}\">\n{content}\n</file>")
+            }
+            Attachment::Selection {
+                path,
+                lines: range,
+                content,
+            } => writeln!(
+                out,
+                "<code_selection path=\"{path}\"{}>\n{content}\n</code_selection>",
+                lines(range)
+            ),
+            Attachment::Folder { path, tree } => {
+                writeln!(out, "<folder path=\"{path}\">\n{tree}</folder>")
+            }
+            Attachment::Terminal {
+                title,
+                lines: range,
+                content,
+            } => writeln!(
+                out,
+                "<terminal title=\"{title}\"{}>\n{content}\n</terminal>",
+                lines(range)
+            ),
+            Attachment::Rule { path, content } => writeln!(
+                out,
+                "<rule path=\"{path}\">\nThe user applied this rule to the message; follow it.\n{content}\n</rule>"
+            ),
+            Attachment::Command { name, content } => writeln!(
+                out,
+                "<command name=\"/{name}\">\nThe user invoked this command: its content is their instruction.\n{content}\n</command>"
+            ),
+            Attachment::Diff { label, content } => {
+                writeln!(out, "<diff of=\"{label}\">\n{content}\n</diff>")
+            }
+            Attachment::Link { url, content } => match content {
+                Some(content) => writeln!(out, "<link url=\"{url}\">\n{content}\n</link>"),
+                None => writeln!(
+                    out,
+                    "<link url=\"{url}\">(its content was not sent; fetch it with WebFetch if needed)</link>"
+                ),
+            },
+            Attachment::Text { label, content } => {
+                writeln!(out, "<context of=\"{label}\">\n{content}\n</context>")
+            }
+            Attachment::Unshown { kind, name } => writeln!(
+                out,
+                "<not_shown kind=\"{kind}\" name=\"{name}\">The user attached this, but this server cannot show its content to you; say so if it matters.</not_shown>"
+            ),
+        };
+    }
+    out.push_str("</attached_context>");
+    out
 }
 
 /// The workspace context as the model reads it. Deterministic: the same context renders to the

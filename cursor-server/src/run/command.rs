@@ -9,7 +9,7 @@ use crate::cursor::proto::agent::ConversationStateStructure;
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
-use crate::model::conversation::BlobId;
+use crate::model::conversation::{Attachment, BlobId};
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::BackgroundCompletion;
 
@@ -59,6 +59,8 @@ pub enum RunAction {
         message_id: String,
         /// Cursor sent the text as a blob (`text_blob_id`): fetched with KV GET first.
         text_blob: Option<BlobId>,
+        /// What the user attached (`selected_context`).
+        attached: Vec<Attachment>,
     },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,

@@ -22,7 +22,7 @@ use crate::cursor::tool_result::ToolEnv;
 use crate::cursor::tools;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
-use crate::model::conversation::{BlobId, Mode, SubagentRole, WorkspaceContext};
+use crate::model::conversation::{Attachment, BlobId, Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};
 use crate::model::message::{current_mode, latest_compaction};
 use crate::model::runtime_tag::RuntimeTag;
@@ -39,6 +39,8 @@ struct Request<'a> {
     mode: Mode,
     subagent: Option<&'a SubagentRole>,
     context: Option<&'a WorkspaceContext>,
+    /// What the user attached to the message (empty for other actions).
+    attached: &'a [Attachment],
 }
 
 /// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
@@ -70,6 +72,7 @@ pub(super) struct Import {
     user_text: String,
     user_message_id: String,
     context: Option<WorkspaceContext>,
+    attached: Vec<Attachment>,
 }
 
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
@@ -97,6 +100,10 @@ pub(super) async fn open(
         mode: input.mode,
         subagent: input.subagent.as_ref(),
         context: input.context.as_ref(),
+        attached: match &input.action {
+            RunAction::UserMessage { attached, .. } => attached,
+            _ => &[],
+        },
     };
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
     let mode = match input.action {
@@ -203,6 +210,7 @@ async fn open_action(
             text,
             message_id,
             text_blob,
+            ..
         } if text_blob.is_some() || importing => {
             let state = client_state.filter(|_| importing);
             open_import(request, text, message_id, *text_blob, state, out).await
@@ -268,6 +276,7 @@ async fn open_import(
         user_text: text.to_owned(),
         user_message_id: message_id.to_owned(),
         context: request.context.cloned(),
+        attached: request.attached.to_vec(),
     };
     Ok(Opened {
         history: Vec::new(),
@@ -430,6 +439,7 @@ impl Import {
             mode: turn.mode(),
             subagent: None,
             context: self.context.as_ref(),
+            attached: &self.attached,
         };
         let user = UserMessage {
             state_before: turn.checkpoints.previous_head(),
@@ -462,6 +472,7 @@ async fn commit_user_message(
     let before: Vec<RuntimeTag> = context
         .and_then(|context| compiler::context_tag(history, context, request_id))
         .into_iter()
+        .chain(compiler::attachments_tag(request.attached, request_id))
         .collect();
     let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
     let appended = messages::append_with_tags(

@@ -407,7 +407,7 @@ fn ls_outcome(ls: &LsInput, call_id: &str, result: pb::LsResult, env: &ToolEnv) 
     done(ls, call_id, result, text, is_error)
 }
 
-fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mut String) {
+pub(crate) fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mut String) {
     let indent = "  ".repeat(depth);
     if depth == 0 {
         let _ = writeln!(out, "{}/", node.abs_path.trim_end_matches('/'));

@@ -1,0 +1,250 @@
+//! What the user attached to a message (`agent.v1.SelectedContext`) as domain `Attachment`s: every
+//! field is read, and a kind whose content cannot be shown to the model is named (`Unshown`) and
+//! logged, never dropped without a word.
+//!
+//! Its own file because `cursor/bidi_append.rs` holds the uplink's decoding within 800 lines, and
+//! the context's two dozen kinds are one translation of their own.
+
+use crate::cursor::proto::agent as pb;
+use crate::cursor::tools::search::render_tree;
+use crate::model::conversation::Attachment;
+
+/// The attachments of one user message, in the order Cursor's fields list them.
+pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
+    let mut out = Vec::new();
+    for file in &context.files {
+        out.push(Attachment::File {
+            path: shown_path(&file.path, file.relative_path.as_deref()),
+            content: file.content.clone(),
+        });
+    }
+    for selection in &context.code_selections {
+        out.push(Attachment::Selection {
+            path: shown_path(&selection.path, selection.relative_path.as_deref()),
+            lines: lines(selection.range.as_ref()),
+            content: selection.content.clone(),
+        });
+    }
+    for folder in &context.folders {
+        let mut tree = String::new();
+        if let Some(root) = &folder.directory_tree {
+            render_tree(root, 0, &mut tree);
+        }
+        out.push(Attachment::Folder {
+            path: shown_path(&folder.path, folder.relative_path.as_deref()),
+            tree,
+        });
+    }
+    for terminal in &context.terminals {
+        out.push(Attachment::Terminal {
+            title: terminal_title(terminal.title.as_deref(), terminal.path.as_deref()),
+            lines: None,
+            content: terminal.content.clone(),
+        });
+    }
+    for selection in &context.terminal_selections {
+        out.push(Attachment::Terminal {
+            title: terminal_title(selection.title.as_deref(), selection.path.as_deref()),
+            lines: lines(selection.range.as_ref()),
+            content: selection.content.clone(),
+        });
+    }
+    for rule in context.cursor_rules.iter().filter_map(|r| r.rule.as_ref()) {
+        out.push(Attachment::Rule {
+            path: rule.full_path.clone(),
+            content: rule.content.clone(),
+        });
+    }
+    for command in &context.cursor_commands {
+        out.push(Attachment::Command {
+            name: command.name.clone(),
+            content: command.content.clone(),
+        });
+    }
+    diffs(context, &mut out);
+    links_and_text(context, &mut out);
+    named_only(context, &mut out);
+    out
+}
+
+/// The workspace-relative path when the client sent one.
+fn shown_path(path: &str, relative: Option<&str>) -> String {
+    relative
+        .filter(|r| !r.is_empty())
+        .unwrap_or(path)
+        .to_owned()
+}
+
+fn terminal_title(title: Option<&str>, path: Option<&str>) -> String {
+    title
+        .or(path)
+        .filter(|t| !t.is_empty())
+        .unwrap_or("terminal")
+        .to_owned()
+}
+
+/// A range's lines, 1-based and inclusive (Cursor's positions are 1-based lines).
+fn lines(range: Option<&pb::Range>) -> Option<(u32, u32)> {
+    let range = range?;
+    let start = range.start.as_ref()?.line;
+    let end = range.end.as_ref().map_or(start, |end| end.line);
+    Some((start, end.max(start)))
+}
+
+fn diffs(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
+    if let Some(diff) = &context.git_diff {
+        out.push(diff_of("uncommitted changes", &diff.content));
+    }
+    if let Some(diff) = &context.git_diff_from_branch_to_main {
+        out.push(diff_of("this branch against main", &diff.content));
+    }
+    for commit in &context.git_commits {
+        let mut content = commit.message.clone();
+        if let Some(description) = commit.description.as_deref().filter(|d| !d.is_empty()) {
+            content.push_str("\n\n");
+            content.push_str(description);
+        }
+        content.push_str("\n\n");
+        content.push_str(&commit.diff);
+        out.push(diff_of(&format!("commit {}", commit.sha), &content));
+    }
+    for selection in &context.git_pr_diff_selections {
+        let label = format!(
+            "{} {} lines {}-{}",
+            selection.pr_url, selection.file_path, selection.start_line, selection.end_line
+        );
+        match selection.diff_content.as_deref() {
+            Some(content) => out.push(diff_of(&label, content)),
+            None => out.push(unshown("pull request diff (stored as a blob)", &label)),
+        }
+    }
+    for pr in &context.selected_pull_requests {
+        let title = pr.title.as_deref().unwrap_or_default();
+        let mut content = format!("#{} {title}\n{}", pr.number, pr.url);
+        for text in [pr.description.as_deref(), pr.summary_json.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|t| !t.is_empty())
+        {
+            content.push_str("\n\n");
+            content.push_str(text);
+        }
+        out.push(Attachment::Text {
+            label: format!("pull request #{}", pr.number),
+            content,
+        });
+    }
+}
+
+fn diff_of(label: &str, content: &str) -> Attachment {
+    Attachment::Diff {
+        label: label.to_owned(),
+        content: content.to_owned(),
+    }
+}
+
+fn links_and_text(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
+    for link in &context.external_links {
+        out.push(Attachment::Link {
+            url: link.url.clone(),
+            content: link.pdf_content.clone().filter(|c| !c.is_empty()),
+        });
+    }
+    for text in context.extra_context.iter().filter(|t| !t.is_empty()) {
+        out.push(Attachment::Text {
+            label: "extra context".to_owned(),
+            content: text.clone(),
+        });
+    }
+    for entry in &context.extra_context_entries {
+        match &entry.data_or_blob_id {
+            Some(pb::extra_context_entry::DataOrBlobId::Data(data)) => out.push(Attachment::Text {
+                label: "extra context".to_owned(),
+                content: data.clone(),
+            }),
+            Some(pb::extra_context_entry::DataOrBlobId::BlobId(id)) => out.push(unshown(
+                "extra context (stored as a blob)",
+                &hex::encode(id),
+            )),
+            None => {}
+        }
+    }
+    for log in &context.console_logs {
+        out.push(Attachment::Text {
+            label: format!("console {} ({})", log.level, log.client_name),
+            content: log.message.clone(),
+        });
+    }
+    for element in &context.ui_elements {
+        out.push(Attachment::Text {
+            label: format!("UI element {}", element.xpath),
+            content: format!(
+                "{}\n{}\n{}",
+                element.element, element.text_content, element.extra
+            )
+            .trim()
+            .to_owned(),
+        });
+    }
+    for skill in &context.selected_skills {
+        out.push(Attachment::Rule {
+            path: skill.full_path.clone(),
+            content: skill.content.clone(),
+        });
+    }
+    if let Some(invocation) = &context.invocation_context {
+        out.push(Attachment::Text {
+            label: "where the user invoked the agent".to_owned(),
+            content: format!("{invocation:?}"),
+        });
+    }
+    if let Some(action) = &context.selected_agentic_git_action {
+        out.push(Attachment::Text {
+            label: "git action the user asked for".to_owned(),
+            content: format!("{action:?}"),
+        });
+    }
+    if let Some(recent) = &context.recent_agents_context {
+        out.push(Attachment::Text {
+            label: "recent agents".to_owned(),
+            content: format!("{recent:?}"),
+        });
+    }
+}
+
+fn unshown(kind: &str, name: &str) -> Attachment {
+    tracing::info!(
+        kind,
+        name,
+        "attached context the model is told of but not shown"
+    );
+    Attachment::Unshown {
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    }
+}
+
+/// Kinds whose content this server does not show the model (yet): named, never dropped.
+fn named_only(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
+    for image in &context.selected_images {
+        out.push(unshown("image", &image.uuid));
+    }
+    for video in &context.selected_videos {
+        out.push(unshown("video", &video.filename));
+    }
+    for browser in &context.selected_browsers {
+        out.push(unshown("browser tab", &browser.url));
+    }
+    for document in &context.selected_documents {
+        out.push(unshown("document", &document.filename));
+    }
+    for docs in &context.documentations {
+        out.push(unshown("documentation index", &docs.name));
+    }
+    for chat in &context.past_chats {
+        out.push(unshown("past chat", &chat.name));
+    }
+    for subagent in &context.selected_subagents {
+        out.push(unshown("subagent", &subagent.name));
+    }
+}
