@@ -217,6 +217,44 @@ async fn a_plan_created_in_plan_mode_is_accepted() {
         tool_result_text(&requests[1]),
         "The plan was created and shown to the user (file:///plans/refactor.md)."
     );
+
+    // "Build": the plan runs in Agent mode, with the agent's tools.
+    h.provider
+        .push(Reply::sse(text_events(&["Building."], (30, 1, 0))));
+    let mut build = fixtures::run_request("conv-plan", "unused");
+    if let Some(pb::agent_client_message::Message::RunRequest(request)) = &mut build.message {
+        request.action = Some(pb::ConversationAction {
+            action: Some(pb::conversation_action::Action::ExecutePlanAction(
+                pb::ExecutePlanAction {
+                    plan: Some(plan.clone()),
+                    plan_file_uri: Some("file:///plans/refactor.md".into()),
+                    execution_mode: AgentMode::Agent as i32,
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        });
+    }
+    let built = Session::start(&h.cursor, "req-build", &build)
+        .await
+        .finish()
+        .await;
+    assert!(built.is_success(), "{:?}", built.end);
+    let requests = h.provider.requests();
+    let tools = offered_tools(&requests[2]);
+    assert!(
+        tools.contains(&"StrReplace".to_owned()) && !tools.contains(&"CreatePlan".to_owned()),
+        "{tools:?}"
+    );
+    let messages = requests[2]["messages"].to_string();
+    assert!(
+        messages.contains("<plan>\\n# Steps\\n1. Split\\n</plan>"),
+        "{messages}"
+    );
+    assert!(
+        messages.contains("from Plan mode to Agent mode"),
+        "the model is told the mode changed"
+    );
 }
 
 fn switch_response(approved: bool) -> interaction_response::Result {

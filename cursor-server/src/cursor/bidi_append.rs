@@ -10,7 +10,7 @@ use super::proto::agent::{
     exec_client_control_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use super::tools::{self, ToolOptions};
+use super::tools::{self, ToolOptions, interactive};
 use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
@@ -175,6 +175,12 @@ fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, Protocol
             basics,
         ),
         Some(Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(Action::StartPlanAction(action)) => {
+            user_message_run(&request, interactive::start_plan_message(action), basics)?
+        }
+        Some(Action::ExecutePlanAction(action)) => {
+            user_message_run(&request, interactive::execute_plan_message(action), basics)?
+        }
         Some(other) => {
             ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
         }
@@ -723,13 +729,56 @@ mod tests {
     }
 
     #[test]
+    fn plan_mode_actions_are_user_messages_and_build_runs_the_plan_in_its_execution_mode() {
+        let start = run_request(conversation_action::Action::StartPlanAction(
+            pb::StartPlanAction {
+                user_message: Some(pb::UserMessage {
+                    text: "plan the refactor".into(),
+                    message_id: "m-plan".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ));
+        let input = request_input(translate(start).expect("translates"));
+        assert_eq!(input.mode, Mode::Plan);
+        assert!(
+            matches!(&input.action, RunAction::UserMessage { text, .. } if text == "plan the refactor")
+        );
+        let build = run_request(conversation_action::Action::ExecutePlanAction(
+            pb::ExecutePlanAction {
+                plan: Some(pb::ConversationPlan {
+                    plan: "1. Split the module\n2. Add tests".into(),
+                }),
+                plan_file_path: Some(".cursor/plans/refactor.md".into()),
+                kickoff_message_id: Some("m-build".into()),
+                ..Default::default()
+            },
+        ));
+        let input = request_input(translate(build).expect("translates"));
+        assert_eq!(input.mode, Mode::Agent, "unset execution mode = Agent");
+        let RunAction::UserMessage {
+            text, message_id, ..
+        } = &input.action
+        else {
+            panic!("{:?}", input.action)
+        };
+        assert_eq!(message_id, "m-build");
+        assert!(text.contains(".cursor/plans/refactor.md"), "{text}");
+        assert!(
+            text.contains("<plan>\n1. Split the module\n2. Add tests\n</plan>"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn actions_this_server_does_not_run_are_named() {
-        let plan = run_request(conversation_action::Action::StartPlanAction(
-            pb::StartPlanAction::default(),
+        let shell = run_request(conversation_action::Action::ShellCommandAction(
+            pb::ShellCommandAction::default(),
         ));
         assert_eq!(
-            translate(plan).expect("translates"),
-            ClientInput::Unsupported("run_request action start_plan_action".to_owned())
+            translate(shell).expect("translates"),
+            ClientInput::Unsupported("run_request action shell_command_action".to_owned())
         );
         let cancel = AgentClientMessage {
             message: Some(agent_client_message::Message::ConversationAction(

@@ -1,6 +1,7 @@
 //! Tools the user decides: AskQuestion (questions with options), SwitchMode (approved or rejected;
 //! an approval moves the conversation to the mode) and CreatePlan (a plan shown to the user). Each
-//! is an `interaction_query` whose response is the tool's result.
+//! is an `interaction_query` whose response is the tool's result. Plan mode's two actions — start
+//! planning, and "Build" (execute the plan) — arrive as user messages of the family's own making.
 
 use std::fmt::Write as _;
 
@@ -408,6 +409,59 @@ fn answers_text(ask: &AskQuestionInput, success: &pb::AskQuestionSuccess) -> Str
         let _ = write!(out, "\n- {}: {shown}", question.prompt);
     }
     out
+}
+
+/// `start_plan_action`: the user's message, in Plan mode, with its request context.
+pub fn start_plan_message(action: pb::StartPlanAction) -> pb::UserMessageAction {
+    let mut user = action.user_message.unwrap_or_default();
+    user.mode = pb::AgentMode::Plan as i32;
+    pb::UserMessageAction {
+        user_message: Some(user),
+        request_context: action.request_context,
+        ..pb::UserMessageAction::default()
+    }
+}
+
+/// `execute_plan_action` (the "Build" button): the plan — its text, or the plan file's content —
+/// becomes the user's instruction, in the execution mode the client names (Agent when unset).
+pub fn execute_plan_message(action: pb::ExecutePlanAction) -> pb::UserMessageAction {
+    let plan = action
+        .plan
+        .map(|plan| plan.plan)
+        .or(action.plan_file_content)
+        .filter(|plan| !plan.trim().is_empty());
+    let mut text = String::from("Implement the plan");
+    if let Some(path) = action
+        .plan_file_path
+        .as_deref()
+        .or(action.plan_file_uri.as_deref())
+    {
+        let _ = write!(text, " in {path}");
+    }
+    match plan {
+        Some(plan) => {
+            let _ = write!(text, ". Follow it step by step.\n\n<plan>\n{plan}\n</plan>");
+        }
+        None => text.push_str(" accepted in this conversation. Follow it step by step."),
+    }
+    let mode = match pb::AgentMode::try_from(action.execution_mode) {
+        Ok(pb::AgentMode::Unspecified) | Err(_) => pb::AgentMode::Agent,
+        Ok(mode) => mode,
+    };
+    let message_id = action
+        .kickoff_message_id
+        .or(action.plan_id.map(|id| format!("execute-plan-{id}")))
+        .unwrap_or_default();
+    pb::UserMessageAction {
+        user_message: Some(pb::UserMessage {
+            text,
+            message_id,
+            mode: mode as i32,
+            ..pb::UserMessage::default()
+        }),
+        request_context: action.request_context,
+        ..pb::UserMessageAction::default()
+    }
 }
 
 #[cfg(test)]
