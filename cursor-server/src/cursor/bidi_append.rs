@@ -729,49 +729,6 @@ mod tests {
     }
 
     #[test]
-    fn plan_mode_actions_are_user_messages_and_build_runs_the_plan_in_its_execution_mode() {
-        let start = run_request(conversation_action::Action::StartPlanAction(
-            pb::StartPlanAction {
-                user_message: Some(pb::UserMessage {
-                    text: "plan the refactor".into(),
-                    message_id: "m-plan".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ));
-        let input = request_input(translate(start).expect("translates"));
-        assert_eq!(input.mode, Mode::Plan);
-        assert!(
-            matches!(&input.action, RunAction::UserMessage { text, .. } if text == "plan the refactor")
-        );
-        let build = run_request(conversation_action::Action::ExecutePlanAction(
-            pb::ExecutePlanAction {
-                plan: Some(pb::ConversationPlan {
-                    plan: "1. Split the module\n2. Add tests".into(),
-                }),
-                plan_file_path: Some(".cursor/plans/refactor.md".into()),
-                kickoff_message_id: Some("m-build".into()),
-                ..Default::default()
-            },
-        ));
-        let input = request_input(translate(build).expect("translates"));
-        assert_eq!(input.mode, Mode::Agent, "unset execution mode = Agent");
-        let RunAction::UserMessage {
-            text, message_id, ..
-        } = &input.action
-        else {
-            panic!("{:?}", input.action)
-        };
-        assert_eq!(message_id, "m-build");
-        assert!(text.contains(".cursor/plans/refactor.md"), "{text}");
-        assert!(
-            text.contains("<plan>\n1. Split the module\n2. Add tests\n</plan>"),
-            "{text}"
-        );
-    }
-
-    #[test]
     fn actions_this_server_does_not_run_are_named() {
         let shell = run_request(conversation_action::Action::ShellCommandAction(
             pb::ShellCommandAction::default(),

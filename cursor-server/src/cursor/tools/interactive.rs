@@ -466,6 +466,56 @@ pub fn execute_plan_message(action: pb::ExecutePlanAction) -> pb::UserMessageAct
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn plan_mode_actions_are_user_messages_and_build_runs_the_plan_in_its_execution_mode() {
+        let start = start_plan_message(pb::StartPlanAction {
+            user_message: Some(pb::UserMessage {
+                text: "plan the refactor".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let user = start.user_message.expect("a user message");
+        assert_eq!(
+            (user.text.as_str(), user.mode),
+            ("plan the refactor", pb::AgentMode::Plan as i32)
+        );
+        let build = execute_plan_message(pb::ExecutePlanAction {
+            plan: Some(pb::ConversationPlan {
+                plan: "1. Split the module\n2. Add tests".into(),
+            }),
+            plan_file_path: Some(".cursor/plans/refactor.md".into()),
+            kickoff_message_id: Some("m-build".into()),
+            ..Default::default()
+        });
+        let user = build.user_message.expect("a user message");
+        assert_eq!(user.mode, pb::AgentMode::Agent as i32, "unset = Agent");
+        assert_eq!(user.message_id, "m-build");
+        assert!(
+            user.text.contains(".cursor/plans/refactor.md"),
+            "{}",
+            user.text
+        );
+        assert!(
+            user.text
+                .contains("<plan>\n1. Split the module\n2. Add tests\n</plan>"),
+            "{}",
+            user.text
+        );
+        let from_file = execute_plan_message(pb::ExecutePlanAction {
+            plan_file_content: Some("do it".into()),
+            execution_mode: pb::AgentMode::Debug as i32,
+            ..Default::default()
+        });
+        let user = from_file.user_message.expect("a user message");
+        assert_eq!(user.mode, pb::AgentMode::Debug as i32);
+        assert!(
+            user.text.contains("<plan>\ndo it\n</plan>"),
+            "{}",
+            user.text
+        );
+    }
     use super::*;
     use crate::cursor::tool_result::testing::{ended_step, env};
 
