@@ -52,6 +52,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
         .map(|i| {
             if i % 2 == 0 {
                 CanonicalMessage::User(UserMessage {
+                    shown_as: None,
                     origin: Origin::User,
                     text: format!("question {i} with some realistic length of text"),
                     client_message_id: String::new(),

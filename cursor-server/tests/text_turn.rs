@@ -678,15 +678,33 @@ async fn what_the_user_attaches_reaches_the_model_once_and_is_replayed_byte_for_
         }],
         ..Default::default()
     };
-    let first = fake_cursor::Session::start(
+    let mut first = fake_cursor::Session::start(
         &cursor,
         "req-attached-1",
         &run_request_with_attachments("conv-attached", "look", context),
     )
-    .await
-    .finish()
     .await;
-    assert!(first.is_success(), "{:?}", first.end);
+    while first.next().await.is_some() {}
+    assert!(first.transcript.is_success(), "{:?}", first.transcript.end);
+    // The turn's user message keeps what was attached: Cursor shows the chips when the chat is
+    // reopened.
+    let state = *first.transcript.checkpoints().last().expect("a checkpoint");
+    let turn = pb::ConversationTurnStructure::decode(first.blobs[&state.turns[0]].as_slice())
+        .expect("turn blob");
+    let Some(pb::conversation_turn_structure::Turn::AgentConversationTurn(turn)) = turn.turn else {
+        panic!("an agent turn")
+    };
+    let shown = pb::UserMessage::decode(first.blobs[&turn.user_message].as_slice())
+        .expect("user message blob");
+    let chips = shown.selected_context.expect("selected_context kept");
+    assert_eq!(
+        (
+            chips.files[0].relative_path.as_deref(),
+            chips.cursor_commands[0].name.as_str()
+        ),
+        (Some("src/main.rs"), "review")
+    );
+    assert_eq!(shown.text, "look");
     let second = fake_cursor::Session::start(
         &cursor,
         "req-attached-2",

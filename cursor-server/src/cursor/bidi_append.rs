@@ -212,6 +212,7 @@ fn user_message_run(
         message_id: user.message_id,
         text_blob,
         attached,
+        selected_context: user.selected_context.map(Box::new),
     };
     let context = action.request_context.as_ref();
     let terminals_folder = context
@@ -628,6 +629,7 @@ mod tests {
                 message_id: "u1".to_owned(),
                 text_blob: None,
                 attached: Vec::new(),
+                selected_context: None,
             }
         );
         assert_eq!(input.mode, Mode::Agent);

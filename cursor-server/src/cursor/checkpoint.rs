@@ -119,6 +119,17 @@ impl ConversationGraph {
         blob
     }
 
+    /// Starts the run's turn with a user-message blob stored earlier (one that carries the
+    /// attachments' chips).
+    pub fn begin_turn_with(&mut self, request_id: &str, user_message: BlobId, started_at_ms: u64) {
+        self.current = Some(TurnDraft {
+            request_id: request_id.to_owned(),
+            user_message: Some(user_message),
+            steps: Vec::new(),
+            started_at_ms,
+        });
+    }
+
     /// Appends a step to the current turn (none open = a step without a turn, which is a bug in the
     /// caller; the step is still returned so it can be stored).
     pub fn push_step(&mut self, step: conversation_step::Message) -> Blob {
@@ -467,6 +478,7 @@ impl Import {
 
     fn user_message(origin: Origin, text: String) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            shown_as: None,
             state_before: None,
             origin,
             text,

@@ -175,22 +175,17 @@ impl Projection {
             .map_or(0, |timing| timing.timestamp_ms);
         out.built
             .push(self.graph.push_root(&roots::user(&user.text)));
-        out.built.push(
-            self.graph.begin_turn(
+        match user.shown_as {
+            Some(id) => {
+                self.graph.begin_turn_with(request_id, id, started_at_ms);
+                out.stored.push(id);
+            }
+            None => out.built.push(self.graph.begin_turn(
                 request_id,
-                &pb::UserMessage {
-                    text: user.text.clone(),
-                    message_id: user.client_message_id.clone(),
-                    conversation_state_blob_id: user
-                        .state_before
-                        .map(|id| id.0.to_vec())
-                        .unwrap_or_default(),
-                    mode: super::checkpoint::agent_mode(user.mode.unwrap_or_default()),
-                    ..pb::UserMessage::default()
-                },
+                &shown_user_message(user, None),
                 started_at_ms,
-            ),
-        );
+            )),
+        }
     }
 
     fn assistant(&mut self, assistant: &AssistantMessage, out: &mut NewBlobs) {
@@ -287,6 +282,25 @@ impl Projection {
     }
 }
 
+/// The `UserMessage` a turn shows for the user's message; `selected_context` (the attachments'
+/// chips) is kept in a blob stored before the message (`UserMessage::shown_as`).
+pub fn shown_user_message(
+    user: &UserMessage,
+    selected_context: Option<pb::SelectedContext>,
+) -> pb::UserMessage {
+    pb::UserMessage {
+        text: user.text.clone(),
+        message_id: user.client_message_id.clone(),
+        conversation_state_blob_id: user
+            .state_before
+            .map(|id| id.0.to_vec())
+            .unwrap_or_default(),
+        mode: super::checkpoint::agent_mode(user.mode.unwrap_or_default()),
+        selected_context,
+        ..pb::UserMessage::default()
+    }
+}
+
 /// Projects `history` (each message with the run that appended it) from `base`: the graph, and
 /// every blob it built or names.
 pub fn project<'a>(
@@ -336,6 +350,7 @@ mod tests {
 
     fn user(origin: Origin, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            shown_as: None,
             origin,
             text: text.into(),
             client_message_id: format!("m-{text}"),

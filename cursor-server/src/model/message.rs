@@ -75,6 +75,10 @@ pub struct UserMessage {
     /// `conversation_state_blob_id`, the state "restore checkpoint" returns to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_before: Option<BlobId>,
+    /// For the user's own message sent with attachments: the `UserMessage` blob the checkpoint's
+    /// turn shows (it keeps Cursor's `selected_context`, the chips), stored before this message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_as: Option<BlobId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,6 +177,7 @@ impl RuntimeTag {
     /// The runtime-origin message stored for it.
     pub fn message(&self) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            shown_as: None,
             origin: Origin::Runtime,
             text: self.text.clone(),
             client_message_id: String::new(),

@@ -135,6 +135,7 @@ mod tests {
         assert_ne!(chosen.event_id, reminder.event_id);
         let history = vec![
             CanonicalMessage::User(UserMessage {
+                shown_as: None,
                 state_before: None,
                 origin: Origin::User,
                 text: "hi".into(),

@@ -471,6 +471,7 @@ mod tests {
 
     fn user(text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            shown_as: None,
             state_before: None,
             origin: Origin::User,
             text: text.into(),

@@ -5,7 +5,7 @@ use tokio::sync::oneshot;
 
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
-use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
@@ -59,8 +59,10 @@ pub enum RunAction {
         message_id: String,
         /// Cursor sent the text as a blob (`text_blob_id`): fetched with KV GET first.
         text_blob: Option<BlobId>,
-        /// What the user attached (`selected_context`).
+        /// What the user attached (`selected_context`), as the model reads it.
         attached: Vec<Attachment>,
+        /// The same, as Cursor sent it: the turn's user message keeps it (the chips).
+        selected_context: Option<Box<SelectedContext>>,
     },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,

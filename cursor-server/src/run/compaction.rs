@@ -97,6 +97,7 @@ impl Compaction {
         );
         let mut covered = turn.history[..through].to_vec();
         covered.push(CanonicalMessage::User(UserMessage {
+            shown_as: None,
             state_before: None,
             origin: Origin::Runtime,
             text: COMPACTION_REQUEST.to_owned(),

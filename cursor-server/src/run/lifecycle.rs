@@ -13,7 +13,7 @@ use crate::cursor::run_sse::Downlink;
 use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
-use crate::model::message::{CanonicalMessage, Origin};
+use crate::model::message::{CanonicalMessage, Origin, UserMessage};
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::store::blobs::{self, Edge};
@@ -115,7 +115,8 @@ pub struct Checkpoints {
     /// Blobs built by opening the run (a new base, a healed graph): stored and sent with the first
     /// new blobs.
     opening: Vec<Blob>,
-    /// Tool cards stored for results about to be committed: sent from memory, not read back.
+    /// Tool cards and user-message blobs stored for messages about to be committed: sent from
+    /// memory, not read back.
     cards: HashMap<BlobId, Blob>,
     /// ACKs not stored yet: they are, with the next checkpoint published.
     acked: Vec<BlobId>,
@@ -392,6 +393,21 @@ impl Checkpoints {
             .encode_to_vec(),
             Vec::new(),
         );
+        blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
+        let id = blob.id;
+        self.cards.insert(id, blob);
+        Ok(id)
+    }
+
+    /// Stores the blob a turn shows for the user's message with its attachments' chips, before
+    /// the message is committed (the message names it); returns its id.
+    pub async fn stash_user_message(
+        &mut self,
+        user: &UserMessage,
+        selected_context: pb::SelectedContext,
+    ) -> Result<BlobId, ServerError> {
+        let shown = projection::shown_user_message(user, Some(selected_context));
+        let blob = Blob::new(shown.encode_to_vec(), Vec::new());
         blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
         let id = blob.id;
         self.cards.insert(id, blob);

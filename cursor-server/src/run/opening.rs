@@ -16,7 +16,7 @@ use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
 use crate::cursor::pending::PendingExecs;
-use crate::cursor::proto::agent::ConversationStateStructure;
+use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::ToolEnv;
 use crate::cursor::tools;
@@ -39,8 +39,9 @@ struct Request<'a> {
     mode: Mode,
     subagent: Option<&'a SubagentRole>,
     context: Option<&'a WorkspaceContext>,
-    /// What the user attached to the message (empty for other actions).
+    /// What the user attached to the message (empty for other actions), and as Cursor sent it.
     attached: &'a [Attachment],
+    selected_context: Option<&'a SelectedContext>,
 }
 
 /// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
@@ -73,6 +74,7 @@ pub(super) struct Import {
     user_message_id: String,
     context: Option<WorkspaceContext>,
     attached: Vec<Attachment>,
+    selected_context: Option<Box<SelectedContext>>,
 }
 
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
@@ -103,6 +105,12 @@ pub(super) async fn open(
         attached: match &input.action {
             RunAction::UserMessage { attached, .. } => attached,
             _ => &[],
+        },
+        selected_context: match &input.action {
+            RunAction::UserMessage {
+                selected_context, ..
+            } => selected_context.as_deref(),
+            _ => None,
         },
     };
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
@@ -277,6 +285,7 @@ async fn open_import(
         user_message_id: message_id.to_owned(),
         context: request.context.cloned(),
         attached: request.attached.to_vec(),
+        selected_context: request.selected_context.cloned().map(Box::new),
     };
     Ok(Opened {
         history: Vec::new(),
@@ -296,6 +305,7 @@ async fn open_user_message(
     let (mut history, mut checkpoints) = stored(request, None).await?;
     let turn_start = Some(history.len());
     let user = UserMessage {
+        shown_as: None,
         state_before: checkpoints.previous_head(),
         origin: Origin::User,
         text: text.to_owned(),
@@ -303,7 +313,14 @@ async fn open_user_message(
         mode: Some(request.mode),
         runtime: None,
     };
-    let appended = commit_user_message(request, &mut history, user, request.context).await?;
+    let appended = commit_user_message(
+        request,
+        &mut history,
+        &mut checkpoints,
+        user,
+        request.context,
+    )
+    .await?;
     checkpoints.committed(&appended, out).await?;
     Ok(Opened {
         history,
@@ -440,8 +457,10 @@ impl Import {
             subagent: None,
             context: self.context.as_ref(),
             attached: &self.attached,
+            selected_context: self.selected_context.as_deref(),
         };
         let user = UserMessage {
+            shown_as: None,
             state_before: turn.checkpoints.previous_head(),
             origin: Origin::User,
             text: user_text,
@@ -449,8 +468,14 @@ impl Import {
             mode: Some(turn.mode()),
             runtime: None,
         };
-        let appended =
-            commit_user_message(&request, &mut turn.history, user, request.context).await?;
+        let appended = commit_user_message(
+            &request,
+            &mut turn.history,
+            &mut turn.checkpoints,
+            user,
+            request.context,
+        )
+        .await?;
         turn.tool_env.todos = fold_todos(&turn.history);
         turn.checkpoints.committed(&appended, out).await?;
         Ok(())
@@ -459,15 +484,24 @@ impl Import {
 
 /// Appends the user's message with its runtime messages in one transaction: the workspace context
 /// before it when the model has not seen that context yet, the mode notice and the mode's reminder
-/// after it. `history` (the stored history before the message) is extended with what was stored,
-/// which is returned.
+/// after it; what the user attached just before it, and the turn's user-message blob with the
+/// attachments' chips first. `history` (the stored history before the message) is extended with
+/// what was stored, which is returned.
 async fn commit_user_message(
     request: &Request<'_>,
     history: &mut Vec<CanonicalMessage>,
-    user: UserMessage,
+    checkpoints: &mut Checkpoints,
+    mut user: UserMessage,
     context: Option<&WorkspaceContext>,
 ) -> Result<Vec<CanonicalMessage>, ServerError> {
     let (app, request_id) = (request.app, request.request_id);
+    if let Some(selected) = request.selected_context {
+        user.shown_as = Some(
+            checkpoints
+                .stash_user_message(&user, selected.clone())
+                .await?,
+        );
+    }
     let mode = user.mode.unwrap_or_default();
     let before: Vec<RuntimeTag> = context
         .and_then(|context| compiler::context_tag(history, context, request_id))

@@ -227,6 +227,7 @@ mod tests {
     /// A user message typed in `mode`.
     fn user_in(mode: Option<Mode>, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            shown_as: None,
             state_before: None,
             origin: Origin::User,
             text: text.into(),
