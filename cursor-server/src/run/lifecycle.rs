@@ -386,13 +386,16 @@ impl Checkpoints {
     /// Stores a tool's finished card as a step blob before its result is committed (the result
     /// names it); returns its id.
     pub async fn stash_card(&mut self, card: pb::ToolCall) -> Result<BlobId, ServerError> {
-        let blob = Blob::new(
-            pb::ConversationStep {
-                message: Some(conversation_step::Message::ToolCall(card)),
-            }
-            .encode_to_vec(),
-            Vec::new(),
-        );
+        let step = pb::ConversationStep {
+            message: Some(conversation_step::Message::ToolCall(card)),
+        };
+        self.stash(step.encode_to_vec()).await
+    }
+
+    /// Stores a blob a message about to be committed names; it is sent when the message enters
+    /// the graph.
+    async fn stash(&mut self, data: Vec<u8>) -> Result<BlobId, ServerError> {
+        let blob = Blob::new(data, Vec::new());
         blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
         let id = blob.id;
         self.cards.insert(id, blob);
@@ -407,11 +410,7 @@ impl Checkpoints {
         selected_context: pb::SelectedContext,
     ) -> Result<BlobId, ServerError> {
         let shown = projection::shown_user_message(user, Some(selected_context));
-        let blob = Blob::new(shown.encode_to_vec(), Vec::new());
-        blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
-        let id = blob.id;
-        self.cards.insert(id, blob);
-        Ok(id)
+        self.stash(shown.encode_to_vec()).await
     }
 
     /// The calls of the open batch not in the graph yet (the checkpoint's pending calls).
