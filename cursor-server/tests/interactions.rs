@@ -730,3 +730,68 @@ async fn a_failing_search_backend_is_an_error_result_not_a_failed_run() {
         "{seen}"
     );
 }
+
+#[tokio::test]
+async fn an_answer_that_comes_after_the_questions_run_ended_reaches_the_model_once() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Noted: Postgres."], (10, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let answered = || {
+        let mut message = fixtures::run_request("conv-late", "unused");
+        if let Some(pb::agent_client_message::Message::RunRequest(request)) = &mut message.message {
+            request.action = Some(pb::ConversationAction {
+                action: Some(
+                    pb::conversation_action::Action::AsyncAskQuestionCompletionAction(
+                        pb::AsyncAskQuestionCompletionAction {
+                            original_tool_call_id: "tool_ask_1".into(),
+                            original_args: Some(pb::AskQuestionArgs {
+                                questions: vec![pb::ask_question_args::Question {
+                                    id: "db".into(),
+                                    prompt: "Which database?".into(),
+                                    options: vec![pb::ask_question_args::Option {
+                                        id: "pg".into(),
+                                        label: "Postgres".into(),
+                                    }],
+                                    allow_multiple: false,
+                                }],
+                                ..Default::default()
+                            }),
+                            result: Some(pb::AskQuestionResult {
+                                result: Some(pb::ask_question_result::Result::Success(
+                                    pb::AskQuestionSuccess {
+                                        answers: vec![pb::ask_question_success::Answer {
+                                            question_id: "db".into(),
+                                            selected_option_ids: vec!["pg".into()],
+                                            freeform_text: String::new(),
+                                        }],
+                                    },
+                                )),
+                            }),
+                        },
+                    ),
+                ),
+                ..Default::default()
+            });
+        }
+        message
+    };
+    let first = Session::start(&cursor, "req-late-1", &answered())
+        .await
+        .finish()
+        .await;
+    assert!(first.is_success(), "{:?}", first.end);
+    assert_eq!(first.text(), "Noted: Postgres.");
+    let request = provider.requests()[0]["messages"].to_string();
+    assert!(
+        request.contains("<late_answer>") && request.contains("Which database?: Postgres"),
+        "{request}"
+    );
+    // The same answer sent again is not told twice, and no model call is made for it.
+    let again = Session::start(&cursor, "req-late-2", &answered())
+        .await
+        .finish()
+        .await;
+    assert!(again.is_success(), "{:?}", again.end);
+    assert_eq!(provider.requests().len(), 1);
+}

@@ -13,7 +13,7 @@ use super::proto::aiserver::BidiAppendRequest;
 use super::tools::{self, ToolOptions, interactive};
 use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
-use crate::model::conversation::{Mode, Rule, RuleScope, SubagentRole, WorkspaceContext};
+use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
 use crate::model::tool::McpTool;
 use crate::run::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
@@ -175,6 +175,22 @@ fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, Protocol
             basics,
         ),
         Some(Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(Action::AsyncAskQuestionCompletionAction(action)) => {
+            match interactive::late_answer_text(&action) {
+                Some(answer) => contextless_run(
+                    &request,
+                    RunAction::QuestionAnswered {
+                        call_id: action.original_tool_call_id.clone(),
+                        answer,
+                    },
+                    None,
+                    basics,
+                ),
+                None => ClientInput::Unsupported(
+                    "async_ask_question_completion_action without an answer".to_owned(),
+                ),
+            }
+        }
         Some(Action::StartPlanAction(action)) => {
             user_message_run(&request, interactive::start_plan_message(action), basics)?
         }
@@ -229,7 +245,7 @@ fn user_message_run(
         action: run_action,
         model_id: basics.model_id,
         terminals_folder,
-        context: context.map(workspace_context),
+        context: context.map(super::selected_context::workspace_context),
         mode,
         tools,
         subagent,
@@ -520,55 +536,6 @@ fn action_name(action: &conversation_action::Action) -> &'static str {
         Action::BackgroundTaskCompletionAction(_) => "background_task_completion_action",
         Action::BackgroundShellAction(_) => "background_shell_action",
         Action::BackgroundSubagentAction(_) => "background_subagent_action",
-    }
-}
-
-/// The parts of Cursor's `request_context` the model is told about.
-fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
-    use pb::cursor_rule_type::Type as RuleType;
-    let env = context.env.clone().unwrap_or_default();
-    let rules = context
-        .rules
-        .iter()
-        .chain(&context.non_file_rules)
-        .filter(|rule| rule.parse_error.is_none() && !rule.content.trim().is_empty())
-        .map(|rule| Rule {
-            path: rule.full_path.clone(),
-            applies: match rule.r#type.as_ref().and_then(|t| t.r#type.as_ref()) {
-                Some(RuleType::FileGlobbed(globs)) => RuleScope::Files(globs.globs.clone()),
-                Some(RuleType::AgentFetched(fetched)) => {
-                    RuleScope::OnRequest(fetched.description.clone())
-                }
-                Some(RuleType::Global(_)) | Some(RuleType::ManuallyAttached(_)) | None => {
-                    RuleScope::Always
-                }
-            },
-            content: rule.content.clone(),
-        })
-        .collect();
-    WorkspaceContext {
-        os_version: env.os_version,
-        shell: env.shell,
-        time_zone: env.time_zone,
-        workspace_paths: env.workspace_paths,
-        rules,
-        skills: context
-            .agent_skills
-            .iter()
-            .filter(|skill| skill.parse_error.is_none() && !skill.disable_model_invocation)
-            .map(|skill| (skill.full_path.clone(), skill.description.clone()))
-            .collect(),
-        mcp_instructions: context
-            .mcp_instructions
-            .iter()
-            .filter(|m| !m.instructions.trim().is_empty())
-            .map(|m| (m.server_name.clone(), m.instructions.clone()))
-            .collect(),
-        subagents: context
-            .custom_subagents
-            .iter()
-            .map(|agent| (agent.name.clone(), agent.description.clone()))
-            .collect(),
     }
 }
 

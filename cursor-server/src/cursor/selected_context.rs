@@ -1,13 +1,14 @@
-//! What the user attached to a message (`agent.v1.SelectedContext`) as domain `Attachment`s: every
-//! field is read, and a kind whose content cannot be shown to the model is named (`Unshown`) and
-//! logged, never dropped without a word.
+//! The context a user message arrives with, in domain terms: what the user attached
+//! (`agent.v1.SelectedContext`) as `Attachment`s — every field is read, and a kind whose content
+//! cannot be shown to the model is named (`Unshown`) and logged, never dropped without a word — and
+//! the workspace the client describes (`RequestContext`) as a `WorkspaceContext`.
 //!
 //! Its own file because `cursor/bidi_append.rs` holds the uplink's decoding within 800 lines, and
 //! the context's two dozen kinds are one translation of their own.
 
 use crate::cursor::proto::agent as pb;
 use crate::cursor::tools::search::render_tree;
-use crate::model::conversation::Attachment;
+use crate::model::conversation::{Attachment, Rule, RuleScope, WorkspaceContext};
 
 /// The attachments of one user message, in the order Cursor's fields list them.
 pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
@@ -246,5 +247,54 @@ fn named_only(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
     }
     for subagent in &context.selected_subagents {
         out.push(unshown("subagent", &subagent.name));
+    }
+}
+
+/// The parts of Cursor's `request_context` the model is told about.
+pub fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
+    use pb::cursor_rule_type::Type as RuleType;
+    let env = context.env.clone().unwrap_or_default();
+    let rules = context
+        .rules
+        .iter()
+        .chain(&context.non_file_rules)
+        .filter(|rule| rule.parse_error.is_none() && !rule.content.trim().is_empty())
+        .map(|rule| Rule {
+            path: rule.full_path.clone(),
+            applies: match rule.r#type.as_ref().and_then(|t| t.r#type.as_ref()) {
+                Some(RuleType::FileGlobbed(globs)) => RuleScope::Files(globs.globs.clone()),
+                Some(RuleType::AgentFetched(fetched)) => {
+                    RuleScope::OnRequest(fetched.description.clone())
+                }
+                Some(RuleType::Global(_)) | Some(RuleType::ManuallyAttached(_)) | None => {
+                    RuleScope::Always
+                }
+            },
+            content: rule.content.clone(),
+        })
+        .collect();
+    WorkspaceContext {
+        os_version: env.os_version,
+        shell: env.shell,
+        time_zone: env.time_zone,
+        workspace_paths: env.workspace_paths,
+        rules,
+        skills: context
+            .agent_skills
+            .iter()
+            .filter(|skill| skill.parse_error.is_none() && !skill.disable_model_invocation)
+            .map(|skill| (skill.full_path.clone(), skill.description.clone()))
+            .collect(),
+        mcp_instructions: context
+            .mcp_instructions
+            .iter()
+            .filter(|m| !m.instructions.trim().is_empty())
+            .map(|m| (m.server_name.clone(), m.instructions.clone()))
+            .collect(),
+        subagents: context
+            .custom_subagents
+            .iter()
+            .map(|agent| (agent.name.clone(), agent.description.clone()))
+            .collect(),
     }
 }

@@ -34,6 +34,8 @@ pub enum RuntimeEvent {
     /// What the user attached to the message of this run (files, selections, rules, commands,
     /// terminals, diffs...), rendered once.
     Attached,
+    /// The user answered an AskQuestion after the run that asked it had ended.
+    QuestionAnswered { call_id: String },
 }
 
 /// One ended background task, as the client reports it.
@@ -73,6 +75,7 @@ impl RuntimeEvent {
             RuntimeEvent::BackgroundTaskEnded { .. } => "background_task_ended",
             RuntimeEvent::Compacted { .. } => "compacted",
             RuntimeEvent::Attached => "attached",
+            RuntimeEvent::QuestionAnswered { .. } => "question_answered",
         }
     }
 
@@ -86,7 +89,8 @@ impl RuntimeEvent {
             | RuntimeEvent::WorkspaceContext { .. }
             | RuntimeEvent::BackgroundTaskEnded { .. }
             | RuntimeEvent::Compacted { .. }
-            | RuntimeEvent::Attached => None,
+            | RuntimeEvent::Attached
+            | RuntimeEvent::QuestionAnswered { .. } => None,
         }
     }
 }

@@ -35,6 +35,19 @@ pub fn context_tag(
     ))
 }
 
+/// An answer to an AskQuestion that came after the run that asked it ended (once per call).
+pub fn late_answer_tag(call_id: &str, answer: &str) -> RuntimeTag {
+    RuntimeTag::new(
+        RuntimeEvent::QuestionAnswered {
+            call_id: call_id.to_owned(),
+        },
+        call_id,
+        format!(
+            "<late_answer>\nThe user answered the questions you asked earlier (call {call_id}) after that turn had ended.\n{answer}\n</late_answer>"
+        ),
+    )
+}
+
 /// What the user attached to their message, as one runtime message stored just before it (`None`
 /// when nothing was attached). Deterministic, so every later request replays the same bytes.
 pub fn attachments_tag(attached: &[Attachment], anchor: &str) -> Option<RuntimeTag> {

@@ -69,6 +69,9 @@ pub enum RunAction {
     /// Background tasks the model started (subagents, shells) ended: the model is told, once per
     /// task, and continues.
     BackgroundTasksEnded(Vec<BackgroundCompletion>),
+    /// The user answered an AskQuestion (call `call_id`) after its run ended: the model is told,
+    /// once, and continues.
+    QuestionAnswered { call_id: String, answer: String },
     /// The user asked to summarize the conversation now (`summarize_action`): compact its history.
     Summarize,
 }

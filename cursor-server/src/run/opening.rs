@@ -228,6 +228,10 @@ async fn open_action(
         } => open_user_message(request, text, message_id, out).await,
         RunAction::Resume => open_stored(request, First::Resume).await,
         RunAction::Summarize => open_stored(request, First::Summarize).await,
+        RunAction::QuestionAnswered { call_id, answer } => {
+            let tag = compiler::late_answer_tag(call_id, answer);
+            open_background(request, std::slice::from_ref(&tag), out).await
+        }
         RunAction::BackgroundTasksEnded(completions) => {
             let tags: Vec<RuntimeTag> = completions.iter().map(compiler::background_tag).collect();
             open_background(request, &tags, out).await

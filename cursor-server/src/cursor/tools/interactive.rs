@@ -411,6 +411,42 @@ fn answers_text(ask: &AskQuestionInput, success: &pb::AskQuestionSuccess) -> Str
     out
 }
 
+/// `async_ask_question_completion_action`: the user answered an AskQuestion after its run ended;
+/// what the model is told (`None` when there is no answer to tell).
+pub fn late_answer_text(action: &pb::AsyncAskQuestionCompletionAction) -> Option<String> {
+    let args = action.original_args.as_ref()?;
+    let ask = AskQuestionInput {
+        title: args.title.clone(),
+        questions: args
+            .questions
+            .iter()
+            .map(|q| Question {
+                id: q.id.clone(),
+                prompt: q.prompt.clone(),
+                options: q
+                    .options
+                    .iter()
+                    .map(|o| QuestionOption {
+                        id: o.id.clone(),
+                        label: o.label.clone(),
+                    })
+                    .collect(),
+                allow_multiple: q.allow_multiple,
+            })
+            .collect(),
+    };
+    match action.result.as_ref()?.result.as_ref()? {
+        pb::ask_question_result::Result::Success(success) => Some(answers_text(&ask, success)),
+        pb::ask_question_result::Result::Rejected(rejected) => Some(format!(
+            "The user declined to answer{}.",
+            reason_suffix(&rejected.reason)
+        )),
+        pb::ask_question_result::Result::Error(_) | pb::ask_question_result::Result::Async(_) => {
+            None
+        }
+    }
+}
+
 /// `start_plan_action`: the user's message, in Plan mode, with its request context.
 pub fn start_plan_message(action: pb::StartPlanAction) -> pb::UserMessageAction {
     let mut user = action.user_message.unwrap_or_default();
