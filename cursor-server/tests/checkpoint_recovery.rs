@@ -1199,7 +1199,7 @@ async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_f
     // The provider was sent the results in the same order.
     let request = provider.requests()[1]["messages"].to_string();
     assert!(
-        request.find("one").unwrap() < request.find("two").unwrap(),
+        request.find("1|one").unwrap() < request.find("1|two").unwrap(),
         "{request}"
     );
     // No checkpoint ever showed the second call without the first.

@@ -732,7 +732,12 @@ async fn what_the_user_attaches_reaches_the_model_once_and_is_replayed_byte_for_
     }
     let attached_at = first_messages
         .iter()
-        .position(|m| m["content"].to_string().contains("<attached_context>"))
+        .position(|m| {
+            m["role"] == "user"
+                && m["content"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("<attached_context>"))
+        })
         .expect("an attached-context message");
     assert_eq!(
         first_messages[attached_at + 1]["content"],
@@ -748,7 +753,7 @@ async fn what_the_user_attaches_reaches_the_model_once_and_is_replayed_byte_for_
     assert_eq!(
         serde_json::to_string(second_messages)
             .unwrap()
-            .matches("<attached_context>")
+            .matches("<attached_context>\\nThe user attached")
             .count(),
         1
     );

@@ -257,6 +257,12 @@ fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
     Ok(tools)
 }
 
+/// The most a mode's system prompt and tool definitions may cost, in tokens (about 4 bytes each):
+/// both are resent on every provider call.
+pub const PROMPT_TOKEN_BUDGET: usize = 6_000;
+#[cfg(test)]
+const BYTES_PER_TOKEN: usize = 4;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +296,67 @@ mod tests {
             }
             other => panic!("no sample for schema type {other:?}: {schema}"),
         }
+    }
+
+    #[test]
+    fn each_mode_prompt_says_how_to_work_in_cursor_and_stays_within_its_token_budget() {
+        let assets = PromptAssets::embedded().expect("embedded assets are valid");
+        let modes = [
+            Mode::Agent,
+            Mode::Ask,
+            Mode::Plan,
+            Mode::Debug,
+            Mode::Multitask,
+        ];
+        for mode in modes {
+            let set = assets.mode(mode);
+            let system = &set.system;
+            // What Cursor renders and what the user gives: every mode.
+            for needle in [
+                "startLine:endLine:path",
+                "<attached_context>",
+                "<rule>",
+                "<command name=",
+                "Asking versus assuming",
+                "## Ending the turn",
+                "Grep",
+                "Glob",
+                "parallel",
+            ] {
+                assert!(system.contains(needle), "{mode:?} prompt lacks {needle:?}");
+            }
+            let bytes = system.len() + serde_json::to_string(&set.tools).unwrap().len();
+            assert!(
+                bytes / BYTES_PER_TOKEN <= PROMPT_TOKEN_BUDGET,
+                "{mode:?}: system prompt + tools is ~{} tokens, over the {PROMPT_TOKEN_BUDGET} budget",
+                bytes / BYTES_PER_TOKEN
+            );
+            for tool in &set.tools {
+                let description = tool["function"]["description"].as_str().unwrap_or_default();
+                assert!(
+                    description.len() >= 60,
+                    "{mode:?}: {} says too little about when to use it",
+                    tool["function"]["name"]
+                );
+            }
+        }
+        // The modes that change code say how to use the editing tools well.
+        for mode in [Mode::Agent, Mode::Debug, Mode::Multitask] {
+            let system = &assets.mode(mode).system;
+            for needle in ["StrReplace", "ReadLints", "TodoWrite"] {
+                assert!(system.contains(needle), "{mode:?} prompt lacks {needle:?}");
+            }
+        }
+        let agent = &assets.mode(Mode::Agent).system;
+        for needle in [
+            "Read before you edit",
+            "exactly once",
+            "Write only for new files",
+            "Shell runs in the user's terminal",
+        ] {
+            assert!(agent.contains(needle), "the agent prompt lacks {needle:?}");
+        }
+        assert!(assets.mode(Mode::Plan).system.contains("CreatePlan"));
     }
 
     #[test]
