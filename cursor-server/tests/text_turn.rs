@@ -758,3 +758,44 @@ async fn what_the_user_attaches_reaches_the_model_once_and_is_replayed_byte_for_
         1
     );
 }
+
+#[tokio::test]
+async fn messages_queued_while_the_agent_was_busy_reach_the_model_before_the_new_one() {
+    use cursor_server::cursor::proto::agent::{
+        UserMessage, agent_client_message, conversation_action,
+    };
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["all three"], (20, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut message = run_request("conv-queued", "and this");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action.prepend_user_messages = ["first queued", "second queued"]
+            .map(|text| UserMessage {
+                text: text.into(),
+                ..Default::default()
+            })
+            .to_vec();
+    }
+    let transcript = fake_cursor::Session::start(&cursor, "req-queued", &message)
+        .await
+        .finish()
+        .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let contents: Vec<String> = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    let at = |text: &str| contents.iter().position(|c| c == text);
+    assert!(
+        at("first queued") < at("second queued") && at("second queued") < at("and this"),
+        "{contents:?}"
+    );
+    assert!(at("first queued").is_some(), "{contents:?}");
+}

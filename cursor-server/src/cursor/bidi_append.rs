@@ -211,6 +211,7 @@ fn user_message_run(
     action: pb::UserMessageAction,
     basics: RequestBasics,
 ) -> Result<ClientInput, ProtocolError> {
+    let prepended = prepended_texts(&action);
     let user = action.user_message.unwrap_or_default();
     let mode = match checkpoint::mode_of(user.mode) {
         Ok(mode) => mode,
@@ -229,6 +230,7 @@ fn user_message_run(
         text_blob,
         attached,
         selected_context: user.selected_context.map(Box::new),
+        prepended,
     };
     let context = action.request_context.as_ref();
     let terminals_folder = context
@@ -252,6 +254,27 @@ fn user_message_run(
         parameters: basics.parameters,
         client_state: basics.client_state,
     })))
+}
+
+/// The texts of `prepend_user_messages`; the action's fields this server does not act on are
+/// logged, never dropped without a word.
+fn prepended_texts(action: &pb::UserMessageAction) -> Vec<String> {
+    if action.conversation_history.is_some() {
+        tracing::warn!(
+            "user_message_action.conversation_history is not used: the server's own history is the source of truth"
+        );
+    }
+    if action.interrupted_pending_tool_call_resolutions.is_some() {
+        tracing::warn!(
+            "user_message_action.interrupted_pending_tool_call_resolutions is not supported yet; the interrupted calls stay unanswered"
+        );
+    }
+    action
+        .prepend_user_messages
+        .iter()
+        .map(|m| m.text.clone())
+        .filter(|t| !t.trim().is_empty())
+        .collect()
 }
 
 /// `user_message.text_blob_id`, which must be a blob id when present.
@@ -597,6 +620,7 @@ mod tests {
                 text_blob: None,
                 attached: Vec::new(),
                 selected_context: None,
+                prepended: Vec::new(),
             }
         );
         assert_eq!(input.mode, Mode::Agent);

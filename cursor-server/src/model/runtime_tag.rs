@@ -36,6 +36,9 @@ pub enum RuntimeEvent {
     Attached,
     /// The user answered an AskQuestion after the run that asked it had ended.
     QuestionAnswered { call_id: String },
+    /// A message the user sent while the agent was busy, delivered ahead of the next one
+    /// (`prepend_user_messages`); `index` orders them.
+    QueuedMessage { index: usize },
 }
 
 /// One ended background task, as the client reports it.
@@ -76,6 +79,7 @@ impl RuntimeEvent {
             RuntimeEvent::Compacted { .. } => "compacted",
             RuntimeEvent::Attached => "attached",
             RuntimeEvent::QuestionAnswered { .. } => "question_answered",
+            RuntimeEvent::QueuedMessage { .. } => "queued_message",
         }
     }
 
@@ -90,7 +94,8 @@ impl RuntimeEvent {
             | RuntimeEvent::BackgroundTaskEnded { .. }
             | RuntimeEvent::Compacted { .. }
             | RuntimeEvent::Attached
-            | RuntimeEvent::QuestionAnswered { .. } => None,
+            | RuntimeEvent::QuestionAnswered { .. }
+            | RuntimeEvent::QueuedMessage { .. } => None,
         }
     }
 }

@@ -35,6 +35,22 @@ pub fn context_tag(
     ))
 }
 
+/// Messages the user sent while the agent was busy, in order, each as the user wrote it: stored
+/// before the message they were delivered with.
+pub fn queued_message_tags(texts: &[String], anchor: &str) -> Vec<RuntimeTag> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            RuntimeTag::new(
+                RuntimeEvent::QueuedMessage { index },
+                &format!("{anchor}:{index}"),
+                text.clone(),
+            )
+        })
+        .collect()
+}
+
 /// An answer to an AskQuestion that came after the run that asked it ended (once per call).
 pub fn late_answer_tag(call_id: &str, answer: &str) -> RuntimeTag {
     RuntimeTag::new(

@@ -63,6 +63,9 @@ pub enum RunAction {
         attached: Vec<Attachment>,
         /// The same, as Cursor sent it: the turn's user message keeps it (the chips).
         selected_context: Option<Box<SelectedContext>>,
+        /// Messages the user sent while the agent was busy (`prepend_user_messages`): the model
+        /// reads them, in order, before this one.
+        prepended: Vec<String>,
     },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,

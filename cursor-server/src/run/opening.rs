@@ -42,6 +42,8 @@ struct Request<'a> {
     /// What the user attached to the message (empty for other actions), and as Cursor sent it.
     attached: &'a [Attachment],
     selected_context: Option<&'a SelectedContext>,
+    /// Messages the user sent while the agent was busy, delivered with this one.
+    prepended: &'a [String],
 }
 
 /// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
@@ -75,6 +77,7 @@ pub(super) struct Import {
     context: Option<WorkspaceContext>,
     attached: Vec<Attachment>,
     selected_context: Option<Box<SelectedContext>>,
+    prepended: Vec<String>,
 }
 
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
@@ -111,6 +114,10 @@ pub(super) async fn open(
                 selected_context, ..
             } => selected_context.as_deref(),
             _ => None,
+        },
+        prepended: match &input.action {
+            RunAction::UserMessage { prepended, .. } => prepended,
+            _ => &[],
         },
     };
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
@@ -290,6 +297,7 @@ async fn open_import(
         context: request.context.cloned(),
         attached: request.attached.to_vec(),
         selected_context: request.selected_context.cloned().map(Box::new),
+        prepended: request.prepended.to_vec(),
     };
     Ok(Opened {
         history: Vec::new(),
@@ -462,6 +470,7 @@ impl Import {
             context: self.context.as_ref(),
             attached: &self.attached,
             selected_context: self.selected_context.as_deref(),
+            prepended: &self.prepended,
         };
         let user = UserMessage {
             shown_as: None,
@@ -510,6 +519,7 @@ async fn commit_user_message(
     let before: Vec<RuntimeTag> = context
         .and_then(|context| compiler::context_tag(history, context, request_id))
         .into_iter()
+        .chain(compiler::queued_message_tags(request.prepended, request_id))
         .chain(compiler::attachments_tag(request.attached, request_id))
         .collect();
     let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
