@@ -46,6 +46,36 @@ struct Request<'a> {
     prepended: &'a [String],
 }
 
+impl<'a> Request<'a> {
+    /// What the run request says, for the openers.
+    fn of(app: &'a Arc<AppState>, request_id: &'a str, input: &'a RunRequestInput) -> Request<'a> {
+        let (attached, selected_context, prepended) = match &input.action {
+            RunAction::UserMessage {
+                attached,
+                selected_context,
+                prepended,
+                ..
+            } => (
+                attached.as_slice(),
+                selected_context.as_deref(),
+                prepended.as_slice(),
+            ),
+            _ => (&[][..], None, &[][..]),
+        };
+        Request {
+            app,
+            request_id,
+            conversation_id: &input.conversation_id,
+            mode: input.mode,
+            subagent: input.subagent.as_ref(),
+            context: input.context.as_ref(),
+            attached,
+            selected_context,
+            prepended,
+        }
+    }
+}
+
 /// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
 /// own messages start, and what the turn does first.
 struct Opened {
@@ -98,28 +128,7 @@ pub(super) async fn open(
     } = resolve_model(&app.config, &model_id, &input.parameters)?;
     runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
-    let request = Request {
-        app: &app,
-        request_id,
-        conversation_id: &input.conversation_id,
-        mode: input.mode,
-        subagent: input.subagent.as_ref(),
-        context: input.context.as_ref(),
-        attached: match &input.action {
-            RunAction::UserMessage { attached, .. } => attached,
-            _ => &[],
-        },
-        selected_context: match &input.action {
-            RunAction::UserMessage {
-                selected_context, ..
-            } => selected_context.as_deref(),
-            _ => None,
-        },
-        prepended: match &input.action {
-            RunAction::UserMessage { prepended, .. } => prepended,
-            _ => &[],
-        },
-    };
+    let request = Request::of(&app, request_id, &input);
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
     let mode = match input.action {
         RunAction::UserMessage { .. } => input.mode,
