@@ -799,3 +799,48 @@ async fn messages_queued_while_the_agent_was_busy_reach_the_model_before_the_new
     );
     assert!(at("first queued").is_some(), "{contents:?}");
 }
+
+#[tokio::test]
+async fn attached_text_the_client_sends_by_blob_id_is_fetched_and_one_it_lacks_is_named() {
+    use cursor_server::cursor::proto::agent as pb;
+    use cursor_server::model::conversation::BlobId;
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["read them"], (20, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let notes = b"deploy notes: use the blue cluster".to_vec();
+    let held = BlobId::of(&notes).0.to_vec();
+    let lacking = BlobId::of(b"never stored").0.to_vec();
+    let entry = |id: &Vec<u8>| pb::ExtraContextEntry {
+        data_or_blob_id: Some(pb::extra_context_entry::DataOrBlobId::BlobId(id.clone())),
+    };
+    let context = pb::SelectedContext {
+        extra_context_entries: vec![entry(&held), entry(&lacking)],
+        ..Default::default()
+    };
+    let mut session = fake_cursor::Session::start_with_blobs(
+        &cursor,
+        "req-blob-attached",
+        &run_request_with_attachments("conv-blob-attached", "deploy", context),
+        [(held.clone(), notes)].into_iter().collect(),
+    )
+    .await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+    let request = provider.requests()[0]["messages"].to_string();
+    assert!(
+        request.contains(r#"<context of=\"extra context\">\ndeploy notes: use the blue cluster"#),
+        "{request}"
+    );
+    assert!(
+        request.contains(&format!(
+            r#"<not_shown kind=\"extra context\" name=\"{}\">"#,
+            hex::encode(&lacking)
+        )),
+        "{request}"
+    );
+}

@@ -8,7 +8,7 @@
 
 use crate::cursor::proto::agent as pb;
 use crate::cursor::tools::search::render_tree;
-use crate::model::conversation::{Attachment, Rule, RuleScope, WorkspaceContext};
+use crate::model::conversation::{Attachment, BlobId, Rule, RuleScope, WorkspaceContext};
 
 /// The attachments of one user message, in the order Cursor's fields list them.
 pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
@@ -114,9 +114,13 @@ fn diffs(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
             "{} {} lines {}-{}",
             selection.pr_url, selection.file_path, selection.start_line, selection.end_line
         );
-        match selection.diff_content.as_deref() {
-            Some(content) => out.push(diff_of(&label, content)),
-            None => out.push(unshown("pull request diff (stored as a blob)", &label)),
+        match (
+            selection.diff_content.as_deref(),
+            selection.blob_id.as_deref(),
+        ) {
+            (Some(content), _) => out.push(diff_of(&label, content)),
+            (None, Some(id)) => out.push(stored(&label, id)),
+            (None, None) => out.push(unshown("pull request diff (no content sent)", &label)),
         }
     }
     for pr in &context.selected_pull_requests {
@@ -146,10 +150,14 @@ fn diff_of(label: &str, content: &str) -> Attachment {
 
 fn links_and_text(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
     for link in &context.external_links {
-        out.push(Attachment::Link {
-            url: link.url.clone(),
-            content: link.pdf_content.clone().filter(|c| !c.is_empty()),
-        });
+        let content = link.pdf_content.clone().filter(|c| !c.is_empty());
+        match (&content, link.blob_id.as_deref()) {
+            (None, Some(id)) => out.push(stored(&format!("link {}", link.url), id)),
+            _ => out.push(Attachment::Link {
+                url: link.url.clone(),
+                content,
+            }),
+        }
     }
     for text in context.extra_context.iter().filter(|t| !t.is_empty()) {
         out.push(Attachment::Text {
@@ -163,10 +171,9 @@ fn links_and_text(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
                 label: "extra context".to_owned(),
                 content: data.clone(),
             }),
-            Some(pb::extra_context_entry::DataOrBlobId::BlobId(id)) => out.push(unshown(
-                "extra context (stored as a blob)",
-                &hex::encode(id),
-            )),
+            Some(pb::extra_context_entry::DataOrBlobId::BlobId(id)) => {
+                out.push(stored("extra context", id))
+            }
             None => {}
         }
     }
@@ -210,6 +217,17 @@ fn links_and_text(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
             label: "recent agents".to_owned(),
             content: format!("{recent:?}"),
         });
+    }
+}
+
+/// Text the client sent as a blob id: fetched before the message is committed.
+fn stored(label: &str, id: &[u8]) -> Attachment {
+    match BlobId::from_slice(id) {
+        Some(blob) => Attachment::Stored {
+            label: label.to_owned(),
+            blob,
+        },
+        None => unshown(&format!("{label} (not a blob id)"), &hex::encode(id)),
     }
 }
 

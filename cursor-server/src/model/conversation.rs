@@ -318,6 +318,9 @@ pub enum Attachment {
     },
     /// Any other text the client attached, under what it is.
     Text { label: String, content: String },
+    /// Text the client holds as a blob (only its id was sent): fetched with a hash-checked KV GET
+    /// before the message is committed, then shown as `Text`.
+    Stored { label: String, blob: BlobId },
     /// Attached, but nothing of it can be shown to the model (a video, a browser tab, a docs
     /// index this server cannot search): the model is told its name and that it is not shown.
     Unshown { kind: String, name: String },

@@ -133,6 +133,11 @@ fn render_attachments(attached: &[Attachment]) -> String {
             Attachment::Text { label, content } => {
                 writeln!(out, "<context of=\"{label}\">\n{content}\n</context>")
             }
+            // Fetched before the message is committed; one the client could not give is named.
+            Attachment::Stored { label, blob } => writeln!(
+                out,
+                "<not_shown kind=\"{label}\" name=\"{blob}\">The user attached this, but the client could not send its content.</not_shown>"
+            ),
             Attachment::Unshown { kind, name } => writeln!(
                 out,
                 "<not_shown kind=\"{kind}\" name=\"{name}\">The user attached this, but this server cannot show its content to you; say so if it matters.</not_shown>"

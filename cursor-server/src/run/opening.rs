@@ -76,6 +76,17 @@ impl<'a> Request<'a> {
     }
 }
 
+/// The blob ids of attached text the client sent by id.
+fn stored_attachments(attached: &[Attachment]) -> Vec<BlobId> {
+    attached
+        .iter()
+        .filter_map(|a| match a {
+            Attachment::Stored { blob, .. } => Some(*blob),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What an opener found: the stored history, the checkpoints the turn continues, where the turn's
 /// own messages start, and what the turn does first.
 struct Opened {
@@ -101,6 +112,8 @@ pub(super) enum First {
 pub(super) struct Import {
     roots: Vec<BlobId>,
     text_blob: Option<BlobId>,
+    /// Attached text the client sent as blob ids (`Attachment::Stored`).
+    attached_blobs: Vec<BlobId>,
     got: HashMap<BlobId, Option<Vec<u8>>>,
     user_text: String,
     user_message_id: String,
@@ -235,7 +248,10 @@ async fn open_action(
             message_id,
             text_blob,
             ..
-        } if text_blob.is_some() || importing => {
+        } if text_blob.is_some()
+            || importing
+            || !stored_attachments(request.attached).is_empty() =>
+        {
             let state = client_state.filter(|_| importing);
             open_import(request, text, message_id, *text_blob, state, out).await
         }
@@ -297,9 +313,14 @@ async fn open_import(
     if let Some(id) = text_blob {
         checkpoints.fetch(id, out).await;
     }
+    let attached_blobs = stored_attachments(request.attached);
+    for id in &attached_blobs {
+        checkpoints.fetch(*id, out).await;
+    }
     let import = Import {
         roots,
         text_blob,
+        attached_blobs,
         got: HashMap::new(),
         user_text: text.to_owned(),
         user_message_id: message_id.to_owned(),
@@ -402,7 +423,31 @@ impl Import {
         self.roots
             .iter()
             .chain(&self.text_blob)
+            .chain(&self.attached_blobs)
             .all(|id| self.got.contains_key(id))
+    }
+
+    /// The attachments with the text of those the client sent as blobs; one it could not produce
+    /// (or that is not text) stays `Stored` and is named to the model as not shown.
+    fn resolve_attached(&self, request_id: &str) -> Vec<Attachment> {
+        self.attached
+            .iter()
+            .map(|attachment| match attachment {
+                Attachment::Stored { label, blob } => {
+                    match self.got.get(blob).cloned().flatten().map(String::from_utf8) {
+                        Some(Ok(content)) => Attachment::Text {
+                            label: label.clone(),
+                            content,
+                        },
+                        _ => {
+                            tracing::warn!(request_id, %blob, "attached context the client could not send as text; named to the model");
+                            attachment.clone()
+                        }
+                    }
+                }
+                other => other.clone(),
+            })
+            .collect()
     }
 
     /// The user's text: as sent, or from its blob.
@@ -470,6 +515,7 @@ impl Import {
         let app = Arc::clone(&turn.app);
         let request_id = turn.request_id.clone();
         let conversation_id = turn.conversation_id().to_owned();
+        let attached = self.resolve_attached(&request_id);
         let request = Request {
             app: &app,
             request_id: &request_id,
@@ -477,7 +523,7 @@ impl Import {
             mode: turn.mode(),
             subagent: None,
             context: self.context.as_ref(),
-            attached: &self.attached,
+            attached: &attached,
             selected_context: self.selected_context.as_deref(),
             prepended: &self.prepended,
         };
