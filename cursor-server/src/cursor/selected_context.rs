@@ -220,6 +220,42 @@ fn links_and_text(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
     }
 }
 
+/// A document: shown when it is text (by its MIME type and its bytes), fetched first when only its
+/// blob id was sent; any other document (a PDF, an office file) is named as not shown.
+fn document_of(document: &pb::SelectedDocument) -> Attachment {
+    use pb::selected_document::DataOrBlobId;
+    let name = if document.path.is_empty() {
+        &document.filename
+    } else {
+        &document.path
+    };
+    let mime = document.mime_type.to_ascii_lowercase();
+    let textual = mime.starts_with("text/")
+        || ["json", "xml", "yaml", "toml", "markdown", "csv"]
+            .iter()
+            .any(|kind| mime.contains(kind));
+    if !textual {
+        return unshown(&format!("document ({})", document.mime_type), name);
+    }
+    let label = format!("document {name}");
+    match &document.data_or_blob_id {
+        Some(DataOrBlobId::Data(data)) => text_of(&label, data, name),
+        Some(DataOrBlobId::BlobIdWithData(with)) => text_of(&label, &with.data, name),
+        Some(DataOrBlobId::BlobId(id)) => stored(&label, id),
+        None => unshown("document (no content sent)", name),
+    }
+}
+
+fn text_of(label: &str, data: &[u8], name: &str) -> Attachment {
+    match std::str::from_utf8(data) {
+        Ok(text) => Attachment::Text {
+            label: label.to_owned(),
+            content: text.to_owned(),
+        },
+        Err(_) => unshown("document (not UTF-8 text)", name),
+    }
+}
+
 /// Text the client sent as a blob id: fetched before the message is committed.
 fn stored(label: &str, id: &[u8]) -> Attachment {
     match BlobId::from_slice(id) {
@@ -255,7 +291,7 @@ fn named_only(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
         out.push(unshown("browser tab", &browser.url));
     }
     for document in &context.selected_documents {
-        out.push(unshown("document", &document.filename));
+        out.push(document_of(document));
     }
     for docs in &context.documentations {
         out.push(unshown("documentation index", &docs.name));
@@ -314,5 +350,55 @@ pub fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
             .iter()
             .map(|agent| (agent.name.clone(), agent.description.clone()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_documents_are_shown_and_others_are_named() {
+        use pb::selected_document::DataOrBlobId;
+        let document = |mime: &str, data: Option<DataOrBlobId>| pb::SelectedDocument {
+            filename: "notes.md".into(),
+            mime_type: mime.into(),
+            data_or_blob_id: data,
+            ..Default::default()
+        };
+        let context = pb::SelectedContext {
+            selected_documents: vec![
+                document(
+                    "text/markdown",
+                    Some(DataOrBlobId::Data(b"# Notes".to_vec())),
+                ),
+                document(
+                    "application/pdf",
+                    Some(DataOrBlobId::Data(vec![0x25, 0x50])),
+                ),
+                document("text/plain", Some(DataOrBlobId::BlobId(vec![9; 32]))),
+                document("text/plain", Some(DataOrBlobId::Data(vec![0xff, 0xfe]))),
+            ],
+            ..Default::default()
+        };
+        let attached = attachments(&context);
+        assert_eq!(
+            attached[0],
+            Attachment::Text {
+                label: "document notes.md".into(),
+                content: "# Notes".into()
+            }
+        );
+        assert!(
+            matches!(&attached[1], Attachment::Unshown { kind, .. } if kind.contains("application/pdf"))
+        );
+        assert_eq!(
+            attached[2],
+            Attachment::Stored {
+                label: "document notes.md".into(),
+                blob: BlobId([9; 32])
+            }
+        );
+        assert!(matches!(&attached[3], Attachment::Unshown { kind, .. } if kind.contains("UTF-8")));
     }
 }
