@@ -20,7 +20,7 @@ use cursor_server::model::message::{
 };
 use cursor_server::model::tool::{ToolCall, ToolResult};
 use cursor_server::store::Store;
-use cursor_server::store::{conversations, messages, outbox};
+use cursor_server::store::{conversations, messages};
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{
     FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,
@@ -370,9 +370,15 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
     );
     // Late events of an older run cannot move a newer head.
     assert!(
-        !outbox::publish(&store, "conv-restart", BlobId::of(b"old"), 1)
-            .await
-            .unwrap()
+        !cursor_server::store::blobs::acknowledge_and_publish(
+            &store,
+            "conv-restart",
+            &[],
+            BlobId::of(b"old"),
+            1
+        )
+        .await
+        .unwrap()
     );
     assert_eq!(
         conversations::head(&store, "conv-restart")

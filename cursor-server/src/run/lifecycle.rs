@@ -116,8 +116,8 @@ pub struct Checkpoints {
     /// new blobs.
     opening: Vec<Blob>,
     /// Tool cards and user-message blobs stored for messages about to be committed: sent from
-    /// memory, not read back.
-    cards: HashMap<BlobId, Blob>,
+    /// memory when the message enters the graph, neither read back nor stored again.
+    stashed: HashMap<BlobId, Blob>,
     /// ACKs not stored yet: they are, with the next checkpoint published.
     acked: Vec<BlobId>,
     /// The base is the client's state until the import sets it (with the messages it covers).
@@ -126,6 +126,22 @@ pub struct Checkpoints {
     held: bool,
     /// The transitional checkpoint, published right before the final one (whose id is first).
     transitional: Option<(BlobId, (ConversationStateStructure, BlobId))>,
+}
+
+/// A state blob this server stored, decoded (`None` when it is no longer stored).
+async fn stored_state(
+    store: &Store,
+    id: BlobId,
+) -> Result<Option<ConversationStateStructure>, ServerError> {
+    let Some(data) = blobs::get(store, id).await? else {
+        return Ok(None);
+    };
+    let state = decode_stored::<ConversationStateStructure>(
+        &data,
+        "agent.v1.ConversationStateStructure",
+        id,
+    )?;
+    Ok(Some(state))
 }
 
 /// The newest checkpoint this server built for the conversation (published, or left unpublished
@@ -137,27 +153,14 @@ async fn newest_state(
     let Some(id) = newest else {
         return Ok(None);
     };
-    let Some(data) = blobs::get(store, id).await? else {
-        return Ok(None);
-    };
-    let state = decode_stored::<ConversationStateStructure>(
-        &data,
-        "agent.v1.ConversationStateStructure",
-        id,
-    )?;
-    Ok(Some((id, state)))
+    Ok(stored_state(store, id).await?.map(|state| (id, state)))
 }
 
 /// The base recorded for the conversation.
 async fn stored_base(store: &Store, id: BlobId, covers: usize) -> Result<Base, ServerError> {
-    let Some(data) = blobs::get(store, id).await? else {
-        return Err(StoreError::MissingBlob(id).into());
-    };
-    let state = decode_stored::<ConversationStateStructure>(
-        &data,
-        "agent.v1.ConversationStateStructure",
-        id,
-    )?;
+    let state = stored_state(store, id)
+        .await?
+        .ok_or(StoreError::MissingBlob(id))?;
     Ok(Base {
         graph: ConversationGraph::from_state(&state),
         covers,
@@ -174,12 +177,13 @@ async fn set_base(
     covers: usize,
 ) -> Result<Base, ServerError> {
     let (_, state_blob, _) = graph.state(None, &StateDetails::default());
-    let mut stored: Vec<(BlobId, &[u8])> = new_roots
+    let roots: Vec<(BlobId, &[u8])> = new_roots
         .iter()
         .map(|root| (root.id, root.data.as_ref()))
         .collect();
-    stored.push((state_blob.id, state_blob.data.as_ref()));
-    let (id, covers_in_force) = blobs::put_base(store, conversation_id, &stored, covers).await?;
+    let state = (state_blob.id, state_blob.data.as_ref());
+    let (id, covers_in_force) =
+        blobs::put_base(store, conversation_id, &roots, state, covers).await?;
     if id == state_blob.id {
         Ok(Base { graph, covers })
     } else {
@@ -326,7 +330,7 @@ impl Checkpoints {
             previous_head: newest.map(|(id, _)| id),
             owed: owed_blobs,
             opening,
-            cards: HashMap::new(),
+            stashed: HashMap::new(),
             acked: Vec::new(),
             importing,
             held: false,
@@ -358,7 +362,6 @@ impl Checkpoints {
         messages: &[CanonicalMessage],
         out: &mut Downlink,
     ) -> Result<bool, ServerError> {
-        let turns = self.projection.graph().finished_turns();
         let began = messages
             .iter()
             .any(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User));
@@ -367,19 +370,20 @@ impl Checkpoints {
             self.projection
                 .apply(&self.request_id, message, &mut new_blobs);
         }
-        if began || self.projection.graph().finished_turns() != turns {
+        if began {
             // This run's user message opened a new turn: it started now.
             self.projection.graph_mut().set_turn_started(now_ms());
         }
         let grew = !new_blobs.is_empty();
-        let mut blobs = new_blobs.built;
+        let mut stashed = Vec::new();
         for id in new_blobs.stored {
-            match self.cards.remove(&id) {
-                Some(card) => blobs.push(card),
+            match self.stashed.remove(&id) {
+                Some(blob) => stashed.push(blob),
                 None => self.owed.push(id),
             }
         }
-        self.emit(blobs, out).await?;
+        self.emit_with(new_blobs.built, Vec::new(), stashed, out)
+            .await?;
         Ok(grew)
     }
 
@@ -398,7 +402,7 @@ impl Checkpoints {
         let blob = Blob::new(data, Vec::new());
         blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
         let id = blob.id;
-        self.cards.insert(id, blob);
+        self.stashed.insert(id, blob);
         Ok(id)
     }
 
@@ -467,14 +471,16 @@ impl Checkpoints {
     /// those the client does not hold yet, and records them in the outbox until they are
     /// acknowledged.
     async fn emit(&mut self, new_blobs: Vec<Blob>, out: &mut Downlink) -> Result<(), ServerError> {
-        self.emit_with(new_blobs, Vec::new(), out).await
+        self.emit_with(new_blobs, Vec::new(), Vec::new(), out).await
     }
 
-    /// `emit`, also storing `local` blobs the client is not asked to hold.
+    /// `emit`, also storing `local` blobs the client is not asked to hold, and sending `stashed`
+    /// blobs already stored (a message about to be committed named them).
     async fn emit_with(
         &mut self,
         new_blobs: Vec<Blob>,
         local: Vec<Blob>,
+        stashed: Vec<Blob>,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let mut all = std::mem::take(&mut self.opening);
@@ -519,9 +525,14 @@ impl Checkpoints {
             .collect();
         // Which blobs go to the client is decided first, so storing them and recording them as
         // owed is one write transaction; the KV requests follow it.
-        let messages: Vec<_> = all.iter().map(|blob| self.kv.store(blob)).collect();
+        let messages: Vec<_> = all
+            .iter()
+            .chain(&stashed)
+            .map(|blob| self.kv.store(blob))
+            .collect();
         let sent: Vec<BlobId> = all
             .iter()
+            .chain(&stashed)
             .zip(&messages)
             .filter(|(_, message)| message.is_some())
             .map(|(blob, _)| blob.id)
@@ -533,7 +544,7 @@ impl Checkpoints {
         );
         blobs::put_and_send(&self.store, &stored, Some(sending)).await?;
         drop(stored);
-        for (blob, message) in all.into_iter().zip(messages) {
+        for (blob, message) in all.into_iter().chain(stashed).zip(messages) {
             if let Some(message) = message {
                 out.send_message(&message).await;
                 self.outstanding
@@ -594,7 +605,7 @@ impl Checkpoints {
         // The transitional state is published inline and superseded at once: nothing names its
         // blob, so the client is not asked to store it (the final one is the next message's
         // `conversation_state_blob_id`).
-        self.emit_with(new_blobs, vec![transitional_blob], out)
+        self.emit_with(new_blobs, vec![transitional_blob], Vec::new(), out)
             .await?;
         outbox::checkpoint_built(
             &self.store,

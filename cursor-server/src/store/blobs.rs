@@ -34,21 +34,21 @@ pub async fn put_all(
     put_and_send(store, blobs, None).await
 }
 
-/// Stores `blobs` and records the last one (a state) as the conversation's graph base covering its
+/// Stores `roots` and `state`, and records `state` as the conversation's graph base covering its
 /// first `covers` messages, in one write transaction; a base already set is kept. Returns the
 /// base in force.
 pub async fn put_base(
     store: &Store,
     conversation_id: &str,
-    blobs: &[(BlobId, &[u8])],
+    roots: &[(BlobId, &[u8])],
+    state: (BlobId, &[u8]),
     covers: usize,
 ) -> Result<(BlobId, usize), StoreError> {
     let mut tx = store.begin_write().await?;
-    for (id, data) in blobs {
+    for (id, data) in roots.iter().chain([&state]) {
         put(&mut tx, *id, data, &[]).await?;
     }
-    let state = blobs.last().map_or(BlobId([0; 32]), |(id, _)| *id);
-    let base = super::conversations::set_base_in(&mut tx, conversation_id, state, covers).await?;
+    let base = super::conversations::set_base_in(&mut tx, conversation_id, state.0, covers).await?;
     tx.commit().await.context("committing the graph's base")?;
     Ok(base)
 }
@@ -189,18 +189,7 @@ pub async fn collect_garbage(
     Ok(deleted)
 }
 
-/// Records that the client stored `ids` for `conversation_id`.
-pub async fn record_acks(
-    store: &Store,
-    conversation_id: &str,
-    ids: &[BlobId],
-) -> Result<(), StoreError> {
-    let mut tx = store.begin_write().await?;
-    acks_in(&mut tx, conversation_id, ids).await?;
-    tx.commit().await.context("committing blob acks")?;
-    Ok(())
-}
-
+/// Records that the client stored `ids` for `conversation_id` (part of a publication).
 async fn acks_in(
     conn: &mut SqliteConnection,
     conversation_id: &str,

@@ -99,24 +99,6 @@ pub async fn checkpoint_built(
     Ok(())
 }
 
-/// Publishes the checkpoint `state` as revision `revision`: moves the conversation head and, when it
-/// moved, settles what the new head supersedes, in one transaction. Returns whether the head moved
-/// (an older run's late checkpoint never moves a newer head).
-pub async fn publish(
-    store: &Store,
-    conversation_id: &str,
-    state: BlobId,
-    revision: i64,
-) -> Result<bool, StoreError> {
-    let mut tx = store.begin_write().await?;
-    let moved = conversations::move_head(&mut tx, conversation_id, state, revision).await?;
-    if moved {
-        checkpoint_published(&mut tx, conversation_id, state).await?;
-    }
-    tx.commit().await.context("committing conversation head")?;
-    Ok(moved)
-}
-
 /// The checkpoint `state` was published. Every blob it names is acknowledged, and a checkpoint is
 /// published only when it is the newest one built, so whatever else is owed is superseded.
 pub(super) async fn checkpoint_published(
