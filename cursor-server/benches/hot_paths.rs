@@ -52,6 +52,7 @@ fn history(messages: usize) -> Vec<CanonicalMessage> {
         .map(|i| {
             if i % 2 == 0 {
                 CanonicalMessage::User(UserMessage {
+                    images: Vec::new(),
                     shown_as: None,
                     origin: Origin::User,
                     text: format!("question {i} with some realistic length of text"),
@@ -94,6 +95,7 @@ fn main() {
         reasoning: false,
         max_output_tokens: None,
         thinking_budget: None,
+        vision: false,
         quirks: Quirks {
             stream_usage: true,
             reasoning_content_on_tool_calls: false,
@@ -120,6 +122,7 @@ fn main() {
             black_box(state);
         });
         let messages = history(size);
+        let no_images = cursor_server::prompting::images::ImageSet::default();
         let projection = time(iterations.min(200), || {
             black_box(projector::openai_chat(&compile(
                 "system prompt",
@@ -127,6 +130,7 @@ fn main() {
                 &model,
                 &[],
                 RequestParameters::default(),
+                &no_images,
             )));
         });
         // A run's start: the whole graph projected from stored history.

@@ -152,6 +152,10 @@ pub struct ModelConfig {
     pub max_output_tokens: Option<u32>,
     /// Anthropic: `Some(n)` = legacy `thinking.budget_tokens = n`; `None` = adaptive thinking.
     pub thinking_budget: Option<u32>,
+    /// The model takes images. Configured per model (`vision`); by default true for the
+    /// `anthropic` and `openai-responses` kinds (every current model there does) and false for
+    /// `openai-chat` (many compatible servers run text-only models, which reject image parts).
+    pub vision: bool,
     pub quirks: Quirks,
 }
 
@@ -377,6 +381,7 @@ struct FileModel {
     reasoning: bool,
     max_output_tokens: Option<u32>,
     thinking_budget: Option<u32>,
+    vision: Option<bool>,
     #[serde(default)]
     quirks: FileQuirks,
 }
@@ -762,6 +767,9 @@ impl FileProvider {
                 reasoning: model.reasoning,
                 max_output_tokens: model.max_output_tokens,
                 thinking_budget: model.thinking_budget,
+                vision: model
+                    .vision
+                    .unwrap_or(!matches!(kind, ProviderKind::OpenAiChat)),
                 quirks: Quirks {
                     stream_usage: model.quirks.stream_usage.unwrap_or(true),
                     reasoning_content_on_tool_calls: model

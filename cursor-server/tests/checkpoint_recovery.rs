@@ -1372,6 +1372,7 @@ async fn a_tool_pair_committed_just_before_a_crash_is_in_the_next_turns_checkpoi
             model_call_id: "mc-gap".into(),
             index: 0,
             result: ToolResult {
+                images: Vec::new(),
                 call_id: "call_gap".into(),
                 content: "the gap's line".into(),
                 is_error: false,

@@ -219,16 +219,17 @@ fn user_message_run(
     };
     // A text blob stands for the text only when the text itself is empty.
     let text_blob = text_blob_id(user.text_blob_id.as_deref())?.filter(|_| user.text.is_empty());
-    let attached = user
-        .selected_context
-        .as_ref()
-        .map(super::selected_context::attachments)
-        .unwrap_or_default();
+    let (mut attached, mut images) = (Vec::new(), Vec::new());
+    if let Some(context) = &user.selected_context {
+        attached = super::selected_context::attachments(context);
+        images = super::selected_context::images(context, &mut attached);
+    }
     let run_action = RunAction::UserMessage {
         text: user.text,
         message_id: user.message_id,
         text_blob,
         attached,
+        images,
         selected_context: user.selected_context.map(Box::new),
         prepended,
     };
@@ -619,6 +620,7 @@ mod tests {
                 message_id: "u1".to_owned(),
                 text_blob: None,
                 attached: Vec::new(),
+                images: Vec::new(),
                 selected_context: None,
                 prepended: Vec::new(),
             }

@@ -478,6 +478,7 @@ impl Import {
 
     fn user_message(origin: Origin, text: String) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            images: Vec::new(),
             shown_as: None,
             state_before: None,
             origin,
@@ -586,6 +587,7 @@ impl Import {
                     model_call_id,
                     index,
                     result: ToolResult {
+                        images: Vec::new(),
                         call_id: id.to_owned(),
                         content: result,
                         is_error: part["isError"].as_bool().unwrap_or(false),

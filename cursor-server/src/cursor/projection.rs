@@ -350,6 +350,7 @@ mod tests {
 
     fn user(origin: Origin, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            images: Vec::new(),
             shown_as: None,
             origin,
             text: text.into(),
@@ -408,6 +409,7 @@ mod tests {
                 model_call_id: model_call.into(),
                 index,
                 result: ToolResult {
+                    images: Vec::new(),
                     call_id: format!("c{index}"),
                     content: format!("content of {path}"),
                     is_error: false,

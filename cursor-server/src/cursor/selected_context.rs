@@ -8,7 +8,9 @@
 
 use crate::cursor::proto::agent as pb;
 use crate::cursor::tools::search::render_tree;
-use crate::model::conversation::{Attachment, BlobId, Rule, RuleScope, WorkspaceContext};
+use crate::model::conversation::{
+    AttachedImage, Attachment, BlobId, ImageSource, Rule, RuleScope, WorkspaceContext,
+};
 
 /// The attachments of one user message, in the order Cursor's fields list them.
 pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
@@ -66,6 +68,40 @@ pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
     links_and_text(context, &mut out);
     named_only(context, &mut out);
     out
+}
+
+/// The images the user attached, with their bytes or the blob the client holds them in. An image
+/// that brings neither is named to the model as not shown.
+pub fn images(context: &pb::SelectedContext, out: &mut Vec<Attachment>) -> Vec<AttachedImage> {
+    use pb::selected_image::DataOrBlobId;
+    let mut images = Vec::with_capacity(context.selected_images.len());
+    for image in &context.selected_images {
+        let name = if image.path.is_empty() {
+            image.uuid.clone()
+        } else {
+            image.path.clone()
+        };
+        let source = match &image.data_or_blob_id {
+            Some(DataOrBlobId::Data(data)) => Some(ImageSource::Data(data.clone())),
+            Some(DataOrBlobId::BlobIdWithData(both)) if !both.data.is_empty() => {
+                Some(ImageSource::Data(both.data.clone()))
+            }
+            Some(DataOrBlobId::BlobIdWithData(both)) => {
+                BlobId::from_slice(&both.blob_id).map(ImageSource::Blob)
+            }
+            Some(DataOrBlobId::BlobId(id)) => BlobId::from_slice(id).map(ImageSource::Blob),
+            None => None,
+        };
+        match source {
+            Some(source) => images.push(AttachedImage {
+                name,
+                labelled: image.mime_type.clone(),
+                source,
+            }),
+            None => out.push(unshown("image without data or a valid blob id", &name)),
+        }
+    }
+    images
 }
 
 /// The workspace-relative path when the client sent one.
@@ -281,9 +317,6 @@ fn unshown(kind: &str, name: &str) -> Attachment {
 
 /// Kinds whose content this server does not show the model (yet): named, never dropped.
 fn named_only(context: &pb::SelectedContext, out: &mut Vec<Attachment>) {
-    for image in &context.selected_images {
-        out.push(unshown("image", &image.uuid));
-    }
     for video in &context.selected_videos {
         out.push(unshown("video", &video.filename));
     }

@@ -22,6 +22,15 @@ pub struct ToolOutcome {
     pub is_error: bool,
     /// Typed facts stored with the result for the conversation's derived state.
     pub meta: Option<ToolMeta>,
+    /// Images the tool returned: stored as blobs with the result, shown to the model with it.
+    pub images: Vec<ToolImage>,
+}
+
+/// One image a tool returned: what history keeps of it, and its bytes until they are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolImage {
+    pub image: crate::model::conversation::ImageRef,
+    pub data: Vec<u8>,
 }
 
 /// What the loop must do next for one tool call.
@@ -282,6 +291,7 @@ pub fn done<T: Tool>(
     is_error: bool,
 ) -> ToolOutcome {
     ToolOutcome {
+        images: Vec::new(),
         card: Box::new(T::card(Some(args), call_id, Some(result))),
         model_text,
         is_error,
@@ -292,6 +302,7 @@ pub fn done<T: Tool>(
 /// A failed call: its card with the tool's typed error and `Error: message` for the model.
 pub fn failed<T: Tool>(args: &T, call_id: &str, message: &str) -> ToolOutcome {
     ToolOutcome {
+        images: Vec::new(),
         card: Box::new(T::card(
             Some(args),
             call_id,
@@ -306,6 +317,7 @@ pub fn failed<T: Tool>(args: &T, call_id: &str, message: &str) -> ToolOutcome {
 /// A call the run stopped while it ran: its card with the tool's aborted result.
 pub fn aborted<T: Tool>(args: &T, call_id: &str, stage: &Stage, message: &str) -> ToolOutcome {
     ToolOutcome {
+        images: Vec::new(),
         card: Box::new(T::card(
             Some(args),
             call_id,

@@ -325,3 +325,88 @@ pub enum Attachment {
     /// index this server cannot search): the model is told its name and that it is not shown.
     Unshown { kind: String, name: String },
 }
+
+/// An image the user attached, as the client sent it: its bytes, or the id of a blob only the
+/// client holds (fetched with a hash-checked KV GET before the message is stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedImage {
+    /// The file's path or name (`""` for a pasted image).
+    pub name: String,
+    /// The MIME type the client labelled it with (checked against the bytes).
+    pub labelled: String,
+    pub source: ImageSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    Data(Vec<u8>),
+    Blob(BlobId),
+}
+
+/// An image the model is shown: the user attached it or a tool returned it. The bytes are the blob
+/// `blob` in the store; the MIME type is the one the bytes are (checked, not as labelled).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub blob: BlobId,
+    pub mime: ImageMime,
+    pub bytes: u64,
+    /// The file name or path the client gave (`""` when it gave none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+impl ImageRef {
+    /// How the image is named in text (notes, captions).
+    pub fn label(&self) -> String {
+        let name = if self.name.is_empty() {
+            "image"
+        } else {
+            self.name.as_str()
+        };
+        format!(
+            "{name} ({}, {} KB)",
+            self.mime.as_str(),
+            self.bytes.div_ceil(1024)
+        )
+    }
+}
+
+/// The image formats every supported provider family accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImageMime {
+    #[serde(rename = "image/png")]
+    Png,
+    #[serde(rename = "image/jpeg")]
+    Jpeg,
+    #[serde(rename = "image/gif")]
+    Gif,
+    #[serde(rename = "image/webp")]
+    Webp,
+}
+
+impl ImageMime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageMime::Png => "image/png",
+            ImageMime::Jpeg => "image/jpeg",
+            ImageMime::Gif => "image/gif",
+            ImageMime::Webp => "image/webp",
+        }
+    }
+
+    /// The format the bytes are, from their magic numbers (a label can be wrong: a PNG sent as
+    /// `image/jpeg` is rejected by providers that check). `None`: not one the providers take.
+    pub fn sniff(data: &[u8]) -> Option<ImageMime> {
+        if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(ImageMime::Png)
+        } else if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(ImageMime::Jpeg)
+        } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+            Some(ImageMime::Gif)
+        } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+            Some(ImageMime::Webp)
+        } else {
+            None
+        }
+    }
+}

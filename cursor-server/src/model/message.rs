@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::conversation::{BlobId, Mode};
+use super::conversation::{BlobId, ImageRef, Mode};
 use super::runtime_tag::{RuntimeEvent, RuntimeTag};
 use super::tool::{ToolCall, ToolResult};
 
@@ -79,6 +79,10 @@ pub struct UserMessage {
     /// turn shows (it keeps Cursor's `selected_context`, the chips), stored before this message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shown_as: Option<BlobId>,
+    /// Images the user attached (pasted screenshots, image files), in the order attached: their
+    /// bytes are blobs, so a row stays small and every request replays the same images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,6 +188,7 @@ impl RuntimeTag {
             mode: self.event.new_mode(),
             runtime: Some(self.event.clone()),
             state_before: None,
+            images: Vec::new(),
         })
     }
 }

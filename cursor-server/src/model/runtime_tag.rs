@@ -144,6 +144,7 @@ mod tests {
         assert_ne!(chosen.event_id, reminder.event_id);
         let history = vec![
             CanonicalMessage::User(UserMessage {
+                images: Vec::new(),
                 shown_as: None,
                 state_before: None,
                 origin: Origin::User,

@@ -21,6 +21,10 @@ pub struct ToolResult {
     /// Always text: JSON values are serialised once, before they get here.
     pub content: String,
     pub is_error: bool,
+    /// Images the tool returned (an MCP tool's image content), shown to the model with the result
+    /// where its provider family allows it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<super::conversation::ImageRef>,
     /// Typed facts later state is folded from (stored in its own column, never shown to the
     /// model; not part of the message body).
     #[serde(skip)]

@@ -6,6 +6,7 @@
 //! (decided here, stored once by `store/messages.rs`).
 
 use super::assets::{PromptAssets, PromptKind};
+use super::images::ImageSet;
 use crate::config::ModelConfig;
 use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
@@ -414,6 +415,8 @@ pub struct ModelRequest<'a> {
     /// Tool definitions, OpenAI Chat function format.
     pub tools: &'a [serde_json::Value],
     pub parameters: RequestParameters,
+    /// The bytes of the images the history shows.
+    pub images: &'a ImageSet,
 }
 
 pub fn compile<'a>(
@@ -422,6 +425,7 @@ pub fn compile<'a>(
     model: &'a ModelConfig,
     tools: &'a [serde_json::Value],
     parameters: RequestParameters,
+    images: &'a ImageSet,
 ) -> ModelRequest<'a> {
     ModelRequest {
         system,
@@ -429,6 +433,7 @@ pub fn compile<'a>(
         model,
         tools,
         parameters,
+        images,
     }
 }
 

@@ -142,6 +142,7 @@ mod tests {
                 model_call_id: "m".into(),
                 index: 0,
                 result: ToolResult {
+                    images: Vec::new(),
                     call_id: id.into(),
                     content: String::new(),
                     is_error: !accepted,

@@ -4,4 +4,5 @@
 pub mod assets;
 pub mod compiler;
 pub mod derived_state;
+pub mod images;
 pub mod projector;

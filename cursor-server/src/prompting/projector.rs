@@ -12,9 +12,12 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::compiler::{Effort, ModelRequest};
+use super::images::{self, Gallery};
 use crate::config::ProviderKind;
+use crate::model::conversation::ImageRef;
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, ProviderReplay, ToolCallRecord, ToolResultRecord,
+    UserMessage,
 };
 
 /// The request body for `kind`.
@@ -39,8 +42,24 @@ struct Exchange<'a> {
 }
 
 enum Item<'a> {
-    User(&'a str),
+    User(&'a UserMessage),
     Exchange(Exchange<'a>),
+}
+
+/// The images the items show, in the order the request shows them (for the family's limits).
+fn gallery<'a>(kind: ProviderKind, request: &ModelRequest<'a>, items: &[Item<'_>]) -> Gallery<'a> {
+    let mut all: Vec<&ImageRef> = Vec::new();
+    for item in items {
+        match item {
+            Item::User(user) => all.extend(&user.images),
+            Item::Exchange(exchange) => {
+                for (_, result) in &exchange.calls {
+                    all.extend(&result.result.images);
+                }
+            }
+        }
+    }
+    Gallery::new(kind, request.model, request.images, all.into_iter())
 }
 
 /// History regrouped into user messages and assistant exchanges.
@@ -61,7 +80,7 @@ fn items<'a>(history: &[&'a CanonicalMessage]) -> Vec<Item<'a>> {
     let mut out = Vec::with_capacity(history.len());
     for message in history.iter().copied() {
         match message {
-            CanonicalMessage::User(user) => out.push(Item::User(&user.text)),
+            CanonicalMessage::User(user) => out.push(Item::User(user)),
             CanonicalMessage::Assistant(assistant) => {
                 let key = assistant.model_call_id.as_str();
                 let mut answered: Vec<(&ToolCallRecord, &ToolResultRecord)> = calls
@@ -98,9 +117,22 @@ fn arguments_text(record: &ToolCallRecord) -> String {
 pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
     let mut messages = vec![json!({ "role": "system", "content": request.system })];
-    for item in items(&request.history) {
+    let items = items(&request.history);
+    let mut gallery = gallery(ProviderKind::OpenAiChat, request, &items);
+    for item in items {
         match item {
-            Item::User(text) => messages.push(json!({ "role": "user", "content": text })),
+            Item::User(user) if user.images.is_empty() => {
+                messages.push(json!({ "role": "user", "content": user.text }))
+            }
+            Item::User(user) => {
+                let mut parts = vec![json!({ "type": "text", "text": user.text })];
+                parts.extend(
+                    user.images
+                        .iter()
+                        .map(|i| images::chat_part(gallery.part(i))),
+                );
+                messages.push(json!({ "role": "user", "content": parts }));
+            }
             Item::Exchange(exchange) => {
                 let assistant = exchange.assistant;
                 let mut out = Map::new();
@@ -160,6 +192,21 @@ pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
                         "content": result.result.content,
                     }));
                 }
+                // A tool message is text only: the results' images follow as a user message.
+                let mut parts = Vec::new();
+                for (call, result) in &exchange.calls {
+                    if result.result.images.is_empty() {
+                        continue;
+                    }
+                    let caption = images::tool_images_caption(&call.call.name, &call.call.call_id);
+                    parts.push(json!({ "type": "text", "text": caption }));
+                    parts.extend(
+                        (result.result.images.iter()).map(|i| images::chat_part(gallery.part(i))),
+                    );
+                }
+                if !parts.is_empty() {
+                    messages.push(json!({ "role": "user", "content": parts }));
+                }
             }
         }
     }
@@ -199,9 +246,22 @@ pub fn openai_chat(request: &ModelRequest<'_>) -> Value {
 pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
     let mut input = Vec::new();
-    for item in items(&request.history) {
+    let items = items(&request.history);
+    let mut gallery = gallery(ProviderKind::OpenAiResponses, request, &items);
+    for item in items {
         match item {
-            Item::User(text) => input.push(json!({ "role": "user", "content": text })),
+            Item::User(user) if user.images.is_empty() => {
+                input.push(json!({ "role": "user", "content": user.text }))
+            }
+            Item::User(user) => {
+                let mut parts = vec![json!({ "type": "input_text", "text": user.text })];
+                parts.extend(
+                    user.images
+                        .iter()
+                        .map(|i| images::responses_part(gallery.part(i))),
+                );
+                input.push(json!({ "role": "user", "content": parts }));
+            }
             Item::Exchange(exchange) => {
                 let answered: Vec<&str> = exchange
                     .calls
@@ -248,10 +308,18 @@ pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
                     }
                 }
                 for (call, result) in &exchange.calls {
+                    let output = if result.result.images.is_empty() {
+                        Value::String(result.result.content.clone())
+                    } else {
+                        let text = json!({ "type": "input_text", "text": result.result.content });
+                        let shown = (result.result.images.iter())
+                            .map(|i| images::responses_part(gallery.part(i)));
+                        Value::Array(std::iter::once(text).chain(shown).collect())
+                    };
                     input.push(json!({
                         "type": "function_call_output",
                         "call_id": call.call.provider_call_id,
-                        "output": result.result.content,
+                        "output": output,
                     }));
                 }
             }
@@ -341,12 +409,19 @@ pub fn anthropic(request: &ModelRequest<'_>) -> Value {
         }
         messages.push(json!({ "role": role, "content": blocks }));
     };
-    for item in items(&request.history) {
+    let items = items(&request.history);
+    let mut gallery = gallery(ProviderKind::Anthropic, request, &items);
+    for item in items {
         match item {
-            Item::User(text) => {
-                if !text.is_empty() {
-                    push("user", vec![json!({ "type": "text", "text": text })]);
+            Item::User(user) => {
+                // Images first: Claude reads an image best before the text about it.
+                let mut blocks: Vec<Value> = (user.images.iter())
+                    .map(|i| images::anthropic_part(gallery.part(i)))
+                    .collect();
+                if !user.text.is_empty() {
+                    blocks.push(json!({ "type": "text", "text": user.text }));
                 }
+                push("user", blocks);
             }
             Item::Exchange(exchange) => {
                 let assistant = exchange.assistant;
@@ -376,10 +451,23 @@ pub fn anthropic(request: &ModelRequest<'_>) -> Value {
                     .calls
                     .iter()
                     .map(|(call, result)| {
+                        let text = if result.result.content.is_empty() {
+                            "(no output)"
+                        } else {
+                            result.result.content.as_str()
+                        };
+                        let content = if result.result.images.is_empty() {
+                            Value::String(text.to_owned())
+                        } else {
+                            let text = json!({ "type": "text", "text": text });
+                            let shown = (result.result.images.iter())
+                                .map(|i| images::anthropic_part(gallery.part(i)));
+                            Value::Array(std::iter::once(text).chain(shown).collect())
+                        };
                         let mut block = json!({
                             "type": "tool_result",
                             "tool_use_id": anthropic_tool_id(&call.call.provider_call_id),
-                            "content": if result.result.content.is_empty() { "(no output)" } else { result.result.content.as_str() },
+                            "content": content,
                         });
                         if result.result.is_error {
                             block["is_error"] = true.into();
@@ -445,332 +533,4 @@ pub fn anthropic(request: &ModelRequest<'_>) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::{ModelConfig, Quirks};
-    use crate::model::message::{Origin, UserMessage};
-    use crate::model::tool::{ToolCall, ToolResult};
-    use crate::prompting::compiler::{RequestParameters, compile};
-
-    fn model(reasoning: bool) -> ModelConfig {
-        ModelConfig {
-            id: "m".into(),
-            upstream_id: "up-m".into(),
-            display_name: "M".into(),
-            context_window: 1000,
-            reasoning,
-            max_output_tokens: Some(4096),
-            thinking_budget: None,
-            quirks: Quirks {
-                stream_usage: true,
-                reasoning_content_on_tool_calls: reasoning,
-                extra_body: Map::new(),
-            },
-        }
-    }
-
-    fn user(text: &str) -> CanonicalMessage {
-        CanonicalMessage::User(UserMessage {
-            shown_as: None,
-            state_before: None,
-            origin: Origin::User,
-            text: text.into(),
-            client_message_id: String::new(),
-            mode: None,
-            runtime: None,
-        })
-    }
-
-    /// A turn with two parallel calls whose results were stored in reverse order, one call left
-    /// unanswered (cut short), then a final answer.
-    fn history(replay: Option<ProviderReplay>) -> Vec<CanonicalMessage> {
-        let call = |index: u32, id: &str| {
-            CanonicalMessage::ToolCall(ToolCallRecord {
-                model_call_id: "mc1".into(),
-                index,
-                call: ToolCall {
-                    call_id: format!("c{index}"),
-                    provider_call_id: id.into(),
-                    name: "Read".into(),
-                    arguments: format!(r#"{{"path":"f{index}"}}"#),
-                },
-            })
-        };
-        let result = |index: u32| {
-            CanonicalMessage::ToolResult(ToolResultRecord {
-                card: None,
-                model_call_id: "mc1".into(),
-                index,
-                result: ToolResult {
-                    call_id: format!("c{index}"),
-                    content: format!("content {index}"),
-                    is_error: false,
-                    meta: None,
-                },
-            })
-        };
-        vec![
-            user("hi"),
-            CanonicalMessage::Assistant(AssistantMessage {
-                thinking_spans: Vec::new(),
-                text: String::new(),
-                thinking: "t".into(),
-                model_id: "m".into(),
-                replay,
-                model_call_id: "mc1".into(),
-                planned_calls: Vec::new(),
-            }),
-            call(1, "functions.Read:1"),
-            result(1),
-            call(0, "call_0"),
-            result(0),
-        ]
-    }
-
-    #[test]
-    fn chat_gathers_calls_in_order_and_sends_empty_reasoning_for_thinking_models() {
-        let model = model(true);
-        let history = history(None);
-        let body = openai_chat(&compile(
-            "system prompt",
-            &history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        let messages = body["messages"].as_array().unwrap();
-        assert_eq!(messages.len(), 5);
-        assert_eq!(messages[2]["tool_calls"][0]["id"], "call_0");
-        assert_eq!(messages[2]["tool_calls"][1]["id"], "functions.Read:1");
-        assert_eq!(
-            messages[2]["reasoning_content"], "",
-            "placeholder, not invented thinking"
-        );
-        assert_eq!(messages[2]["content"], Value::Null);
-        assert_eq!(messages[3]["tool_call_id"], "call_0");
-        assert_eq!(messages[4]["content"], "content 1");
-    }
-
-    #[test]
-    fn output_limits_and_effort_go_where_each_family_and_model_takes_them() {
-        let history = vec![user("hi")];
-        let parameters = RequestParameters {
-            effort: Some(Effort::High),
-            ..RequestParameters::default()
-        };
-        let body = |model: &ModelConfig, project: fn(&ModelRequest<'_>) -> Value| {
-            project(&compile("s", &history, model, &[], parameters))
-        };
-        let plain = model(false);
-        let chat = body(&plain, openai_chat);
-        assert_eq!(chat["max_tokens"], 4096);
-        assert!(chat.get("max_completion_tokens").is_none());
-        assert!(
-            chat.get("reasoning_effort").is_none(),
-            "effort only for reasoning models"
-        );
-        let thinking = body(&model(true), openai_chat);
-        assert_eq!(thinking["max_completion_tokens"], 4096);
-        assert!(thinking.get("max_tokens").is_none());
-        assert_eq!(thinking["reasoning_effort"], "high");
-        let responses = body(&plain, openai_responses);
-        assert_eq!(responses["max_output_tokens"], 4096);
-        assert!(responses.get("reasoning").is_none());
-        let unset = ModelConfig {
-            max_output_tokens: None,
-            ..model(false)
-        };
-        assert!(body(&unset, openai_chat).get("max_tokens").is_none());
-        assert!(
-            body(&unset, openai_responses)
-                .get("max_output_tokens")
-                .is_none()
-        );
-        assert_eq!(
-            body(&unset, anthropic)["max_tokens"],
-            32_000,
-            "Anthropic requires one"
-        );
-    }
-
-    #[test]
-    fn responses_replays_items_verbatim_and_drops_unanswered_calls() {
-        let items = vec![
-            json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"enc"}),
-            json!({"type":"function_call","id":"fc_0","call_id":"call_0","name":"Read","arguments":"{\"path\":\"f0\"}"}),
-            json!({"type":"function_call","id":"fc_1","call_id":"functions.Read:1","name":"Read","arguments":"{\"path\":\"f1\"}"}),
-            json!({"type":"function_call","id":"fc_2","call_id":"call_2","name":"Read","arguments":"{}"}),
-        ];
-        let model = model(true);
-        let history = history(Some(ProviderReplay::OpenAiResponses {
-            items: items.clone(),
-        }));
-        let body = openai_responses(&compile(
-            "system prompt",
-            &history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        let input = body["input"].as_array().unwrap();
-        assert_eq!(&input[1..4], &items[..3]);
-        assert_eq!(
-            input[4],
-            json!({"type":"function_call_output","call_id":"call_0","output":"content 0"})
-        );
-        assert_eq!(input[5]["call_id"], "functions.Read:1");
-        assert_eq!(input.len(), 6);
-        assert_eq!(body["store"], false);
-        assert_eq!(body["include"], json!(["reasoning.encrypted_content"]));
-    }
-
-    #[test]
-    fn anthropic_replays_signed_thinking_first_and_sanitises_foreign_ids() {
-        let thinking = vec![json!({"type":"thinking","thinking":"t","signature":"sig"})];
-        let model = model(true);
-        let history = history(Some(ProviderReplay::Anthropic {
-            blocks: thinking.clone(),
-        }));
-        let body = anthropic(&compile(
-            "system prompt",
-            &history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        let messages = body["messages"].as_array().unwrap();
-        assert_eq!(messages.len(), 3);
-        let content = messages[1]["content"].as_array().unwrap();
-        assert_eq!(content[0], thinking[0]);
-        assert_eq!(content[1]["type"], "tool_use");
-        assert_eq!(content[1]["input"], json!({"path":"f0"}));
-        assert_eq!(content[2]["id"], "functions_Read_1");
-        let results = messages[2]["content"].as_array().unwrap();
-        assert_eq!(results[0]["tool_use_id"], "call_0");
-        assert_eq!(results[1]["tool_use_id"], "functions_Read_1");
-        assert_eq!(body["thinking"], json!({"type":"adaptive"}));
-
-        // From another model, the signature is not ours to replay.
-        let mut other = model.clone();
-        other.id = "other".into();
-        let body = anthropic(&compile(
-            "system prompt",
-            &history,
-            &other,
-            &[],
-            RequestParameters::default(),
-        ));
-        let content = body["messages"][1]["content"].as_array().unwrap();
-        assert_eq!(content[0]["type"], "tool_use");
-    }
-
-    #[test]
-    fn anthropic_uses_at_most_four_cache_breakpoints() {
-        let model = model(false);
-        let tools = crate::prompting::assets::PromptAssets::embedded()
-            .unwrap()
-            .mode(crate::model::conversation::Mode::Agent)
-            .tools
-            .clone();
-        let mut history = history(None);
-        history.push(user("next"));
-        let body = project(
-            ProviderKind::Anthropic,
-            &compile(
-                "system prompt",
-                &history,
-                &model,
-                &tools,
-                RequestParameters::default(),
-            ),
-        );
-        let count = body.to_string().matches("cache_control").count();
-        assert!(count <= 4 && count == 3, "{count} breakpoints");
-        let messages = body["messages"].as_array().unwrap();
-        // tool results and the next user text merge into one user turn, results first
-        let last = messages.last().unwrap()["content"].as_array().unwrap();
-        assert_eq!(last[0]["type"], "tool_result");
-        assert_eq!(last.last().unwrap()["text"], "next");
-        assert!(last.last().unwrap().get("cache_control").is_some());
-    }
-
-    #[test]
-    fn switching_families_drops_foreign_reasoning_instead_of_faking_it() {
-        let model = model(false);
-        let chat_history = history(Some(ProviderReplay::OpenAiChat {
-            reasoning_content: "secret chain".into(),
-            reasoning_details: Vec::new(),
-        }));
-        for body in [
-            anthropic(&compile(
-                "system prompt",
-                &chat_history,
-                &model,
-                &[],
-                RequestParameters::default(),
-            )),
-            openai_responses(&compile(
-                "system prompt",
-                &chat_history,
-                &model,
-                &[],
-                RequestParameters::default(),
-            )),
-        ] {
-            assert!(!body.to_string().contains("secret chain"), "{body}");
-        }
-        let anthropic_history = history(Some(ProviderReplay::Anthropic {
-            blocks: vec![json!({"type":"thinking","thinking":"claude thoughts","signature":"s"})],
-        }));
-        let chat = openai_chat(&compile(
-            "system prompt",
-            &anthropic_history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        assert!(!chat.to_string().contains("claude thoughts"));
-        assert!(
-            chat["messages"][2].get("reasoning_content").is_none(),
-            "not a thinking model: no placeholder"
-        );
-    }
-
-    #[test]
-    fn next_request_extends_the_previous_one() {
-        let model = model(false);
-        let mut history = vec![user("hi")];
-        let first = openai_chat(&compile(
-            "system prompt",
-            &history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        history.push(CanonicalMessage::Assistant(AssistantMessage {
-            thinking_spans: Vec::new(),
-            text: "hello".into(),
-            thinking: "t".into(),
-            model_id: "m".into(),
-            model_call_id: "mc1".into(),
-            planned_calls: Vec::new(),
-            replay: Some(ProviderReplay::OpenAiChat {
-                reasoning_content: "t".into(),
-                reasoning_details: Vec::new(),
-            }),
-        }));
-        history.push(user("again"));
-        let second = openai_chat(&compile(
-            "system prompt",
-            &history,
-            &model,
-            &[],
-            RequestParameters::default(),
-        ));
-        let first = first["messages"].as_array().expect("messages");
-        let second = second["messages"].as_array().expect("messages");
-        assert_eq!(&second[..first.len()], first.as_slice());
-        assert_eq!(second[2]["reasoning_content"], "t");
-        assert_eq!(second.len(), 4);
-    }
-}
+mod tests;

@@ -14,7 +14,7 @@ use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode};
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::interaction;
 use crate::cursor::run_sse::Downlink;
-use crate::cursor::tool_result::{ToolOutcome, ToolStep};
+use crate::cursor::tool_result::{ToolImage, ToolOutcome, ToolStep};
 use crate::cursor::tools::{ToolKind, ToolRun, task};
 use crate::error::ServerError;
 use crate::model::conversation::BlobId;
@@ -22,6 +22,7 @@ use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
+use crate::store::blobs::{self, Edge};
 use crate::store::messages;
 
 /// A finished server-side search for the call in `slot`.
@@ -48,6 +49,7 @@ struct Ending {
     model_text: String,
     is_error: bool,
     meta: Option<ToolMeta>,
+    images: Vec<ToolImage>,
 }
 
 pub(super) struct Batch {
@@ -115,12 +117,14 @@ impl Batch {
                     rejected.model_text
                 );
                 let outcome = rejected.card.map(|card| ToolOutcome {
+                    images: Vec::new(),
                     card,
                     model_text: rejected.model_text.clone(),
                     is_error: true,
                     meta: None,
                 });
                 let ending = Ending {
+                    images: Vec::new(),
                     outcome,
                     model_text: rejected.model_text,
                     is_error: true,
@@ -170,8 +174,9 @@ impl Batch {
                 ))
                 .await;
             }
-            ToolStep::Done(outcome) => {
+            ToolStep::Done(mut outcome) => {
                 let ending = Ending {
+                    images: std::mem::take(&mut outcome.images),
                     model_text: outcome.model_text.clone(),
                     is_error: outcome.is_error,
                     meta: outcome.meta.clone(),
@@ -317,6 +322,7 @@ impl Batch {
         let (call, result) = (
             entry.call.clone(),
             ToolResult {
+                images: ending.images.iter().map(|i| i.image.clone()).collect(),
                 call_id: entry.call.call_id.clone(),
                 content: ending.model_text,
                 is_error: ending.is_error,
@@ -327,7 +333,12 @@ impl Batch {
                 }),
             },
         );
+        let images: Vec<(BlobId, &[u8], &[Edge<'_>])> = (ending.images.iter())
+            .map(|i| (i.image.blob, i.data.as_slice(), &[][..]))
+            .collect();
+        blobs::put_all(&turn.app.store, &images).await?;
         let appended = persist(turn, entry.index, &call, &result, card, switched_to).await?;
+        turn.load_images(&appended).await?;
         self.finished += 1;
         if let Some(to) = switched_to {
             switch_mode(turn, to);

@@ -9,7 +9,7 @@ use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
-use crate::model::conversation::{Attachment, BlobId};
+use crate::model::conversation::{AttachedImage, Attachment, BlobId};
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::BackgroundCompletion;
 
@@ -61,6 +61,8 @@ pub enum RunAction {
         text_blob: Option<BlobId>,
         /// What the user attached (`selected_context`), as the model reads it.
         attached: Vec<Attachment>,
+        /// The images the user attached (`selected_context.selected_images`).
+        images: Vec<AttachedImage>,
         /// The same, as Cursor sent it: the turn's user message keeps it (the chips).
         selected_context: Option<Box<SelectedContext>>,
         /// Messages the user sent while the agent was busy (`prepend_user_messages`): the model

@@ -97,6 +97,7 @@ impl Compaction {
         );
         let mut covered = turn.history[..through].to_vec();
         covered.push(CanonicalMessage::User(UserMessage {
+            images: Vec::new(),
             shown_as: None,
             state_before: None,
             origin: Origin::Runtime,

@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use super::command::{RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
-use super::turn::{Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos};
-use crate::config::{Config, ModelConfig, ProviderConfig};
+use super::turn::{
+    Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos, load_images,
+};
+use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
 use crate::cursor::pending::PendingExecs;
@@ -22,18 +24,25 @@ use crate::cursor::tool_result::ToolEnv;
 use crate::cursor::tools;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
-use crate::model::conversation::{Attachment, BlobId, Mode, SubagentRole, WorkspaceContext};
+use crate::model::conversation::{AttachedImage, Attachment, BlobId, ImageSource};
+use crate::model::conversation::{ImageMime, ImageRef};
+use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};
 use crate::model::message::{current_mode, latest_compaction};
 use crate::model::runtime_tag::RuntimeTag;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
+use crate::prompting::images::{self, ImageSet};
 use crate::state::AppState;
-use crate::store::{messages, runs};
+use crate::store::blobs::Edge;
+use crate::store::{self, messages, runs};
 
 /// What every opener knows about the request.
 struct Request<'a> {
     app: &'a Arc<AppState>,
+    /// The model the run calls, and its provider's family (for the image limits).
+    model: &'a ModelConfig,
+    provider_kind: ProviderKind,
     request_id: &'a str,
     conversation_id: &'a str,
     mode: Mode,
@@ -41,6 +50,8 @@ struct Request<'a> {
     context: Option<&'a WorkspaceContext>,
     /// What the user attached to the message (empty for other actions), and as Cursor sent it.
     attached: &'a [Attachment],
+    /// The images the user attached (an image sent by blob id has been fetched when committed).
+    images: &'a [AttachedImage],
     selected_context: Option<&'a SelectedContext>,
     /// Messages the user sent while the agent was busy, delivered with this one.
     prepended: &'a [String],
@@ -48,31 +59,53 @@ struct Request<'a> {
 
 impl<'a> Request<'a> {
     /// What the run request says, for the openers.
-    fn of(app: &'a Arc<AppState>, request_id: &'a str, input: &'a RunRequestInput) -> Request<'a> {
-        let (attached, selected_context, prepended) = match &input.action {
+    fn of(
+        app: &'a Arc<AppState>,
+        (model, provider_kind): (&'a ModelConfig, ProviderKind),
+        request_id: &'a str,
+        input: &'a RunRequestInput,
+    ) -> Request<'a> {
+        let (attached, images, selected_context, prepended) = match &input.action {
             RunAction::UserMessage {
                 attached,
+                images,
                 selected_context,
                 prepended,
                 ..
             } => (
                 attached.as_slice(),
+                images.as_slice(),
                 selected_context.as_deref(),
                 prepended.as_slice(),
             ),
-            _ => (&[][..], None, &[][..]),
+            _ => (&[][..], &[][..], None, &[][..]),
         };
         Request {
             app,
+            model,
+            provider_kind,
             request_id,
             conversation_id: &input.conversation_id,
             mode: input.mode,
             subagent: input.subagent.as_ref(),
             context: input.context.as_ref(),
             attached,
+            images,
             selected_context,
             prepended,
         }
+    }
+
+    /// Blobs only the client holds that the message needs: attached text and images sent by id.
+    fn client_blobs(&self) -> Vec<BlobId> {
+        let images = self.images.iter().filter_map(|image| match image.source {
+            ImageSource::Blob(id) => Some(id),
+            ImageSource::Data(_) => None,
+        });
+        stored_attachments(self.attached)
+            .into_iter()
+            .chain(images)
+            .collect()
     }
 }
 
@@ -112,13 +145,14 @@ pub(super) enum First {
 pub(super) struct Import {
     roots: Vec<BlobId>,
     text_blob: Option<BlobId>,
-    /// Attached text the client sent as blob ids (`Attachment::Stored`).
+    /// Attached text and images the client sent as blob ids.
     attached_blobs: Vec<BlobId>,
     got: HashMap<BlobId, Option<Vec<u8>>>,
     user_text: String,
     user_message_id: String,
     context: Option<WorkspaceContext>,
     attached: Vec<Attachment>,
+    images: Vec<AttachedImage>,
     selected_context: Option<Box<SelectedContext>>,
     prepended: Vec<String>,
 }
@@ -141,7 +175,7 @@ pub(super) async fn open(
     } = resolve_model(&app.config, &model_id, &input.parameters)?;
     runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
-    let request = Request::of(&app, request_id, &input);
+    let request = Request::of(&app, (&model, provider.kind), request_id, &input);
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
     let mode = match input.action {
         RunAction::UserMessage { .. } => input.mode,
@@ -152,7 +186,10 @@ pub(super) async fn open(
     let (system, mode_tools) = compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
     let mut tool_options = input.tools;
     tool_options.web_search &= app.config.web_search.is_some();
+    let mut images = ImageSet::default();
+    load_images(&app.store, &mut images, &opened.history).await?;
     let turn = Turn {
+        images,
         request_id: request_id.to_owned(),
         parameters: RequestParameters::from_pairs(&parameters),
         pending: PendingExecs::default(),
@@ -248,10 +285,7 @@ async fn open_action(
             message_id,
             text_blob,
             ..
-        } if text_blob.is_some()
-            || importing
-            || !stored_attachments(request.attached).is_empty() =>
-        {
+        } if text_blob.is_some() || importing || !request.client_blobs().is_empty() => {
             let state = client_state.filter(|_| importing);
             open_import(request, text, message_id, *text_blob, state, out).await
         }
@@ -313,7 +347,7 @@ async fn open_import(
     if let Some(id) = text_blob {
         checkpoints.fetch(id, out).await;
     }
-    let attached_blobs = stored_attachments(request.attached);
+    let attached_blobs = request.client_blobs();
     for id in &attached_blobs {
         checkpoints.fetch(*id, out).await;
     }
@@ -326,6 +360,7 @@ async fn open_import(
         user_message_id: message_id.to_owned(),
         context: request.context.cloned(),
         attached: request.attached.to_vec(),
+        images: request.images.to_vec(),
         selected_context: request.selected_context.cloned().map(Box::new),
         prepended: request.prepended.to_vec(),
     };
@@ -347,6 +382,7 @@ async fn open_user_message(
     let (mut history, mut checkpoints) = stored(request, None).await?;
     let turn_start = Some(history.len());
     let user = UserMessage {
+        images: Vec::new(),
         shown_as: None,
         state_before: checkpoints.previous_head(),
         origin: Origin::User,
@@ -450,6 +486,36 @@ impl Import {
             .collect()
     }
 
+    /// The images with the bytes of those the client sent as blobs; one it could not produce is
+    /// named to the model as not shown.
+    fn resolve_images(
+        &self,
+        request_id: &str,
+        attached: &mut Vec<Attachment>,
+    ) -> Vec<AttachedImage> {
+        let mut images = Vec::with_capacity(self.images.len());
+        for image in &self.images {
+            let ImageSource::Blob(blob) = image.source else {
+                images.push(image.clone());
+                continue;
+            };
+            match self.got.get(&blob).cloned().flatten() {
+                Some(data) => images.push(AttachedImage {
+                    source: ImageSource::Data(data),
+                    ..image.clone()
+                }),
+                None => {
+                    tracing::warn!(request_id, %blob, "an attached image the client could not send; named to the model");
+                    attached.push(Attachment::Unshown {
+                        kind: "image the client could not send".to_owned(),
+                        name: image.name.clone(),
+                    });
+                }
+            }
+        }
+        images
+    }
+
     /// The user's text: as sent, or from its blob.
     fn user_text(&self) -> Result<String, ServerError> {
         let Some(id) = self.text_blob else {
@@ -515,19 +581,24 @@ impl Import {
         let app = Arc::clone(&turn.app);
         let request_id = turn.request_id.clone();
         let conversation_id = turn.conversation_id().to_owned();
-        let attached = self.resolve_attached(&request_id);
+        let mut attached = self.resolve_attached(&request_id);
+        let images = self.resolve_images(&request_id, &mut attached);
         let request = Request {
             app: &app,
+            model: &turn.model,
+            provider_kind: turn.provider.kind,
             request_id: &request_id,
             conversation_id: &conversation_id,
             mode: turn.mode(),
             subagent: None,
             context: self.context.as_ref(),
             attached: &attached,
+            images: &images,
             selected_context: self.selected_context.as_deref(),
             prepended: &self.prepended,
         };
         let user = UserMessage {
+            images: Vec::new(),
             shown_as: None,
             state_before: turn.checkpoints.previous_head(),
             origin: Origin::User,
@@ -545,6 +616,7 @@ impl Import {
         )
         .await?;
         turn.tool_env.todos = fold_todos(&turn.history);
+        turn.load_images(&appended).await?;
         turn.checkpoints.committed(&appended, out).await?;
         Ok(())
     }
@@ -570,12 +642,14 @@ async fn commit_user_message(
                 .await?,
         );
     }
+    let mut attached = request.attached.to_vec();
+    user.images = store_images(request, &mut attached).await?;
     let mode = user.mode.unwrap_or_default();
     let before: Vec<RuntimeTag> = context
         .and_then(|context| compiler::context_tag(history, context, request_id))
         .into_iter()
         .chain(compiler::queued_message_tags(request.prepended, request_id))
-        .chain(compiler::attachments_tag(request.attached, request_id))
+        .chain(compiler::attachments_tag(&attached, request_id))
         .collect();
     let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
     let appended = messages::append_with_tags(
@@ -589,4 +663,54 @@ async fn commit_user_message(
     .await?;
     history.extend_from_slice(&appended);
     Ok(appended)
+}
+
+/// Stores the attached images' bytes as blobs and returns what the user message keeps of them. The
+/// format is read from the bytes (the label can be wrong); one no provider takes is named to the
+/// model instead; one too large (or too many) for the run's provider family is a clear error, before
+/// anything is stored.
+async fn store_images(
+    request: &Request<'_>,
+    attached: &mut Vec<Attachment>,
+) -> Result<Vec<ImageRef>, ServerError> {
+    let request_id = request.request_id;
+    let mut refs = Vec::with_capacity(request.images.len());
+    let mut blobs: Vec<(BlobId, &[u8])> = Vec::with_capacity(request.images.len());
+    for image in request.images {
+        let ImageSource::Data(data) = &image.source else {
+            continue;
+        };
+        let Some(mime) = ImageMime::sniff(data) else {
+            tracing::warn!(request_id, name = %image.name, labelled = %image.labelled, "an attached image is not PNG, JPEG, GIF or WebP; named to the model");
+            attached.push(Attachment::Unshown {
+                kind: format!("image ({}, not PNG, JPEG, GIF or WebP)", image.labelled),
+                name: image.name.clone(),
+            });
+            continue;
+        };
+        if !image.labelled.is_empty() && !image.labelled.eq_ignore_ascii_case(mime.as_str()) {
+            tracing::info!(request_id, name = %image.name, labelled = %image.labelled, actual = mime.as_str(), "an attached image's label does not match its bytes; sent as what it is");
+        }
+        let blob = BlobId::of(data);
+        refs.push(ImageRef {
+            blob,
+            mime,
+            bytes: data.len() as u64,
+            name: image.name.clone(),
+        });
+        blobs.push((blob, data));
+    }
+    let (app, model) = (request.app, request.model);
+    images::check_message(request.provider_kind, &refs).map_err(|reason| {
+        ServerError::InvalidRequest(format!("Cannot send the images: {reason}."))
+    })?;
+    if !refs.is_empty() && !model.vision {
+        tracing::warn!(request_id, model = %model.id, images = refs.len(), "the user attached images but the model is configured vision = false; it is told their names instead");
+    }
+    let rows: Vec<(BlobId, &[u8], &[Edge<'_>])> = blobs
+        .iter()
+        .map(|(id, data)| (*id, *data, &[][..]))
+        .collect();
+    store::blobs::put_all(&app.store, &rows).await?;
+    Ok(refs)
 }

@@ -23,11 +23,36 @@ use crate::model::message::CanonicalMessage;
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{self, RequestParameters};
+use crate::prompting::images::ImageSet;
 use crate::prompting::{derived_state, projector};
 use crate::provider::{self, CallLimits, EventReceiver, ProviderError, RequestBody};
 use crate::state::AppState;
 use crate::store::runs::{self, CallPurpose};
-use crate::store::{messages, now_ms};
+use crate::store::{blobs, messages, now_ms};
+
+/// Loads into `set` the bytes of the images in `messages` it does not hold yet. An image whose blob
+/// is gone is left out of `set` (the model is told it is no longer stored).
+pub(super) async fn load_images(
+    store: &crate::store::Store,
+    set: &mut ImageSet,
+    messages: &[CanonicalMessage],
+) -> Result<(), ServerError> {
+    let refs = messages.iter().flat_map(|message| match message {
+        CanonicalMessage::User(user) => user.images.as_slice(),
+        CanonicalMessage::ToolResult(record) => record.result.images.as_slice(),
+        _ => &[],
+    });
+    for image in refs {
+        if set.contains(image.blob) {
+            continue;
+        }
+        match blobs::get(store, image.blob).await? {
+            Some(data) => set.insert(image.blob, &data),
+            None => tracing::warn!(blob = %image.blob, "an image in history is no longer stored"),
+        }
+    }
+    Ok(())
+}
 
 /// Bytes of projected request per token before a provider call has reported its real usage.
 const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
@@ -71,6 +96,8 @@ pub(super) struct Turn {
     pub provider_calls: u32,
     /// The latest provider call (cards and stored messages name it).
     pub model_call_id: String,
+    /// The bytes of the images history shows (loaded when the run opens and as results bring more).
+    pub images: ImageSet,
 }
 
 /// A provider call in flight: its events, its record, and its cancellation when dropped.
@@ -109,8 +136,20 @@ impl Turn {
         history: &[CanonicalMessage],
         tools: &[serde_json::Value],
     ) -> RequestBody {
-        let request = compiler::compile(system, history, &self.model, tools, self.parameters);
+        let request = compiler::compile(
+            system,
+            history,
+            &self.model,
+            tools,
+            self.parameters,
+            &self.images,
+        );
         RequestBody::from_json(&projector::project(self.provider.kind, &request))
+    }
+
+    /// Loads the bytes of the images in `messages` this run does not hold yet.
+    pub async fn load_images(&mut self, messages: &[CanonicalMessage]) -> Result<(), ServerError> {
+        load_images(&self.app.store, &mut self.images, messages).await
     }
 
     pub fn provider_error(&self, message: String) -> ServerError {

@@ -135,8 +135,8 @@ pub async fn get(store: &Store, id: BlobId) -> Result<Option<Vec<u8>>, StoreErro
 }
 
 /// Deletes every blob not reachable from a conversation head or base, a stored tool result's card,
-/// the outbox or one of `extra_roots`, sparing blobs younger than `grace` (a run may be building a
-/// graph that no head references yet). Returns the number of blobs deleted.
+/// an image a stored message shows, the outbox or one of `extra_roots`, sparing blobs younger than
+/// `grace` (a run may be building a graph that no head references yet). Returns the number of blobs deleted.
 pub async fn collect_garbage(
     store: &Store,
     extra_roots: &[BlobId],
@@ -165,6 +165,10 @@ pub async fn collect_garbage(
              UNION SELECT base_state FROM conversations WHERE base_state IS NOT NULL
              UNION SELECT unhex(json_extract(body, '$.card')) FROM messages
                  WHERE role = 'tool' AND json_extract(body, '$.card') IS NOT NULL
+             UNION SELECT unhex(json_extract(i.value, '$.blob'))
+                 FROM messages, json_each(messages.body, '$.images') i WHERE messages.role = 'user'
+             UNION SELECT unhex(json_extract(i.value, '$.blob'))
+                 FROM messages, json_each(messages.body, '$.result.images') i WHERE messages.role = 'tool'
              UNION SELECT id FROM gc_roots
              UNION SELECT blob_id FROM outbox
              UNION SELECT id FROM blobs WHERE created_at_ms >= ?

@@ -227,6 +227,7 @@ mod tests {
     /// A user message typed in `mode`.
     fn user_in(mode: Option<Mode>, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {
+            images: Vec::new(),
             shown_as: None,
             state_before: None,
             origin: Origin::User,
@@ -402,6 +403,7 @@ mod tests {
             model_call_id: "m".into(),
             index: 0,
             result: ToolResult {
+                images: Vec::new(),
                 call_id: call_id.into(),
                 content: result.into(),
                 is_error,

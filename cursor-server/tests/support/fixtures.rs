@@ -47,6 +47,25 @@ impl TestServer {
         Self::start_with(config, db_dir).await
     }
 
+    /// Starts a server with a fresh database and the configuration `edit` makes of the default
+    /// test configuration's TOML (for model settings `extra` cannot reach).
+    pub async fn start_edited(
+        provider_base_url: &str,
+        kind: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> TestServer {
+        let db_dir = tempfile::tempdir().expect("tempdir");
+        let text = edit(config_text(
+            provider_base_url,
+            &db_dir.path().join("test.db"),
+            "",
+            kind,
+        ));
+        let config = Config::from_toml(&text, Path::new("test.toml"), &|_| None)
+            .expect("edited test config is valid");
+        Self::start_with(config, db_dir).await
+    }
+
     async fn start_with(config: Config, db_dir: tempfile::TempDir) -> TestServer {
         // `TEST_LOG=debug cargo test ...` shows the server's logs for a failing scenario.
         if let Ok(filter) = std::env::var("TEST_LOG") {
@@ -128,6 +147,7 @@ id = "{MODEL}"
 upstream_id = "upstream-{MODEL}"
 display_name = "Test Model"
 reasoning = true
+vision = true
 "#,
         db = db.display()
     )

@@ -10,9 +10,10 @@ use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
-    parse_args, reason_suffix, truncate_for_model, unexpected_result,
+    Stage, Tool, ToolEnv, ToolImage, ToolOutcome, ToolStep, argument_text, card, done, failed,
+    non_empty, parse_args, reason_suffix, truncate_for_model, unexpected_result,
 };
+use crate::model::conversation::{BlobId, ImageMime, ImageRef};
 use crate::model::tool::McpTool;
 
 /// An MCP call: the tool it names and the model's arguments (a JSON object).
@@ -302,8 +303,38 @@ pub fn mcp_args(mcp: &McpInput, call_id: &str) -> pb::McpArgs {
     }
 }
 
-/// A successful MCP call's content as the model reads it: text items joined, images described (not
-/// inlined), structured content as JSON when there is no text; the server's own `is_error` kept.
+/// The images of a successful MCP call, in order, as the model is shown them; an image whose bytes
+/// are not a format the providers take stays described in the text only.
+fn success_images(success: &pb::McpSuccess, tool: &str) -> Vec<ToolImage> {
+    let images = success
+        .content
+        .iter()
+        .filter_map(|item| match &item.content {
+            Some(pb::mcp_tool_result_content_item::Content::Image(image)) => Some(image),
+            _ => None,
+        });
+    let mut out = Vec::new();
+    for (n, image) in images.enumerate() {
+        let Some(mime) = ImageMime::sniff(&image.data) else {
+            tracing::warn!(tool, labelled = %image.mime_type, "an MCP tool returned an image that is not PNG, JPEG, GIF or WebP; described in text only");
+            continue;
+        };
+        out.push(ToolImage {
+            image: ImageRef {
+                blob: BlobId::of(&image.data),
+                mime,
+                bytes: image.data.len() as u64,
+                name: format!("image {} of {tool}", n + 1),
+            },
+            data: image.data.clone(),
+        });
+    }
+    out
+}
+
+/// A successful MCP call's content as the model reads it: text items joined, images described (and
+/// shown beside the text, `success_images`), structured content as JSON when there is no text; the
+/// server's own `is_error` kept.
 fn success_text(success: &pb::McpSuccess, tool: &str, env: &ToolEnv) -> String {
     let mut text = String::new();
     for item in &success.content {
@@ -347,9 +378,11 @@ fn mcp_outcome(mcp: &McpInput, call_id: &str, result: pb::McpResult, env: &ToolE
     use pb::mcp_result::Result as M;
     use pb::mcp_tool_result::Result as C;
     let tool = format!("{} ({})", mcp.tool.tool_name, mcp.tool.server);
+    let mut images = Vec::new();
     let (card_result, text, is_error) = match result.result {
         Some(M::Success(success)) => {
             let text = success_text(&success, &tool, env);
+            images = success_images(&success, &tool);
             let is_error = success.is_error;
             (C::Success(success), text, is_error)
         }
@@ -402,15 +435,18 @@ fn mcp_outcome(mcp: &McpInput, call_id: &str, result: pb::McpResult, env: &ToolE
         }
         None => return failed(mcp, call_id, "the client sent an empty MCP result"),
     };
-    done(
-        mcp,
-        call_id,
-        pb::McpToolResult {
-            result: Some(card_result),
-        },
-        text,
-        is_error,
-    )
+    ToolOutcome {
+        images,
+        ..done(
+            mcp,
+            call_id,
+            pb::McpToolResult {
+                result: Some(card_result),
+            },
+            text,
+            is_error,
+        )
+    }
 }
 
 fn mcp_resources_outcome(

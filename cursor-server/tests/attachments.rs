@@ -1,0 +1,446 @@
+//! What the user attaches reaches the model in each provider family's own shape: files, a code
+//! selection, a rule, a `/command`, a terminal selection and images (sent inline or by blob id, the
+//! format read from the bytes), replayed byte for byte on the next turn and after a restart; an MCP
+//! tool's images follow its result; a model without vision is told the image's name; an image too
+//! large for the family is a clear error that stores nothing.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use base64::Engine as _;
+use cursor_server::cursor::proto::agent::{self as pb, agent_client_message, conversation_action};
+use cursor_server::model::conversation::BlobId;
+use fake_cursor::{FakeCursor, Session};
+use fake_provider::{FakeProvider, Reply, golden, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, run_request, run_request_with_env};
+use serde_json::Value;
+
+/// A PNG's signature and a little more: the server reads the format from these bytes.
+fn png(tag: &str) -> Vec<u8> {
+    let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    bytes.extend_from_slice(tag.as_bytes());
+    bytes
+}
+
+fn base64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn image(path: &str, mime: &str, source: pb::selected_image::DataOrBlobId) -> pb::SelectedImage {
+    pb::SelectedImage {
+        uuid: format!("uuid-{path}"),
+        path: path.into(),
+        mime_type: mime.into(),
+        data_or_blob_id: Some(source),
+        ..Default::default()
+    }
+}
+
+/// A run_request whose user message carries `context`.
+fn with_context(
+    mut message: pb::AgentClientMessage,
+    context: pb::SelectedContext,
+) -> pb::AgentClientMessage {
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+        && let Some(user) = action.user_message.as_mut()
+    {
+        user.selected_context = Some(context);
+    }
+    message
+}
+
+/// A file, a code selection, a rule, a `/command`, a terminal selection; a screenshot sent inline
+/// and one (a PNG labelled as JPEG) that only the client holds.
+fn everything(held: &[u8]) -> pb::SelectedContext {
+    use pb::selected_image::DataOrBlobId;
+    let position = |line| pb::Position { line, column: 1 };
+    pb::SelectedContext {
+        files: vec![pb::SelectedFile {
+            content: "fn main() {}\n".into(),
+            path: "/w/src/main.rs".into(),
+            relative_path: Some("src/main.rs".into()),
+        }],
+        code_selections: vec![pb::SelectedCodeSelection {
+            content: "let x = 1;".into(),
+            path: "/w/src/lib.rs".into(),
+            relative_path: Some("src/lib.rs".into()),
+            range: Some(pb::Range {
+                start: Some(position(4)),
+                end: Some(position(6)),
+            }),
+        }],
+        cursor_rules: vec![pb::SelectedCursorRule {
+            rule: Some(pb::CursorRule {
+                full_path: ".cursor/rules/style.mdc".into(),
+                content: "Always use tabs.".into(),
+                ..Default::default()
+            }),
+        }],
+        cursor_commands: vec![pb::SelectedCursorCommand {
+            name: "review".into(),
+            content: "Review the diff for bugs.".into(),
+            ..Default::default()
+        }],
+        terminal_selections: vec![pb::SelectedTerminalSelection {
+            content: "error[E0308]: mismatched types".into(),
+            title: Some("cargo".into()),
+            path: None,
+            range: Some(pb::Range {
+                start: Some(position(3)),
+                end: Some(position(3)),
+            }),
+        }],
+        selected_images: vec![
+            image("shot.png", "image/png", DataOrBlobId::Data(png("inline"))),
+            image(
+                "held.jpg",
+                "image/jpeg",
+                DataOrBlobId::BlobId(BlobId::of(held).0.to_vec()),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The image parts of a request, as `(mime, base64)`, in each family's shape.
+fn images_in(kind: &str, request: &Value) -> Vec<(String, String)> {
+    let text = request.to_string();
+    let mut out = Vec::new();
+    let data_url = |url: &str| {
+        let (head, data) = url.split_once(";base64,").expect("a base64 data URL");
+        (head.trim_start_matches("data:").to_owned(), data.to_owned())
+    };
+    let mut walk = vec![serde_json::from_str::<Value>(&text).unwrap()];
+    while let Some(value) = walk.pop() {
+        match &value {
+            Value::Object(map) => {
+                match (kind, map.get("type").and_then(Value::as_str)) {
+                    ("openai-chat", Some("image_url")) => {
+                        out.push(data_url(map["image_url"]["url"].as_str().unwrap()))
+                    }
+                    ("openai-responses", Some("input_image")) => {
+                        out.push(data_url(map["image_url"].as_str().unwrap()))
+                    }
+                    ("anthropic", Some("image")) => out.push((
+                        map["source"]["media_type"].as_str().unwrap().to_owned(),
+                        map["source"]["data"].as_str().unwrap().to_owned(),
+                    )),
+                    _ => {}
+                }
+                walk.extend(map.values().rev().cloned());
+            }
+            Value::Array(items) => walk.extend(items.iter().rev().cloned()),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn without_cache_control(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| k.as_str() != "cache_control")
+                .map(|(k, v)| (k.clone(), without_cache_control(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_cache_control).collect()),
+        other => other.clone(),
+    }
+}
+
+#[tokio::test]
+async fn attachments_and_images_reach_every_family_in_its_shape_and_replay_byte_for_byte() {
+    for (endpoint, kind, key) in [
+        ("openai_chat", "openai-chat", "messages"),
+        ("openai_responses", "openai-responses", "input"),
+        ("anthropic", "anthropic", "messages"),
+    ] {
+        let provider = FakeProvider::start().await;
+        provider.push(golden(endpoint, "text"));
+        provider.push(golden(endpoint, "text"));
+        let server = TestServer::start_kind(&provider.base_url(), kind).await;
+        let cursor = FakeCursor::new(server.addr);
+        let held = png("held by the client");
+        let mut first = Session::start_with_blobs(
+            &cursor,
+            "req-img-1",
+            &with_context(run_request("conv-img", "what is wrong?"), everything(&held)),
+            [(BlobId::of(&held).0.to_vec(), held.clone())]
+                .into_iter()
+                .collect(),
+        )
+        .await;
+        while first.next().await.is_some() {}
+        assert!(
+            first.transcript.is_success(),
+            "{kind}: {:?}",
+            first.transcript.end
+        );
+        let second = Session::start(&cursor, "req-img-2", &run_request("conv-img", "and now?"))
+            .await
+            .finish()
+            .await;
+        assert!(second.is_success(), "{kind}: {:?}", second.end);
+
+        let requests = provider.requests();
+        let text = requests[0][key].to_string();
+        for expected in [
+            r#"<file path=\"src/main.rs\">"#,
+            r#"<code_selection path=\"src/lib.rs\" lines=\"4-6\">"#,
+            "Always use tabs.",
+            r#"<command name=\"/review\">"#,
+            r#"<terminal title=\"cargo\" lines=\"3-3\">"#,
+        ] {
+            assert!(
+                text.contains(expected),
+                "{kind}: {expected} missing from {text}"
+            );
+        }
+        assert_eq!(
+            images_in(kind, &requests[0][key]),
+            [
+                ("image/png".to_owned(), base64(&png("inline"))),
+                // Labelled JPEG, but the bytes are a PNG: sent as what it is.
+                ("image/png".to_owned(), base64(&held)),
+            ],
+            "{kind}"
+        );
+        let (before, after) = (
+            without_cache_control(&requests[0][key]),
+            without_cache_control(&requests[1][key]),
+        );
+        let (before, after) = (before.as_array().unwrap(), after.as_array().unwrap());
+        assert_eq!(
+            &after[..before.len()],
+            before.as_slice(),
+            "{kind}: replayed byte for byte"
+        );
+    }
+}
+
+#[tokio::test]
+async fn images_are_stored_once_and_replayed_the_same_after_a_restart() {
+    use pb::selected_image::DataOrBlobId;
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["a cat"], (30, 1, 0))));
+    provider.push(Reply::sse(text_events(&["still a cat"], (40, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let context = pb::SelectedContext {
+        selected_images: vec![image(
+            "cat.png",
+            "image/png",
+            DataOrBlobId::Data(png("cat")),
+        )],
+        ..Default::default()
+    };
+    let first = Session::start(
+        &cursor,
+        "req-restart-1",
+        &with_context(run_request("conv-restart", "what is it?"), context),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(first.is_success(), "{:?}", first.end);
+    let db_dir = server.stop().await;
+    let store = cursor_server::store::Store::open(&format!(
+        "sqlite://{}",
+        db_dir.path().join("test.db").display()
+    ))
+    .await
+    .unwrap();
+    let rows = cursor_server::store::messages::load(&store, "conv-restart")
+        .await
+        .unwrap();
+    let body = serde_json::to_string(&rows).unwrap();
+    assert!(
+        !body.contains(&base64(&png("cat"))),
+        "history keeps the image's blob id, not its bytes"
+    );
+    drop(store);
+
+    let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
+    let cursor = FakeCursor::new(server.addr);
+    let second = Session::start(
+        &cursor,
+        "req-restart-2",
+        &run_request("conv-restart", "sure?"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(second.is_success(), "{:?}", second.end);
+    let requests = provider.requests();
+    let before = requests[0]["messages"].as_array().unwrap();
+    assert_eq!(
+        &requests[1]["messages"].as_array().unwrap()[..before.len()],
+        before.as_slice()
+    );
+    assert_eq!(images_in("openai-chat", &requests[1]["messages"]).len(), 1);
+}
+
+#[tokio::test]
+async fn a_model_without_vision_is_told_the_images_name_instead() {
+    use pb::selected_image::DataOrBlobId;
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["I cannot see it"], (30, 1, 0))));
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", |text| {
+        text.replace("vision = true", "vision = false")
+    })
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let context = pb::SelectedContext {
+        selected_images: vec![image("ui.png", "image/png", DataOrBlobId::Data(png("ui")))],
+        ..Default::default()
+    };
+    let transcript = Session::start(
+        &cursor,
+        "req-blind",
+        &with_context(run_request("conv-blind", "look"), context),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let request = &provider.requests()[0]["messages"];
+    assert!(images_in("openai-chat", request).is_empty());
+    let text = request.to_string();
+    assert!(
+        text.contains("[Image ui.png (image/png, 1 KB): not shown, the model test-model is not configured to see images.]"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_image_too_large_for_the_family_is_a_clear_error_and_nothing_is_stored() {
+    use pb::selected_image::DataOrBlobId;
+    let provider = FakeProvider::start().await;
+    provider.push(golden("anthropic", "text"));
+    let server = TestServer::start_kind(&provider.base_url(), "anthropic").await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut huge = png("huge");
+    huge.resize(6 * 1024 * 1024, 0);
+    let context = pb::SelectedContext {
+        selected_images: vec![image("huge.png", "image/png", DataOrBlobId::Data(huge))],
+        ..Default::default()
+    };
+    let refused = Session::start(
+        &cursor,
+        "req-huge",
+        &with_context(run_request("conv-huge", "too big"), context),
+    )
+    .await
+    .finish()
+    .await;
+    assert_eq!(
+        refused.error_code(),
+        Some("invalid_argument"),
+        "{:?}",
+        refused.end
+    );
+    let message = refused.end.as_ref().unwrap()["error"]["message"].to_string();
+    assert!(
+        message.contains("huge.png") && message.contains("5 MB") && message.contains("Anthropic"),
+        "{message}"
+    );
+    assert!(provider.requests().is_empty(), "no provider call");
+    // Nothing of the refused message was stored: the next turn starts clean.
+    let next = Session::start(&cursor, "req-after-huge", &run_request("conv-huge", "hi"))
+        .await
+        .finish()
+        .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    assert!(!provider.requests()[0].to_string().contains("too big"));
+}
+
+#[tokio::test]
+async fn an_mcp_tools_images_follow_its_result_as_a_user_message_on_chat() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_s", "mcp_browser_screenshot", "{}")],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["The page is blank."], (20, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut message = run_request_with_env("conv-mcp-img", "screenshot it");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+        request.mcp_tools = Some(pb::McpTools {
+            mcp_tools: vec![pb::McpToolDefinition {
+                name: "browser-screenshot".into(),
+                provider_identifier: "browser".into(),
+                tool_name: "screenshot".into(),
+                description: "Takes a screenshot".into(),
+                input_schema: Some(cursor_server::cursor::exec::json_to_proto(
+                    &serde_json::json!({"type": "object", "properties": {}}),
+                )),
+            }],
+        });
+    }
+    let mut turn = Session::start(&cursor, "req-mcp-img", &message).await;
+    let exec = turn.next_exec().await;
+    let item = |content| pb::McpToolResultContentItem {
+        content: Some(content),
+    };
+    turn.send(&exec_result(
+        exec.id,
+        pb::exec_client_message::Message::McpResult(pb::McpResult {
+            result: Some(pb::mcp_result::Result::Success(pb::McpSuccess {
+                content: vec![
+                    item(pb::mcp_tool_result_content_item::Content::Text(
+                        pb::McpTextContent {
+                            text: "captured".into(),
+                            output_location: None,
+                        },
+                    )),
+                    item(pb::mcp_tool_result_content_item::Content::Image(
+                        pb::McpImageContent {
+                            data: png("page"),
+                            mime_type: "image/png".into(),
+                        },
+                    )),
+                ],
+                ..pb::McpSuccess::default()
+            })),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let messages = provider.requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let tool_at = messages
+        .iter()
+        .position(|m| m["role"] == "tool")
+        .expect("the tool result");
+    assert!(
+        messages[tool_at]["content"]
+            .as_str()
+            .unwrap()
+            .contains("captured")
+    );
+    let follow = &messages[tool_at + 1];
+    assert_eq!(follow["role"], "user");
+    assert!(
+        follow["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("mcp_browser_screenshot"),
+        "{follow}"
+    );
+    assert_eq!(
+        images_in("openai-chat", follow),
+        [("image/png".to_owned(), base64(&png("page")))]
+    );
+}
