@@ -16,7 +16,7 @@ use cursor_server::cursor::proto::agent::{self as pb, agent_client_message, conv
 use cursor_server::model::conversation::BlobId;
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{FakeProvider, Reply, golden, text_events, tool_call_events};
-use fixtures::{TestServer, exec_result, run_request, run_request_with_env};
+use fixtures::{TestServer, cli_run_request, exec_result, run_request, run_request_with_env};
 use serde_json::Value;
 
 /// A PNG's signature and a little more: the server reads the format from these bytes.
@@ -442,5 +442,130 @@ async fn an_mcp_tools_images_follow_its_result_as_a_user_message_on_chat() {
     assert_eq!(
         images_in("openai-chat", follow),
         [("image/png".to_owned(), base64(&png("page")))]
+    );
+}
+
+/// A CLI client's answer to `request_context_args`: its rules, environment and MCP tools.
+fn cli_context() -> pb::RequestContext {
+    pb::RequestContext {
+        rules: vec![pb::CursorRule {
+            full_path: "AGENTS.md".into(),
+            content: "Run cargo fmt before you finish.".into(),
+            ..Default::default()
+        }],
+        env: Some(pb::RequestContextEnv {
+            os_version: "linux 6.8".into(),
+            shell: "zsh".into(),
+            workspace_paths: vec!["/home/user/cli-project".into()],
+            ..Default::default()
+        }),
+        tools: vec![pb::McpToolDefinition {
+            name: "db-query".into(),
+            provider_identifier: "db".into(),
+            tool_name: "query".into(),
+            description: "Runs SQL".into(),
+            input_schema: Some(cursor_server::cursor::exec::json_to_proto(
+                &serde_json::json!({"type": "object", "properties": {"sql": {"type": "string"}}}),
+            )),
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_cli_run_request_without_context_asks_for_it_first_and_its_rules_reach_the_model() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["formatted"], (30, 1, 0))));
+    provider.push(Reply::sse(text_events(&["again"], (40, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut turn = Session::start(&cursor, "req-cli", &cli_run_request("conv-cli", "fix it")).await;
+    let ask = turn.next_exec().await;
+    assert!(
+        matches!(
+            ask.message,
+            Some(pb::exec_server_message::Message::RequestContextArgs(_))
+        ),
+        "{ask:?}"
+    );
+    assert!(
+        provider.requests().is_empty(),
+        "asked before any provider call"
+    );
+    turn.send(&exec_result(
+        ask.id,
+        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
+            result: Some(pb::request_context_result::Result::Success(
+                pb::RequestContextSuccess {
+                    request_context: Some(cli_context()),
+                },
+            )),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert!(
+        transcript.completed_cards().is_empty(),
+        "the exec is not a tool"
+    );
+    let request = &provider.requests()[0];
+    let text = request["messages"].to_string();
+    for expected in [
+        "Run cargo fmt before you finish.",
+        "/home/user/cli-project",
+        "zsh",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from {text}");
+    }
+    assert!(
+        fixtures::offered_tools(request).contains(&"mcp_db_query".to_owned()),
+        "{:?}",
+        fixtures::offered_tools(request)
+    );
+    // The exec added no history: the next (IDE-style) turn replays the same messages, with no
+    // tool call or result for it.
+    let next = Session::start(&cursor, "req-cli-2", &run_request("conv-cli", "thanks"))
+        .await
+        .finish()
+        .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    let second = provider.requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        second
+            .iter()
+            .all(|m| m["role"] != "tool" && m.get("tool_calls").is_none())
+    );
+}
+
+#[tokio::test]
+async fn a_cli_client_that_throws_on_the_context_request_proceeds_without_context() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["ok"], (30, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut turn = Session::start(
+        &cursor,
+        "req-cli-throw",
+        &cli_run_request("conv-cli-throw", "go"),
+    )
+    .await;
+    let ask = turn.next_exec().await;
+    turn.send(&fixtures::throw(ask.id, "no workspace here"))
+        .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let messages = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let users: Vec<&Value> = messages.iter().filter(|m| m["role"] == "user").collect();
+    assert_eq!(
+        users,
+        [&serde_json::json!({"role": "user", "content": "go"})],
+        "no context message"
     );
 }

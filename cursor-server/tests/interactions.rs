@@ -229,6 +229,7 @@ async fn a_plan_created_in_plan_mode_is_accepted() {
                     plan: Some(plan.clone()),
                     plan_file_uri: Some("file:///plans/refactor.md".into()),
                     execution_mode: AgentMode::Agent as i32,
+                    request_context: Some(Default::default()),
                     ..Default::default()
                 },
             )),

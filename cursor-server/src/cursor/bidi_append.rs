@@ -4,19 +4,18 @@
 use super::blob_sync::KvPayload;
 use super::checkpoint;
 use super::connect::{WireError, decode_message};
-use super::exec;
+use super::exec::{self, ExecPayload, ExecRequest};
 use super::proto::agent::{
     self as pb, AgentClientMessage, agent_client_message, conversation_action,
-    exec_client_control_message,
+    exec_client_control_message, exec_client_message::Message, exec_server_message,
 };
 use super::proto::aiserver::BidiAppendRequest;
-use super::tools::{self, ToolOptions, interactive};
+use super::tools::{ToolOptions, interactive};
 use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
-use crate::model::tool::McpTool;
-use crate::run::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
+use crate::run::command::{ClientInput, ContextWait, ExecControl, RunAction, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -165,13 +164,13 @@ fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, Protocol
         Some(Action::SummarizeAction(_)) => contextless_run(
             &request,
             RunAction::Summarize,
-            subagent_role(subagent_type, None),
+            super::selected_context::subagent_role(subagent_type, None),
             basics,
         ),
         Some(Action::ResumeAction(_)) => contextless_run(
             &request,
             RunAction::Resume,
-            subagent_role(subagent_type, None),
+            super::selected_context::subagent_role(subagent_type, None),
             basics,
         ),
         Some(Action::CancelAction(_)) => ClientInput::Cancel,
@@ -211,6 +210,12 @@ fn user_message_run(
     action: pb::UserMessageAction,
     basics: RequestBasics,
 ) -> Result<ClientInput, ProtocolError> {
+    let ask_context = action.request_context.is_none().then(|| {
+        Box::new(ContextWait {
+            request: Box::new(request.clone()),
+            action: Box::new(action.clone()),
+        })
+    });
     let prepended = prepended_texts(&action);
     let user = action.user_message.unwrap_or_default();
     let mode = match checkpoint::mode_of(user.mode) {
@@ -238,8 +243,9 @@ fn user_message_run(
         .and_then(|c| c.env.as_ref())
         .map(|env| env.terminals_folder.clone())
         .unwrap_or_default();
-    let subagent = subagent_role(request.subagent_type_name.as_deref(), context);
-    let mut tools = user_message_tools(request, context);
+    let subagent =
+        super::selected_context::subagent_role(request.subagent_type_name.as_deref(), context);
+    let mut tools = super::selected_context::user_message_tools(request, context);
     if let Some(role) = &subagent {
         tools.restrict_to(role);
     }
@@ -254,7 +260,58 @@ fn user_message_run(
         subagent,
         parameters: basics.parameters,
         client_state: basics.client_state,
+        ask_context,
+        execs_issued: 0,
     })))
+}
+
+/// The exec that asks a client for its request context (not a tool: it adds no history).
+pub fn context_request() -> ExecRequest {
+    ExecRequest::new(exec_server_message::Message::RequestContextArgs(
+        pb::RequestContextArgs::default(),
+    ))
+}
+
+/// The request context in the client's answer; `None` (logged) when it reported an error, refused
+/// or sent none. A result of another kind breaks the protocol.
+pub fn answered_context(payload: ExecPayload) -> Result<Option<pb::RequestContext>, ProtocolError> {
+    use pb::request_context_result::Result as R;
+    let Message::RequestContextResult(result) = *payload.0 else {
+        return Err(ProtocolError::Exec(format!(
+            "the request-context exec got a {} result",
+            payload.kind()
+        )));
+    };
+    let context = match result.result {
+        Some(R::Success(success)) => success.request_context,
+        Some(R::Error(error)) => {
+            tracing::warn!(error = %error.error, "the client could not give its request context; the run goes on without it");
+            return Ok(None);
+        }
+        Some(R::Rejected(rejected)) => {
+            tracing::warn!(reason = %rejected.reason, "the client refused to give its request context; the run goes on without it");
+            return Ok(None);
+        }
+        None => None,
+    };
+    if context.is_none() {
+        tracing::warn!(
+            "the client answered the request-context exec empty; the run goes on without it"
+        );
+    }
+    Ok(context)
+}
+
+/// The run request read again with the context the client gave (`None`: it gave none, and the run
+/// goes on without one).
+pub fn with_context(
+    wait: ContextWait,
+    context: Option<pb::RequestContext>,
+) -> Result<ClientInput, ProtocolError> {
+    let mut action = *wait.action;
+    action.request_context = Some(context.unwrap_or_default());
+    let basics = RequestBasics::of(&wait.request)?;
+    user_message_run(&wait.request, action, basics)
 }
 
 /// The texts of `prepend_user_messages`; the action's fields this server does not act on are
@@ -291,34 +348,6 @@ fn text_blob_id(id: Option<&[u8]>) -> Result<Option<BlobId>, ProtocolError> {
     }
 }
 
-/// The tools a user message's request allows beyond the mode's: the client's web switches, its
-/// MCP tools and the MCP servers that sent instructions.
-fn user_message_tools(
-    request: &pb::AgentRunRequest,
-    context: Option<&pb::RequestContext>,
-) -> ToolOptions {
-    let mut tools = ToolOptions {
-        web_fetch: context.is_none_or(|c| c.web_fetch_enabled != Some(false)),
-        web_search: context.is_none_or(|c| c.web_search_enabled != Some(false)),
-        mcp: mcp_tools(
-            &request.mcp_tools,
-            [
-                request.mcp_file_system_options.as_ref(),
-                context.and_then(|c| c.mcp_file_system_options.as_ref()),
-            ],
-        ),
-        mcp_servers: Vec::new(),
-        only: None,
-    };
-    tools.add_servers(
-        context
-            .into_iter()
-            .flat_map(|c| &c.mcp_instructions)
-            .map(|m| server_of(&m.server_identifier, &m.server_name)),
-    );
-    tools
-}
-
 /// A run without a new user message (resume, summarize, background tasks ended): the client sends
 /// no request context with these, so there is no workspace and no tool switches, and the
 /// conversation keeps its mode.
@@ -328,7 +357,7 @@ fn contextless_run(
     subagent: Option<SubagentRole>,
     basics: RequestBasics,
 ) -> ClientInput {
-    let mut tools = ToolOptions::without_context(mcp_tools(
+    let mut tools = ToolOptions::without_context(super::selected_context::mcp_tools(
         &request.mcp_tools,
         [request.mcp_file_system_options.as_ref(), None],
     ));
@@ -346,6 +375,8 @@ fn contextless_run(
         subagent,
         parameters: basics.parameters,
         client_state: basics.client_state,
+        ask_context: None,
+        execs_issued: 0,
     }))
 }
 
@@ -414,44 +445,6 @@ fn interaction_response(response: pb::InteractionResponse) -> Result<ClientInput
     })
 }
 
-/// The user's MCP tools: `run_request.mcp_tools`, then tools described by the request's and the
-/// request context's MCP descriptors (those that carry a schema), each (server, tool) once.
-fn mcp_tools(
-    listed: &Option<pb::McpTools>,
-    file_system_options: [Option<&pb::McpFileSystemOptions>; 2],
-) -> Vec<McpTool> {
-    let from_list = listed.iter().flat_map(|l| &l.mcp_tools).map(|t| {
-        (
-            t.provider_identifier.clone(),
-            t.name.clone(),
-            t.tool_name.clone(),
-            t.description.clone(),
-            t.input_schema
-                .as_ref()
-                .map(exec::proto_to_json)
-                .unwrap_or(serde_json::Value::Null),
-        )
-    });
-    let from_descriptors = file_system_options
-        .into_iter()
-        .flatten()
-        .flat_map(|o| &o.mcp_descriptors)
-        .flat_map(|d| {
-            let server = server_of(&d.server_identifier, &d.server_name);
-            d.tools.iter().filter_map(move |t| {
-                let schema = t.input_schema.as_ref()?;
-                Some((
-                    server.clone(),
-                    format!("{}-{}", server, t.tool_name),
-                    t.tool_name.clone(),
-                    t.description.clone().unwrap_or_default(),
-                    exec::proto_to_json(schema),
-                ))
-            })
-        });
-    tools::mcp::mcp_tools(from_list.chain(from_descriptors))
-}
-
 /// Records the parent run and Task call a subagent's BidiAppend names in its headers.
 pub fn link_parent(
     input: &mut ClientInput,
@@ -469,28 +462,6 @@ pub fn link_parent(
         role.parent_request_id = present(parent_request_id);
         role.parent_tool_call_id = present(parent_tool_call_id);
     }
-}
-
-/// The role of a run another agent's Task call started (`subagent_type_name`), with the custom
-/// subagent's own prompt and tools when the request context defines one of that name.
-fn subagent_role(
-    type_name: Option<&str>,
-    context: Option<&pb::RequestContext>,
-) -> Option<SubagentRole> {
-    let type_name = type_name.map(str::trim).filter(|t| !t.is_empty())?;
-    let custom = context
-        .into_iter()
-        .flat_map(|c| &c.custom_subagents)
-        .find(|agent| agent.name == type_name);
-    Some(SubagentRole {
-        type_name: type_name.to_owned(),
-        parent_request_id: None,
-        parent_tool_call_id: None,
-        custom_prompt: custom
-            .map(|agent| agent.prompt.trim().to_owned())
-            .filter(|p| !p.is_empty()),
-        custom_tools: custom.map(|agent| agent.tools.clone()).unwrap_or_default(),
-    })
 }
 
 fn background_completions(
@@ -534,15 +505,6 @@ fn background_completions(
             })
         })
         .collect()
-}
-
-fn server_of(identifier: &str, name: &str) -> String {
-    if identifier.is_empty() {
-        name
-    } else {
-        identifier
-    }
-    .to_owned()
 }
 
 fn action_name(action: &conversation_action::Action) -> &'static str {

@@ -54,6 +54,16 @@ impl Default for PendingExecs {
 }
 
 impl PendingExecs {
+    /// The ids of a request that already used ids `1..=issued` before its turn began (the request
+    /// context asked of a CLI client): numbering goes on after them, and late messages for them are
+    /// recognised as late.
+    pub fn after(issued: u32) -> Self {
+        let mut execs = PendingExecs::default();
+        execs.next_id += issued;
+        execs.finished.extend(1..=issued);
+        execs
+    }
+
     /// Assigns the next exec id to `request` for the call in `slot`.
     pub fn register(&mut self, slot: usize, request: &ExecRequest) -> u32 {
         self.insert(Pending {

@@ -6,11 +6,14 @@
 //! Its own file because `cursor/bidi_append.rs` holds the uplink's decoding within 800 lines, and
 //! the context's two dozen kinds are one translation of their own.
 
+use crate::cursor::exec;
 use crate::cursor::proto::agent as pb;
+use crate::cursor::tools::ToolOptions;
 use crate::cursor::tools::search::render_tree;
 use crate::model::conversation::{
-    AttachedImage, Attachment, BlobId, ImageSource, Rule, RuleScope, WorkspaceContext,
+    AttachedImage, Attachment, BlobId, ImageSource, Rule, RuleScope, SubagentRole, WorkspaceContext,
 };
+use crate::model::tool::McpTool;
 
 /// The attachments of one user message, in the order Cursor's fields list them.
 pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
@@ -384,6 +387,111 @@ pub fn workspace_context(context: &pb::RequestContext) -> WorkspaceContext {
             .map(|agent| (agent.name.clone(), agent.description.clone()))
             .collect(),
     }
+}
+
+/// The tools a user message's request allows beyond the mode's: the client's web switches, its
+/// MCP tools and the MCP servers that sent instructions.
+pub fn user_message_tools(
+    request: &pb::AgentRunRequest,
+    context: Option<&pb::RequestContext>,
+) -> ToolOptions {
+    // A CLI client lists its MCP tools in the request context it is asked for, not in the request.
+    let listed = match (&request.mcp_tools, context) {
+        (Some(listed), _) if !listed.mcp_tools.is_empty() => Some(listed.clone()),
+        (_, Some(context)) if !context.tools.is_empty() => Some(pb::McpTools {
+            mcp_tools: context.tools.clone(),
+        }),
+        (listed, _) => listed.clone(),
+    };
+    let mut tools = ToolOptions {
+        web_fetch: context.is_none_or(|c| c.web_fetch_enabled != Some(false)),
+        web_search: context.is_none_or(|c| c.web_search_enabled != Some(false)),
+        mcp: mcp_tools(
+            &listed,
+            [
+                request.mcp_file_system_options.as_ref(),
+                context.and_then(|c| c.mcp_file_system_options.as_ref()),
+            ],
+        ),
+        mcp_servers: Vec::new(),
+        only: None,
+    };
+    tools.add_servers(
+        context
+            .into_iter()
+            .flat_map(|c| &c.mcp_instructions)
+            .map(|m| server_of(&m.server_identifier, &m.server_name)),
+    );
+    tools
+}
+
+/// The user's MCP tools: `run_request.mcp_tools`, then tools described by the request's and the
+/// request context's MCP descriptors (those that carry a schema), each (server, tool) once.
+pub fn mcp_tools(
+    listed: &Option<pb::McpTools>,
+    file_system_options: [Option<&pb::McpFileSystemOptions>; 2],
+) -> Vec<McpTool> {
+    let from_list = listed.iter().flat_map(|l| &l.mcp_tools).map(|t| {
+        (
+            t.provider_identifier.clone(),
+            t.name.clone(),
+            t.tool_name.clone(),
+            t.description.clone(),
+            t.input_schema
+                .as_ref()
+                .map(exec::proto_to_json)
+                .unwrap_or(serde_json::Value::Null),
+        )
+    });
+    let from_descriptors = file_system_options
+        .into_iter()
+        .flatten()
+        .flat_map(|o| &o.mcp_descriptors)
+        .flat_map(|d| {
+            let server = server_of(&d.server_identifier, &d.server_name);
+            d.tools.iter().filter_map(move |t| {
+                let schema = t.input_schema.as_ref()?;
+                Some((
+                    server.clone(),
+                    format!("{}-{}", server, t.tool_name),
+                    t.tool_name.clone(),
+                    t.description.clone().unwrap_or_default(),
+                    exec::proto_to_json(schema),
+                ))
+            })
+        });
+    crate::cursor::tools::mcp::mcp_tools(from_list.chain(from_descriptors))
+}
+
+/// The role of a run another agent's Task call started (`subagent_type_name`), with the custom
+/// subagent's own prompt and tools when the request context defines one of that name.
+pub fn subagent_role(
+    type_name: Option<&str>,
+    context: Option<&pb::RequestContext>,
+) -> Option<SubagentRole> {
+    let type_name = type_name.map(str::trim).filter(|t| !t.is_empty())?;
+    let custom = context
+        .into_iter()
+        .flat_map(|c| &c.custom_subagents)
+        .find(|agent| agent.name == type_name);
+    Some(SubagentRole {
+        type_name: type_name.to_owned(),
+        parent_request_id: None,
+        parent_tool_call_id: None,
+        custom_prompt: custom
+            .map(|agent| agent.prompt.trim().to_owned())
+            .filter(|p| !p.is_empty()),
+        custom_tools: custom.map(|agent| agent.tools.clone()).unwrap_or_default(),
+    })
+}
+
+pub fn server_of(identifier: &str, name: &str) -> String {
+    if identifier.is_empty() {
+        name
+    } else {
+        identifier
+    }
+    .to_owned()
 }
 
 #[cfg(test)]

@@ -22,6 +22,10 @@ pub fn context_tag(
     context: &WorkspaceContext,
     anchor: &str,
 ) -> Option<RuntimeTag> {
+    // An empty context (a client that could not give one) tells the model nothing.
+    if context == &WorkspaceContext::default() {
+        return None;
+    }
     let text = render_context(context);
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
     // Only what the model still sees counts: a context summarized away is told again.

@@ -7,12 +7,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{Applied, ClientInput, RunCommand};
+use super::command::{Applied, ClientInput, ExecControl, RunCommand, RunRequestInput};
 use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use super::registry::{Lookup, RegistryError, RunControl, RunHandle};
+use crate::cursor::bidi_append;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
+use crate::cursor::exec::ExecPayload;
 use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
@@ -21,8 +23,14 @@ use crate::store::runs::{self, RunOutcome, RunStatus};
 
 enum State {
     AwaitingRunRequest,
+    /// A user message came without its request context (a CLI client): the client was asked for it
+    /// (exec `CONTEXT_EXEC_ID`) and nothing else happens until it answers.
+    AwaitingContext(Box<RunRequestInput>),
     Running(Box<TurnLoop>),
 }
+
+/// The exec id of the request-context exec: the first of the request (the turn's own go on after).
+const CONTEXT_EXEC_ID: u32 = 1;
 
 pub struct RunActor {
     app: Arc<AppState>,
@@ -107,7 +115,7 @@ impl RunActor {
         let end = self.drive().await;
         let (provider_calls, usage) = match &self.state {
             State::Running(turn) => (turn.provider_calls(), turn.usage()),
-            State::AwaitingRunRequest => (0, Usage::default()),
+            State::AwaitingRunRequest | State::AwaitingContext(_) => (0, Usage::default()),
         };
         self.wind_down(&end).await;
         // Dropping the turn cancels its provider call before the client hears the ending.
@@ -262,10 +270,7 @@ impl RunActor {
                 Ok(deadline) => deadline,
                 Err(end) => return end,
             };
-            let waiting_on_client = match &self.state {
-                State::Running(turn) => turn.waiting_on_client(),
-                State::AwaitingRunRequest => false,
-            };
+            let waiting_on_client = self.waiting_on_client();
             let idle_deadline = last_client_traffic + idle_timeout;
             let heartbeat_due = self.downlink.last_sent() + heartbeat_every;
             let beating = !awaiting && self.downlink.is_attached();
@@ -414,34 +419,26 @@ impl RunActor {
         let protocol = |e: ProtocolError| Some(RunEnd::Failed(e.into()));
         match input {
             ClientInput::RunRequest(request) => {
-                if matches!(self.state, State::Running(_)) {
+                if !matches!(self.state, State::AwaitingRunRequest) {
                     return protocol(ProtocolError::DuplicateRunRequest);
                 }
                 tracing::Span::current()
                     .record("conversation_id", request.conversation_id.as_str());
                 tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
-                self.take_over_conversation(&request.conversation_id).await;
-                self.recorded = true;
-                match TurnLoop::start(
-                    Arc::clone(&self.app),
-                    &self.request_id,
-                    *request,
-                    &mut self.downlink,
-                )
-                .await
-                {
-                    Ok((turn, step)) => {
-                        self.state = State::Running(Box::new(turn));
-                        step_end(Ok(step))
-                    }
-                    Err(error) => {
-                        if matches!(error, ServerError::NotFound(_)) {
-                            // Nothing was recorded: the model was resolved before the run row.
-                            self.recorded = false;
-                        }
-                        Some(RunEnd::Failed(error))
-                    }
+                if request.ask_context.is_some() {
+                    tracing::info!(request_id = %self.request_id, "the run_request has no request context (a CLI client): asking the client for it first");
+                    let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
+                    self.downlink.send_message(&ask).await;
+                    self.state = State::AwaitingContext(request);
+                    return None;
                 }
+                self.start_turn(*request).await
+            }
+            ClientInput::ExecResult { id, payload } if self.awaits_context() => {
+                self.context_arrived(id, Ok(payload)).await
+            }
+            ClientInput::ExecControl { id, control } if self.awaits_context() => {
+                self.context_arrived(id, Err(control)).await
             }
             ClientInput::Cancel => Some(RunEnd::Canceled {
                 reason: "canceled by the user".to_owned(),
@@ -483,6 +480,100 @@ impl RunActor {
                 None
             }
         }
+    }
+
+    /// Takes over the conversation and opens the turn.
+    async fn start_turn(&mut self, request: RunRequestInput) -> Option<RunEnd> {
+        self.take_over_conversation(&request.conversation_id).await;
+        self.recorded = true;
+        match TurnLoop::start(
+            Arc::clone(&self.app),
+            &self.request_id,
+            request,
+            &mut self.downlink,
+        )
+        .await
+        {
+            Ok((turn, step)) => {
+                self.state = State::Running(Box::new(turn));
+                step_end(Ok(step))
+            }
+            Err(error) => {
+                if matches!(error, ServerError::NotFound(_)) {
+                    // Nothing was recorded: the model was resolved before the run row.
+                    self.recorded = false;
+                }
+                Some(RunEnd::Failed(error))
+            }
+        }
+    }
+
+    /// Whether the run waits on the client (an exec, an answer), so its silence counts.
+    fn waiting_on_client(&self) -> bool {
+        match &self.state {
+            State::Running(turn) => turn.waiting_on_client(),
+            State::AwaitingContext(_) => true,
+            State::AwaitingRunRequest => false,
+        }
+    }
+
+    fn awaits_context(&self) -> bool {
+        matches!(self.state, State::AwaitingContext(_))
+    }
+
+    /// The client answered the request-context exec (a result, or a throw or close without one):
+    /// the run request is read again with what it gave, and the turn opens. A client that gave
+    /// nothing is logged, and the run goes on without a context.
+    async fn context_arrived(
+        &mut self,
+        id: u32,
+        answer: Result<ExecPayload, ExecControl>,
+    ) -> Option<RunEnd> {
+        if id != CONTEXT_EXEC_ID {
+            let error = ProtocolError::Exec(format!("exec id {id} was never issued in this run"));
+            return Some(RunEnd::Failed(error.into()));
+        }
+        let State::AwaitingContext(waiting) =
+            std::mem::replace(&mut self.state, State::AwaitingRunRequest)
+        else {
+            return None;
+        };
+        let context = match answer {
+            Ok(payload) => match bidi_append::answered_context(payload) {
+                Ok(context) => context,
+                Err(error) => return Some(RunEnd::Failed(error.into())),
+            },
+            Err(ExecControl::Throw { error }) => {
+                tracing::warn!(request_id = %self.request_id, %error, "the client threw on the request-context exec; the run goes on without a context");
+                None
+            }
+            Err(ExecControl::StreamClose) => {
+                tracing::warn!(request_id = %self.request_id, "the client closed the request-context exec without a result; the run goes on without a context");
+                None
+            }
+        };
+        let wait = waiting.ask_context.clone()?;
+        let mut request = match bidi_append::with_context(*wait, context) {
+            Ok(ClientInput::RunRequest(request)) => request,
+            Ok(ClientInput::Unsupported(what)) => {
+                return Some(RunEnd::Failed(ProtocolError::Unsupported(what).into()));
+            }
+            Ok(other) => {
+                let error =
+                    ProtocolError::Uplink(format!("the run_request read again as {other:?}"));
+                return Some(RunEnd::Failed(error.into()));
+            }
+            Err(error) => return Some(RunEnd::Failed(error.into())),
+        };
+        // What the transport added (a subagent's parent) stays; the ids go on after this exec.
+        if let (Some(role), Some(before)) = (request.subagent.as_mut(), waiting.subagent.as_ref()) {
+            role.parent_request_id.clone_from(&before.parent_request_id);
+            role.parent_tool_call_id
+                .clone_from(&before.parent_tool_call_id);
+        }
+        request.ask_context = None;
+        request.execs_issued = CONTEXT_EXEC_ID;
+        self.start_turn(*request).await
     }
 
     /// Stops the run that still works on `conversation_id` (the user sent a new message while it
@@ -675,6 +766,6 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 async fn next_loop_event(state: &mut State) -> LoopEvent {
     match state {
         State::Running(turn) => turn.next_event().await,
-        State::AwaitingRunRequest => std::future::pending().await,
+        State::AwaitingRunRequest | State::AwaitingContext(_) => std::future::pending().await,
     }
 }

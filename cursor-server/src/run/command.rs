@@ -5,7 +5,9 @@ use tokio::sync::oneshot;
 
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
-use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
+use crate::cursor::proto::agent::{
+    AgentRunRequest, ConversationStateStructure, SelectedContext, UserMessageAction,
+};
 use crate::cursor::run_sse::DownlinkSink;
 use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
@@ -102,6 +104,20 @@ pub struct RunRequestInput {
     /// The checkpoint the client holds for this conversation, used only to import a conversation
     /// this server has never seen (its own history is the source of truth otherwise).
     pub client_state: Option<Box<ConversationStateStructure>>,
+    /// Set when a user message came without `request_context` (a CLI client): the run asks the
+    /// client for it (`request_context_args`) before anything else, then reads the request again.
+    pub ask_context: Option<Box<ContextWait>>,
+    /// Exec ids the request used before its turn began (the request-context exec).
+    pub execs_issued: u32,
+}
+
+/// A user message's run_request that came without `request_context` (a CLI client), kept as sent
+/// until the client has answered `request_context_args`; `cursor::bidi_append::with_context` then
+/// reads it again, with the context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextWait {
+    pub request: Box<AgentRunRequest>,
+    pub action: Box<UserMessageAction>,
 }
 
 /// Fired once the client input it travels with has been applied — a tool result persisted, an ACK

@@ -192,7 +192,7 @@ pub(super) async fn open(
         images,
         request_id: request_id.to_owned(),
         parameters: RequestParameters::from_pairs(&parameters),
-        pending: PendingExecs::default(),
+        pending: PendingExecs::after(input.execs_issued),
         tool_env: ToolEnv {
             terminals_folder: input.terminals_folder,
             max_output_bytes: app.config.tool_output_max_bytes,

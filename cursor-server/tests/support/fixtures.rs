@@ -8,8 +8,8 @@ use std::path::Path;
 use cursor_server::app::App;
 use cursor_server::config::Config;
 use cursor_server::cursor::proto::agent::{
-    AgentClientMessage, AgentRunRequest, ClientHeartbeat, ConversationAction, RequestedModel,
-    UserMessage, UserMessageAction, agent_client_message, conversation_action,
+    AgentClientMessage, AgentRunRequest, ClientHeartbeat, ConversationAction, RequestContext,
+    RequestedModel, UserMessage, UserMessageAction, agent_client_message, conversation_action,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -195,7 +195,20 @@ pub async fn spawn_process(
     (child, addr)
 }
 
+/// A user message as the IDE sends it (with a request context, here an empty one).
 pub fn run_request(conversation_id: &str, text: &str) -> AgentClientMessage {
+    let mut message = cli_run_request(conversation_id, text);
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action.request_context = Some(RequestContext::default());
+    }
+    message
+}
+
+/// A user message as a CLI client sends it: no request context (the server asks for it).
+pub fn cli_run_request(conversation_id: &str, text: &str) -> AgentClientMessage {
     AgentClientMessage {
         message: Some(agent_client_message::Message::RunRequest(AgentRunRequest {
             conversation_id: Some(conversation_id.to_owned()),
