@@ -1,8 +1,11 @@
-//! What the user attaches reaches the model in each provider family's own shape: files, a code
-//! selection, a rule, a `/command`, a terminal selection and images (sent inline or by blob id, the
-//! format read from the bytes), replayed byte for byte on the next turn and after a restart; an MCP
-//! tool's images follow its result; a model without vision is told the image's name; an image too
-//! large for the family is a clear error that stores nothing.
+//! Everything the user gives reaches the model. What the user attaches, in each provider family's
+//! own shape: files, a code selection, a rule, a `/command`, a terminal selection and images (sent
+//! inline or by blob id, the format read from the bytes), replayed byte for byte on the next turn and
+//! after a restart; an MCP tool's images follow its result; a model without vision is told the
+//! image's name; an image too large for the family is a clear error that stores nothing. A CLI
+//! client's request context, asked for first. And each conversation action: a plan started, a
+//! command the user ran, a subagent canceled, a call moved to the background, calls resolved after
+//! an interrupt.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -568,4 +571,231 @@ async fn a_cli_client_that_throws_on_the_context_request_proceeds_without_contex
         [&serde_json::json!({"role": "user", "content": "go"})],
         "no context message"
     );
+}
+
+/// A run_request on `conversation` carrying `action` (instead of a user message).
+fn action_request(
+    conversation: &str,
+    action: conversation_action::Action,
+) -> pb::AgentClientMessage {
+    let mut message = run_request(conversation, "unused");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message {
+        request.action = Some(pb::ConversationAction {
+            action: Some(action),
+            ..Default::default()
+        });
+    }
+    message
+}
+
+#[tokio::test]
+async fn start_plan_action_runs_the_message_in_plan_mode() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["A plan."], (30, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let start = conversation_action::Action::StartPlanAction(pb::StartPlanAction {
+        user_message: Some(pb::UserMessage {
+            text: "plan the migration".into(),
+            message_id: "m-plan".into(),
+            ..Default::default()
+        }),
+        request_context: Some(Default::default()),
+        ..Default::default()
+    });
+    let transcript = Session::start(&cursor, "req-start-plan", &action_request("conv-sp", start))
+        .await
+        .finish()
+        .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let request = &provider.requests()[0];
+    assert!(
+        request["messages"]
+            .to_string()
+            .contains("plan the migration")
+    );
+    let tools = fixtures::offered_tools(request);
+    assert!(tools.contains(&"CreatePlan".to_owned()), "{tools:?}");
+    assert!(
+        !tools.contains(&"StrReplace".to_owned()),
+        "Plan mode does not edit: {tools:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_command_the_user_ran_is_told_once_without_a_model_call() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Noted."], (30, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let ran = || {
+        conversation_action::Action::ShellCommandAction(pb::ShellCommandAction {
+            shell_command: Some(pb::ShellCommand {
+                command: "git stash".into(),
+            }),
+            exec_id: "exec-77".into(),
+        })
+    };
+    for request_id in ["req-ran", "req-ran-again"] {
+        let told = Session::start(&cursor, request_id, &action_request("conv-ran", ran()))
+            .await
+            .finish()
+            .await;
+        assert!(told.is_success(), "{:?}", told.end);
+    }
+    assert!(provider.requests().is_empty(), "told, not asked");
+    let next = Session::start(
+        &cursor,
+        "req-after-ran",
+        &run_request("conv-ran", "what now?"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    let text = provider.requests()[0]["messages"].to_string();
+    assert_eq!(text.matches("<user_ran_command>").count(), 1, "{text}");
+    assert!(text.contains("git stash"), "{text}");
+}
+
+#[tokio::test]
+async fn canceling_a_subagent_stops_its_run_and_leaves_the_parent_alone() {
+    let provider = FakeProvider::start().await;
+    // The subagent's run is mid-call when the user cancels it.
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_r", "Read", r#"{"path":"a.rs"}"#)],
+        (10, 1, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut subagent = Session::start(
+        &cursor,
+        "req-sub",
+        &run_request_with_env("agent-42", "explore the code"),
+    )
+    .await;
+    let _read = subagent.next_exec().await;
+    let cancel = conversation_action::Action::CancelSubagentAction(pb::CancelSubagentAction {
+        subagent_id: "agent-42".into(),
+    });
+    let canceled = Session::start(
+        &cursor,
+        "req-cancel",
+        &action_request("conv-parent", cancel),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(canceled.is_success(), "{:?}", canceled.end);
+    let stopped = subagent.finish().await;
+    assert!(
+        !stopped.is_success(),
+        "the subagent's run was stopped: {:?}",
+        stopped.end
+    );
+    assert_eq!(
+        provider.requests().len(),
+        1,
+        "no provider call for the cancel"
+    );
+}
+
+#[tokio::test]
+async fn moving_a_running_shell_to_the_background_does_not_interrupt_the_turn() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_s", "Shell", r#"{"command":"npm test"}"#)],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(
+        &["Tests run in the background."],
+        (20, 1, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut turn = Session::start(
+        &cursor,
+        "req-shell",
+        &run_request_with_env("conv-bg", "test"),
+    )
+    .await;
+    let exec = turn.next_exec().await;
+    let moved = conversation_action::Action::BackgroundShellAction(pb::BackgroundShellAction {
+        tool_call_id: "call_s".into(),
+    });
+    let acknowledged = Session::start(&cursor, "req-move", &action_request("conv-bg", moved))
+        .await
+        .finish()
+        .await;
+    assert!(acknowledged.is_success(), "{:?}", acknowledged.end);
+    // The client moves the process and says so on the call's own stream; the turn goes on.
+    turn.send(&exec_result(
+        exec.id,
+        pb::exec_client_message::Message::ShellStream(pb::ShellStream {
+            event: Some(pb::shell_stream::Event::Backgrounded(
+                pb::ShellStreamBackgrounded {
+                    shell_id: 3,
+                    command: "npm test".into(),
+                    ..Default::default()
+                },
+            )),
+        }),
+    ))
+    .await;
+    let transcript = turn.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(provider.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn results_of_calls_pending_at_an_interrupt_reach_the_model_before_the_next_message() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["The build passed."], (30, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut message = run_request("conv-resolved", "did it pass?");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut message.message
+        && let Some(conversation_action::Action::UserMessageAction(action)) =
+            request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        action.interrupted_pending_tool_call_resolutions =
+            Some(pb::InterruptedPendingToolCallResolutions {
+                resolutions: vec![pb::InterruptedPendingToolCallResolution {
+                    tool_call_id: "call_build".into(),
+                    resolution: Some(
+                        pb::interrupted_pending_tool_call_resolution::Resolution::ShellResult(
+                            pb::ShellResult {
+                                result: Some(pb::shell_result::Result::Success(pb::ShellSuccess {
+                                    command: "cargo build".into(),
+                                    exit_code: 0,
+                                    stdout: "Finished release".into(),
+                                    ..Default::default()
+                                })),
+                                ..Default::default()
+                            },
+                        ),
+                    ),
+                }],
+            });
+    }
+    let transcript = Session::start(&cursor, "req-resolved", &message)
+        .await
+        .finish()
+        .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let users: Vec<String> = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let told = users
+        .iter()
+        .position(|u| u.contains("<interrupted_call_result>") && u.contains("call_build"))
+        .expect("the resolution is told");
+    assert!(users[told].contains("exit code 0") && users[told].contains("Finished release"));
+    assert_eq!(users[told + 1], "did it pass?");
 }

@@ -14,7 +14,9 @@ use super::tools::{ToolOptions, interactive};
 use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, SubagentRole};
-use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, BackgroundOutcome};
+use crate::model::runtime_tag::{
+    BackgroundCompletion, BackgroundKind, BackgroundOutcome, UserAction,
+};
 use crate::run::command::{ClientInput, ContextWait, ExecControl, RunAction, RunRequestInput};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,17 +192,51 @@ fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, Protocol
                 ),
             }
         }
+        Some(Action::ShellCommandAction(action)) => match ran_command(action) {
+            Some(ran) => contextless_run(&request, ran, None, basics),
+            None => ClientInput::Unsupported("shell_command_action without a command".to_owned()),
+        },
+        Some(Action::CancelSubagentAction(action)) => {
+            let cancel = RunAction::CancelSubagent {
+                subagent_id: action.subagent_id,
+            };
+            contextless_run(&request, cancel, None, basics)
+        }
+        Some(Action::BackgroundShellAction(action)) => contextless_run(
+            &request,
+            moved(action.tool_call_id, BackgroundKind::Shell),
+            None,
+            basics,
+        ),
+        Some(Action::BackgroundSubagentAction(action)) => {
+            let moved = moved(action.tool_call_id, BackgroundKind::Subagent);
+            contextless_run(&request, moved, None, basics)
+        }
         Some(Action::StartPlanAction(action)) => {
             user_message_run(&request, interactive::start_plan_message(action), basics)?
         }
         Some(Action::ExecutePlanAction(action)) => {
             user_message_run(&request, interactive::execute_plan_message(action), basics)?
         }
-        Some(other) => {
-            ClientInput::Unsupported(format!("run_request action {}", action_name(&other)))
-        }
         None => ClientInput::Unsupported("run_request without an action".to_owned()),
     })
+}
+
+/// A `shell_command_action`: the command the user ran (`None` without one).
+fn ran_command(action: pb::ShellCommandAction) -> Option<RunAction> {
+    let command = action.shell_command.map(|c| c.command)?;
+    if command.trim().is_empty() {
+        return None;
+    }
+    Some(RunAction::UserActed(UserAction::RanCommand {
+        command,
+        exec_id: action.exec_id,
+    }))
+}
+
+/// A call the user moved to the background.
+fn moved(tool_call_id: String, kind: BackgroundKind) -> RunAction {
+    RunAction::MoveToBackground { tool_call_id, kind }
 }
 
 /// A `user_message_action`: a new turn, with the request context (workspace, rules, the client's
@@ -217,6 +253,11 @@ fn user_message_run(
         })
     });
     let prepended = prepended_texts(&action);
+    let resolved = action
+        .interrupted_pending_tool_call_resolutions
+        .as_ref()
+        .map(super::tools::shell::resolutions)
+        .unwrap_or_default();
     let user = action.user_message.unwrap_or_default();
     let mode = match checkpoint::mode_of(user.mode) {
         Ok(mode) => mode,
@@ -237,6 +278,7 @@ fn user_message_run(
         images,
         selected_context: user.selected_context.map(Box::new),
         prepended,
+        resolved,
     };
     let context = action.request_context.as_ref();
     let terminals_folder = context
@@ -320,11 +362,6 @@ fn prepended_texts(action: &pb::UserMessageAction) -> Vec<String> {
     if action.conversation_history.is_some() {
         tracing::warn!(
             "user_message_action.conversation_history is not used: the server's own history is the source of truth"
-        );
-    }
-    if action.interrupted_pending_tool_call_resolutions.is_some() {
-        tracing::warn!(
-            "user_message_action.interrupted_pending_tool_call_resolutions is not supported yet; the interrupted calls stay unanswered"
         );
     }
     action
@@ -585,6 +622,7 @@ mod tests {
                 images: Vec::new(),
                 selected_context: None,
                 prepended: Vec::new(),
+                resolved: Vec::new(),
             }
         );
         assert_eq!(input.mode, Mode::Agent);
@@ -686,13 +724,13 @@ mod tests {
     }
 
     #[test]
-    fn actions_this_server_does_not_run_are_named() {
+    fn a_command_without_text_is_unsupported_and_a_stray_cancel_is_a_cancel() {
         let shell = run_request(conversation_action::Action::ShellCommandAction(
             pb::ShellCommandAction::default(),
         ));
         assert_eq!(
             translate(shell).expect("translates"),
-            ClientInput::Unsupported("run_request action shell_command_action".to_owned())
+            ClientInput::Unsupported("shell_command_action without a command".to_owned())
         );
         let cancel = AgentClientMessage {
             message: Some(agent_client_message::Message::ConversationAction(

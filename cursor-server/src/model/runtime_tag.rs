@@ -39,6 +39,20 @@ pub enum RuntimeEvent {
     /// A message the user sent while the agent was busy, delivered ahead of the next one
     /// (`prepend_user_messages`); `index` orders them.
     QueuedMessage { index: usize },
+    /// The user did something outside a turn the model should know of (ran a command themselves).
+    UserActed { action: UserAction },
+    /// A tool call that was pending when the user interrupted the run finished after all; the
+    /// client sent its result with the next message (`interrupted_pending_tool_call_resolutions`).
+    InterruptedCallResolved { call_id: String },
+}
+
+/// Something the user did that the model is told of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum UserAction {
+    /// The user ran a command in their own terminal (`shell_command_action`); the client ran it
+    /// and sent no output.
+    RanCommand { command: String, exec_id: String },
 }
 
 /// One ended background task, as the client reports it.
@@ -80,6 +94,8 @@ impl RuntimeEvent {
             RuntimeEvent::Attached => "attached",
             RuntimeEvent::QuestionAnswered { .. } => "question_answered",
             RuntimeEvent::QueuedMessage { .. } => "queued_message",
+            RuntimeEvent::UserActed { .. } => "user_acted",
+            RuntimeEvent::InterruptedCallResolved { .. } => "interrupted_call_resolved",
         }
     }
 
@@ -95,7 +111,9 @@ impl RuntimeEvent {
             | RuntimeEvent::Compacted { .. }
             | RuntimeEvent::Attached
             | RuntimeEvent::QuestionAnswered { .. }
-            | RuntimeEvent::QueuedMessage { .. } => None,
+            | RuntimeEvent::QueuedMessage { .. }
+            | RuntimeEvent::UserActed { .. }
+            | RuntimeEvent::InterruptedCallResolved { .. } => None,
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
-    BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag,
+    BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag, UserAction,
 };
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet
@@ -67,6 +67,40 @@ pub fn late_answer_tag(call_id: &str, answer: &str) -> RuntimeTag {
             "<late_answer>\nThe user answered the questions you asked earlier (call {call_id}) after that turn had ended.\n{answer}\n</late_answer>"
         ),
     )
+}
+
+/// What the user did outside a turn, told once (anchored to the client's id for it).
+pub fn user_action_tag(action: &UserAction) -> RuntimeTag {
+    match action {
+        UserAction::RanCommand { command, exec_id } => RuntimeTag::new(
+            RuntimeEvent::UserActed {
+                action: action.clone(),
+            },
+            exec_id,
+            format!(
+                "<user_ran_command>\nThe user ran this command in their own terminal:\n{command}\nIts output was not shared with you; if it matters, ask the user or run it yourself.\n</user_ran_command>"
+            ),
+        ),
+    }
+}
+
+/// Results of tool calls that were pending when the user interrupted the run and finished after
+/// all, each told once before the user's next message: `(call id, the result as text)`.
+pub fn resolved_call_tags(resolved: &[(String, String)]) -> Vec<RuntimeTag> {
+    resolved
+        .iter()
+        .map(|(call_id, result)| {
+            RuntimeTag::new(
+                RuntimeEvent::InterruptedCallResolved {
+                    call_id: call_id.clone(),
+                },
+                call_id,
+                format!(
+                    "<interrupted_call_result>\nThe tool call {call_id}, still running when the user interrupted you, finished after all:\n{result}\n</interrupted_call_result>"
+                ),
+            )
+        })
+        .collect()
 }
 
 /// What the user attached to their message, as one runtime message stored just before it (`None`

@@ -7,10 +7,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{Applied, ClientInput, ExecControl, RunCommand, RunRequestInput};
+use super::command::{Applied, ClientInput, ExecControl, RunAction, RunCommand, RunRequestInput};
 use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
+use super::opening;
 use super::registry::{Lookup, RegistryError, RunControl, RunHandle};
 use crate::cursor::bidi_append;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
@@ -425,6 +426,9 @@ impl RunActor {
                 tracing::Span::current()
                     .record("conversation_id", request.conversation_id.as_str());
                 tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
+                if let Some(end) = self.act_beside_the_turn(&request.action) {
+                    return Some(end);
+                }
                 if request.ask_context.is_some() {
                     tracing::info!(request_id = %self.request_id, "the run_request has no request context (a CLI client): asking the client for it first");
                     let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
@@ -508,6 +512,38 @@ impl RunActor {
         }
     }
 
+    /// Actions that leave the conversation's running turn alone: a subagent the user canceled is
+    /// stopped (if this server runs it); a call the user moved to the background is the client's
+    /// to move, reported on the call's own stream. This request ends at once, with no turn.
+    fn act_beside_the_turn(&self, action: &RunAction) -> Option<RunEnd> {
+        let request_id = &self.request_id;
+        match action {
+            RunAction::CancelSubagent { subagent_id } => {
+                let run = self.app.runs.conversation_run(subagent_id);
+                tracing::info!(
+                    request_id,
+                    subagent_id,
+                    running = run.is_some(),
+                    "the user canceled a subagent; its run (if running here) is stopped"
+                );
+                if let Some((_, handle)) = run {
+                    handle.supersede(request_id);
+                }
+            }
+            RunAction::MoveToBackground { tool_call_id, kind } => {
+                tracing::info!(
+                    request_id,
+                    tool_call_id,
+                    ?kind,
+                    "the user moved a call to the background; the client reports it on the call's stream and the turn goes on"
+                );
+            }
+            _ => return None,
+        }
+        let usage = Usage::default();
+        Some(RunEnd::Success { usage })
+    }
+
     /// Whether the run waits on the client (an exec, an answer), so its silence counts.
     fn waiting_on_client(&self) -> bool {
         match &self.state {
@@ -538,42 +574,10 @@ impl RunActor {
         else {
             return None;
         };
-        let context = match answer {
-            Ok(payload) => match bidi_append::answered_context(payload) {
-                Ok(context) => context,
-                Err(error) => return Some(RunEnd::Failed(error.into())),
-            },
-            Err(ExecControl::Throw { error }) => {
-                tracing::warn!(request_id = %self.request_id, %error, "the client threw on the request-context exec; the run goes on without a context");
-                None
-            }
-            Err(ExecControl::StreamClose) => {
-                tracing::warn!(request_id = %self.request_id, "the client closed the request-context exec without a result; the run goes on without a context");
-                None
-            }
-        };
-        let wait = waiting.ask_context.clone()?;
-        let mut request = match bidi_append::with_context(*wait, context) {
-            Ok(ClientInput::RunRequest(request)) => request,
-            Ok(ClientInput::Unsupported(what)) => {
-                return Some(RunEnd::Failed(ProtocolError::Unsupported(what).into()));
-            }
-            Ok(other) => {
-                let error =
-                    ProtocolError::Uplink(format!("the run_request read again as {other:?}"));
-                return Some(RunEnd::Failed(error.into()));
-            }
-            Err(error) => return Some(RunEnd::Failed(error.into())),
-        };
-        // What the transport added (a subagent's parent) stays; the ids go on after this exec.
-        if let (Some(role), Some(before)) = (request.subagent.as_mut(), waiting.subagent.as_ref()) {
-            role.parent_request_id.clone_from(&before.parent_request_id);
-            role.parent_tool_call_id
-                .clone_from(&before.parent_tool_call_id);
+        match opening::with_client_context(*waiting, answer, &self.request_id, CONTEXT_EXEC_ID) {
+            Ok(request) => self.start_turn(request).await,
+            Err(error) => Some(RunEnd::Failed(error)),
         }
-        request.ask_context = None;
-        request.execs_issued = CONTEXT_EXEC_ID;
-        self.start_turn(*request).await
     }
 
     /// Stops the run that still works on `conversation_id` (the user sent a new message while it

@@ -13,7 +13,7 @@ use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
 use crate::model::conversation::{AttachedImage, Attachment, BlobId};
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
-use crate::model::runtime_tag::BackgroundCompletion;
+use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, UserAction};
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +70,9 @@ pub enum RunAction {
         /// Messages the user sent while the agent was busy (`prepend_user_messages`): the model
         /// reads them, in order, before this one.
         prepended: Vec<String>,
+        /// Tool calls pending at an interrupt that finished after all
+        /// (`interrupted_pending_tool_call_resolutions`): (call id, the result as text).
+        resolved: Vec<(String, String)>,
     },
     /// Continue the conversation where it stopped (an interrupted tool batch) without a new message.
     Resume,
@@ -81,6 +84,18 @@ pub enum RunAction {
     QuestionAnswered { call_id: String, answer: String },
     /// The user asked to summarize the conversation now (`summarize_action`): compact its history.
     Summarize,
+    /// The user did something the model is told of once, without a model call.
+    UserActed(UserAction),
+    /// The user canceled a subagent (`cancel_subagent_action`): its run, if this server has it
+    /// running, is stopped; the turn running on this conversation is left alone.
+    CancelSubagent { subagent_id: String },
+    /// The user moved a running Shell or Task call to the background (`background_shell_action`,
+    /// `background_subagent_action`). The client moves the process and reports it on the call's
+    /// own stream; the turn running on the conversation is left alone.
+    MoveToBackground {
+        tool_call_id: String,
+        kind: BackgroundKind,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -9,14 +9,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::command::{RunAction, RunRequestInput};
+use super::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use super::turn::{
     Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos, load_images,
 };
 use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
+use crate::cursor::bidi_append;
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::checkpoint;
+use crate::cursor::exec::ExecPayload;
 use crate::cursor::pending::PendingExecs;
 use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::cursor::run_sse::Downlink;
@@ -55,6 +57,8 @@ struct Request<'a> {
     selected_context: Option<&'a SelectedContext>,
     /// Messages the user sent while the agent was busy, delivered with this one.
     prepended: &'a [String],
+    /// Results of calls pending at an interrupt, delivered with this message.
+    resolved: &'a [(String, String)],
 }
 
 impl<'a> Request<'a> {
@@ -65,20 +69,22 @@ impl<'a> Request<'a> {
         request_id: &'a str,
         input: &'a RunRequestInput,
     ) -> Request<'a> {
-        let (attached, images, selected_context, prepended) = match &input.action {
+        let (attached, images, selected_context, prepended, resolved) = match &input.action {
             RunAction::UserMessage {
                 attached,
                 images,
                 selected_context,
                 prepended,
+                resolved,
                 ..
             } => (
                 attached.as_slice(),
                 images.as_slice(),
                 selected_context.as_deref(),
                 prepended.as_slice(),
+                resolved.as_slice(),
             ),
-            _ => (&[][..], &[][..], None, &[][..]),
+            _ => (&[][..], &[][..], None, &[][..], &[][..]),
         };
         Request {
             app,
@@ -93,6 +99,7 @@ impl<'a> Request<'a> {
             images,
             selected_context,
             prepended,
+            resolved,
         }
     }
 
@@ -155,6 +162,55 @@ pub(super) struct Import {
     images: Vec<AttachedImage>,
     selected_context: Option<Box<SelectedContext>>,
     prepended: Vec<String>,
+    resolved: Vec<(String, String)>,
+}
+
+/// The run request of a client that had to be asked for its request context, read again with its
+/// answer (`context_exec` is the id the question used; the turn's ids go on after it). A client
+/// that threw, refused or answered empty gets its run without a context, and the log says so.
+pub(super) fn with_client_context(
+    waiting: RunRequestInput,
+    answer: Result<ExecPayload, ExecControl>,
+    request_id: &str,
+    context_exec: u32,
+) -> Result<RunRequestInput, ServerError> {
+    let context = match answer {
+        Ok(payload) => bidi_append::answered_context(payload)?,
+        Err(ExecControl::Throw { error }) => {
+            tracing::warn!(request_id, %error, "the client threw on the request-context exec; the run goes on without a context");
+            None
+        }
+        Err(ExecControl::StreamClose) => {
+            tracing::warn!(
+                request_id,
+                "the client closed the request-context exec without a result; the run goes on without a context"
+            );
+            None
+        }
+    };
+    let wait = waiting.ask_context.clone().ok_or_else(|| {
+        ServerError::InvalidRequest(
+            "a request-context answer for a request that did not ask".into(),
+        )
+    })?;
+    let mut request = match bidi_append::with_context(*wait, context)? {
+        ClientInput::RunRequest(request) => request,
+        ClientInput::Unsupported(what) => return Err(ProtocolError::Unsupported(what).into()),
+        other => {
+            return Err(
+                ProtocolError::Uplink(format!("the run_request read again as {other:?}")).into(),
+            );
+        }
+    };
+    // What the transport added (a subagent's parent) stays.
+    if let (Some(role), Some(before)) = (request.subagent.as_mut(), waiting.subagent.as_ref()) {
+        role.parent_request_id.clone_from(&before.parent_request_id);
+        role.parent_tool_call_id
+            .clone_from(&before.parent_tool_call_id);
+    }
+    request.ask_context = None;
+    request.execs_issued = context_exec;
+    Ok(*request)
 }
 
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
@@ -298,6 +354,20 @@ async fn open_action(
             let tag = compiler::late_answer_tag(call_id, answer);
             open_background(request, std::slice::from_ref(&tag), out).await
         }
+        RunAction::UserActed(action) => {
+            let tag = compiler::user_action_tag(action);
+            let opened = open_background(request, std::slice::from_ref(&tag), out).await?;
+            // Told, not asked: the model is not called.
+            Ok(Opened {
+                first: First::Complete,
+                ..opened
+            })
+        }
+        RunAction::CancelSubagent { .. } | RunAction::MoveToBackground { .. } => {
+            Err(ServerError::InvalidRequest(
+                "a run action the run actor handles itself reached a turn".to_owned(),
+            ))
+        }
         RunAction::BackgroundTasksEnded(completions) => {
             let tags: Vec<RuntimeTag> = completions.iter().map(compiler::background_tag).collect();
             open_background(request, &tags, out).await
@@ -363,6 +433,7 @@ async fn open_import(
         images: request.images.to_vec(),
         selected_context: request.selected_context.cloned().map(Box::new),
         prepended: request.prepended.to_vec(),
+        resolved: request.resolved.to_vec(),
     };
     Ok(Opened {
         history: Vec::new(),
@@ -596,6 +667,7 @@ impl Import {
             images: &images,
             selected_context: self.selected_context.as_deref(),
             prepended: &self.prepended,
+            resolved: &self.resolved,
         };
         let user = UserMessage {
             images: Vec::new(),
@@ -648,6 +720,7 @@ async fn commit_user_message(
     let before: Vec<RuntimeTag> = context
         .and_then(|context| compiler::context_tag(history, context, request_id))
         .into_iter()
+        .chain(compiler::resolved_call_tags(request.resolved))
         .chain(compiler::queued_message_tags(request.prepended, request_id))
         .chain(compiler::attachments_tag(&attached, request_id))
         .collect();

@@ -192,6 +192,17 @@ impl RunRegistry {
             .map(|handle| (previous, handle))
     }
 
+    /// The run that owns `conversation_id` now, if it is still active (nothing is claimed).
+    pub fn conversation_run(&self, conversation_id: &str) -> Option<(String, RunHandle)> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let owner = inner.conversation_owner.get(conversation_id)?;
+        inner
+            .active
+            .get(owner)
+            .cloned()
+            .map(|handle| (owner.clone(), handle))
+    }
+
     /// How many runs are active, and how many have finished since the registry started.
     pub fn counts(&self) -> (usize, u64) {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);

@@ -339,6 +339,48 @@ fn model_output(stdout: &Bounded, stderr: &Bounded, max: usize) -> String {
     text
 }
 
+/// The results the client sent for calls that were pending when the user interrupted the run
+/// (`interrupted_pending_tool_call_resolutions`): (call id, the result as the model reads it).
+pub fn resolutions(list: &pb::InterruptedPendingToolCallResolutions) -> Vec<(String, String)> {
+    use pb::interrupted_pending_tool_call_resolution::Resolution as R;
+    use pb::shell_result::Result as S;
+    let max = crate::config::DEFAULT_TOOL_OUTPUT_MAX_BYTES;
+    let run = |exit: i32, stdout: &str, stderr: &str| {
+        let mut text = format!("exit code {exit}");
+        for (name, out) in [("stdout", stdout), ("stderr", stderr)] {
+            if !out.trim().is_empty() {
+                let _ = write!(text, "\n{name}:\n{}", truncate_for_model(out, max, 0));
+            }
+        }
+        text
+    };
+    list.resolutions
+        .iter()
+        .filter_map(|resolution| {
+            let text = match resolution.resolution.as_ref()? {
+                R::ShellResult(shell) => match shell.result.as_ref()? {
+                    S::Success(ok) => run(ok.exit_code, &ok.stdout, &ok.stderr),
+                    S::Failure(failed) => run(failed.exit_code, &failed.stdout, &failed.stderr),
+                    other => format!("the command did not run to completion: {other:?}"),
+                },
+                R::TaskResult(task) => match task.result.as_ref()? {
+                    pb::task_result::Result::Success(done) => format!(
+                        "the subagent finished{}",
+                        done.agent_id
+                            .as_deref()
+                            .map(|id| format!(" (agent {id})"))
+                            .unwrap_or_default()
+                    ),
+                    pb::task_result::Result::Error(error) => {
+                        format!("the subagent failed: {}", error.error)
+                    }
+                },
+            };
+            Some((resolution.tool_call_id.clone(), text))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
