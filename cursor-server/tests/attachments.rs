@@ -268,6 +268,14 @@ async fn images_are_stored_once_and_replayed_the_same_after_a_restart() {
         !body.contains(&base64(&png("cat"))),
         "history keeps the image's blob id, not its bytes"
     );
+    // Garbage collection keeps an image history shows.
+    cursor_server::cursor::projection::collect_garbage(&store, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let kept = cursor_server::store::blobs::get(&store, BlobId::of(&png("cat")))
+        .await
+        .unwrap();
+    assert_eq!(kept, Some(png("cat")), "gc kept the image");
     drop(store);
 
     let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
