@@ -106,10 +106,20 @@ fn items<'a>(history: &[&'a CanonicalMessage]) -> Vec<Item<'a>> {
 }
 
 fn arguments_text(record: &ToolCallRecord) -> String {
-    if record.call.arguments.trim().is_empty() {
-        "{}".to_owned()
-    } else {
-        record.call.arguments.clone()
+    replayable_arguments(&record.call.arguments)
+}
+
+/// A call's arguments as they can be sent back: as the model wrote them when they are a JSON
+/// object (byte for byte, for prefix caches), `{}` when empty, and otherwise (arguments the output
+/// limit cut off) wrapped as `{"invalid_arguments": "..."}`. Strict servers (llama.cpp, vLLM) parse
+/// replayed arguments and refuse every later request over one that is not JSON.
+fn replayable_arguments(raw: &str) -> String {
+    if raw.trim().is_empty() {
+        return "{}".to_owned();
+    }
+    match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(_)) => raw.to_owned(),
+        _ => json!({ "invalid_arguments": raw }).to_string(),
     }
 }
 
@@ -280,13 +290,11 @@ pub fn openai_responses(request: &ModelRequest<'_>) -> Value {
                                 continue;
                             }
                             let mut item = item.clone();
-                            // An empty argument string is normalised like everywhere else.
+                            // Arguments are normalised like everywhere else (empty, cut off).
                             if item["type"] == "function_call"
-                                && item["arguments"]
-                                    .as_str()
-                                    .is_some_and(|a| a.trim().is_empty())
+                                && let Some(raw) = item["arguments"].as_str()
                             {
-                                item["arguments"] = "{}".into();
+                                item["arguments"] = replayable_arguments(raw).into();
                             }
                             input.push(item);
                         }

@@ -411,3 +411,48 @@ fn a_tool_results_images_go_in_the_result_where_the_family_allows_it() {
         format!("data:image/png;base64,{encoded}")
     );
 }
+
+#[test]
+fn cut_off_arguments_are_replayed_as_valid_json_on_every_family() {
+    let mut history = history(None);
+    for message in &mut history {
+        if let CanonicalMessage::ToolCall(record) = message
+            && record.index == 0
+        {
+            record.call.arguments = r#"{"path": "no"#.into();
+        }
+    }
+    let model = model(false);
+    let request = compile(
+        "s",
+        &history,
+        &model,
+        &[],
+        RequestParameters::default(),
+        &NO_IMAGES,
+    );
+    let chat = openai_chat(&request);
+    let sent = chat["messages"][2]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let responses = openai_responses(&request);
+    let call = responses["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call" && i["call_id"] == "call_0")
+        .unwrap()["arguments"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for arguments in [sent, call] {
+        let parsed: Value = serde_json::from_str(&arguments).expect("valid JSON");
+        assert_eq!(parsed["invalid_arguments"], r#"{"path": "no"#);
+    }
+    // Valid arguments go back byte for byte.
+    assert_eq!(
+        chat["messages"][2]["tool_calls"][1]["function"]["arguments"],
+        r#"{"path":"f1"}"#
+    );
+}
