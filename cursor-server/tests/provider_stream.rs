@@ -390,3 +390,38 @@ async fn canceling_a_call_drops_the_connection_and_sends_nothing_more() {
         "at most an in-flight event after cancel, got {rest}"
     );
 }
+
+/// OpenRouter sends `: OPENROUTER PROCESSING` while a model reasons: any byte from the provider is
+/// life, so comments ten times inside the idle limit keep a call going far past that limit.
+#[tokio::test]
+async fn keep_alive_comments_reset_the_idle_timer() {
+    let provider = FakeProvider::start().await;
+    let mut chunks = vec![": OPENROUTER PROCESSING\n\n".to_owned(); 30];
+    chunks.extend(
+        fake_provider::text_events(&["still ", "here"], (3, 2, 0))
+            .into_iter()
+            .map(|event| format!("data: {event}\n\n")),
+    );
+    provider.push(Reply::Chunks {
+        chunks,
+        gap: Duration::from_millis(100),
+    });
+    let config = provider_config(&provider, "openai-chat");
+    let mut rx = provider::call(
+        &reqwest::Client::new(),
+        &config,
+        RequestBody::from_json(&json!({"model": "m"})),
+        CallLimits {
+            headers_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(1),
+            max_attempts: 1,
+            retry_base_delay: Duration::from_millis(10),
+        },
+        CancellationToken::new(),
+    );
+    let mut events = Vec::new();
+    while let Some(item) = rx.recv().await {
+        events.push(item.expect("comments keep the call alive"));
+    }
+    assert_eq!(text(&events), "still here");
+}

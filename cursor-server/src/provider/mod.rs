@@ -264,23 +264,26 @@ impl HttpCall {
         tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
     ) -> Result<(), ProviderError> {
         let response = self.connect().await?;
-        let mut events = response.bytes_stream().eventsource();
+        let body = idle_limited(response.bytes_stream(), self.limits.idle_timeout);
+        let mut events = Box::pin(body).eventsource();
         loop {
-            let next = tokio::time::timeout(self.limits.idle_timeout, events.next())
-                .await
-                .map_err(|_| ProviderError::Idle {
-                    provider: self.provider.clone(),
-                    secs: self.limits.idle_timeout.as_secs(),
-                })?;
-            let Some(event) = next else {
+            let Some(event) = events.next().await else {
                 return Err(ProviderError::Truncated {
                     provider: self.provider.clone(),
                     missing: parser.terminal(),
                 });
             };
-            let event = event.map_err(|e| ProviderError::Stream {
-                provider: self.provider.clone(),
-                message: e.to_string(),
+            let event = event.map_err(|e| match e {
+                eventsource_stream::EventStreamError::Transport(BodyError::Idle) => {
+                    ProviderError::Idle {
+                        provider: self.provider.clone(),
+                        secs: self.limits.idle_timeout.as_secs(),
+                    }
+                }
+                other => ProviderError::Stream {
+                    provider: self.provider.clone(),
+                    message: other.to_string(),
+                },
             })?;
             let (out, done) = parser.feed(&event.event, &event.data)?;
             for item in out {
@@ -294,6 +297,33 @@ impl HttpCall {
             }
         }
     }
+}
+
+/// Why a provider's response body stopped.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("idle")]
+    Idle,
+    #[error("{0}")]
+    Read(String),
+}
+
+/// The body's bytes, ending with `BodyError::Idle` when none arrive for `idle`. Any byte is life:
+/// the limit applies between reads, not between SSE events, so keep-alive comments (OpenRouter's
+/// `: OPENROUTER PROCESSING` while a model reasons) keep a call alive.
+fn idle_limited(
+    body: impl futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin,
+    idle: Duration,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, BodyError>> {
+    futures_util::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(body))),
+            Ok(Some(Err(e))) => Some((Err(BodyError::Read(without_url(&e))), None)),
+            Ok(None) => None,
+            Err(_) => Some((Err(BodyError::Idle), None)),
+        }
+    })
 }
 
 /// Parses the JSON `data` of a typed SSE event (Responses, Anthropic) and names its type: the

@@ -28,6 +28,9 @@ pub enum Reply {
     CutAfter { events: Vec<String> },
     /// A complete SSE body served byte for byte (a golden transcript).
     Raw(String),
+    /// Raw body pieces (SSE comments, events), each sent after `gap`: a provider that keeps a
+    /// slow call alive with `: keep-alive` comments.
+    Chunks { chunks: Vec<String>, gap: Duration },
     /// HTTP 429 with a `retry-after` header.
     RateLimited { retry_after_secs: u64, body: String },
     /// SSE payloads, then silence with the connection open until the caller goes away. `sent`
@@ -193,6 +196,18 @@ async fn chat(
             body,
         )
             .into_response(),
+        Reply::Chunks { chunks, gap } => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            tokio::spawn(async move {
+                for chunk in chunks {
+                    tokio::time::sleep(gap).await;
+                    if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            sse_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+        }
         Reply::Hang { events, sent } => {
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
             tokio::spawn(async move {
