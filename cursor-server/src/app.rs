@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::cursor::handlers;
 use crate::cursor::tools::ToolKind;
 use crate::error::ServerError;
+use crate::ops;
 use crate::prompting::assets::{AssetError, PromptAssets, PromptKind};
 use crate::run::registry::RunRegistry;
 use crate::state::AppState;
@@ -34,6 +35,7 @@ impl App {
             Ok(assets)
         })
         .map_err(|e| ServerError::Assets(e.to_string()))?;
+        ops::metrics::install();
         let store = Store::open(&config.database_url).await?;
         let orphans = runs::reconcile_interrupted(&store).await?;
         if orphans > 0 {
@@ -106,7 +108,10 @@ impl App {
     /// Serves until shutdown, then waits for open connections to finish and closes the store.
     pub async fn serve(self) -> Result<(), ServerError> {
         tokio::spawn(trim_memory_when_idle(Arc::clone(&self.state)));
-        let router = handlers::router(Arc::clone(&self.state));
+        // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
+        // are always answered here.
+        let router =
+            ops::router(Arc::clone(&self.state)).merge(handlers::router(Arc::clone(&self.state)));
         let shutdown = self.state.shutdown.clone();
         // Every accepted connection sends its frames at once: with Nagle's algorithm on, a small
         // frame written while the previous one is unacknowledged waits for the client's delayed

@@ -1,13 +1,15 @@
 //! cursor-server: a self-hosted backend for the Cursor agent protocol.
 //!
 //! Layers, top to bottom: `cursor` (HTTP/Connect adapter) → `run` (one actor per run) →
-//! `prompting` + `model` → `provider` → `store`.
+//! `prompting` + `model` → `provider` → `store`. `ops` (health, readiness, metrics) sits beside
+//! `cursor` at the top; its `metrics` file is a leaf every layer may record into.
 
 pub mod app;
 pub mod config;
 pub mod cursor;
 pub mod error;
 pub mod model;
+pub mod ops;
 pub mod prompting;
 pub mod provider;
 pub mod run;

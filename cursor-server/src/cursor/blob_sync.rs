@@ -3,6 +3,7 @@
 //! every blob it references is acknowledged).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
 
 use super::checkpoint::Blob;
 use super::proto::agent::{
@@ -10,6 +11,7 @@ use super::proto::agent::{
     kv_client_message, kv_server_message,
 };
 use crate::model::conversation::BlobId;
+use crate::ops::metrics::{self, KvEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
@@ -98,6 +100,7 @@ impl KvSync {
             return None;
         }
         let id = self.issue(Request::Set(blob.id));
+        metrics::kv_blob(KvEvent::Sent);
         Some(kv_message(
             id,
             kv_server_message::Message::SetBlobArgs(SetBlobArgs {
@@ -112,6 +115,7 @@ impl KvSync {
         self.sending.remove(&blob.id);
         self.in_flight
             .retain(|_, r| !matches!(r, Request::Set(id) if *id == blob.id));
+        metrics::kv_blob(KvEvent::Resent);
         self.store(blob)
     }
 
@@ -151,6 +155,7 @@ impl KvSync {
                     });
                 }
                 self.acked.insert(blob);
+                metrics::kv_blob(KvEvent::Acknowledged);
                 Ok(KvOutcome::Stored(blob))
             }
             (Request::Get(blob), kv_client_message::Message::GetBlobResult(result)) => {
@@ -189,7 +194,8 @@ impl KvSync {
 /// replaces any in between (publishing those would only be overwritten).
 #[derive(Debug)]
 pub struct CheckpointGate<C> {
-    waiting: VecDeque<(C, Vec<BlobId>)>,
+    /// Each checkpoint, the blobs it needs, and when it was built (for the publish latency).
+    waiting: VecDeque<(C, Vec<BlobId>, Instant)>,
 }
 
 impl<C> Default for CheckpointGate<C> {
@@ -213,7 +219,7 @@ impl<C> CheckpointGate<C> {
         if self.waiting.len() >= 2 {
             self.waiting.pop_back();
         }
-        self.waiting.push_back((checkpoint, blobs));
+        self.waiting.push_back((checkpoint, blobs, Instant::now()));
     }
 
     /// The waiting checkpoints whose blobs are now all acknowledged, oldest first (a checkpoint
@@ -223,9 +229,10 @@ impl<C> CheckpointGate<C> {
         while self
             .waiting
             .front()
-            .is_some_and(|(_, blobs)| blobs.iter().all(|b| kv.is_acked(b)))
+            .is_some_and(|(_, blobs, _)| blobs.iter().all(|b| kv.is_acked(b)))
         {
-            if let Some((checkpoint, _)) = self.waiting.pop_front() {
+            if let Some((checkpoint, _, built)) = self.waiting.pop_front() {
+                metrics::checkpoint_published(built.elapsed());
                 ready.push(checkpoint);
             }
         }

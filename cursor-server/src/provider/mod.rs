@@ -50,6 +50,23 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// A short, fixed name of the failure (a metrics label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::Http { status: 429, .. } => "http_429",
+            ProviderError::Http { status, .. } if *status >= 500 => "http_5xx",
+            ProviderError::Http { .. } => "http_4xx",
+            ProviderError::Connect { .. } => "connect",
+            ProviderError::HeadersTimeout { .. } => "headers_timeout",
+            ProviderError::Idle { .. } => "idle",
+            ProviderError::Stream { .. } => "stream",
+            ProviderError::Truncated { .. } => "truncated",
+            ProviderError::Decode { .. } => "decode",
+            ProviderError::InBand { .. } => "in_band",
+            ProviderError::Unsupported(_) => "unsupported",
+        }
+    }
+
     /// Short title for Cursor's error card.
     pub fn title(&self) -> &'static str {
         match self {

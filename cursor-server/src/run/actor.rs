@@ -19,6 +19,7 @@ use crate::cursor::exec::ExecPayload;
 use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
+use crate::ops::metrics::{self, Transport};
 use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
@@ -49,19 +50,22 @@ pub struct RunActor {
 
 /// The run for `request_id`, its actor started if this is the first message for it.
 pub fn get_or_start(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, false)
+    start(app, request_id, Transport::RunSse)
 }
 
 /// Starts a new run for a transport that owns its request id (HTTP/2 `Run`).
 pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, true)
+    start(app, request_id, Transport::Http2Run)
 }
 
+/// A RunSSE run is opened by whichever of its RunSSE and BidiAppend requests comes first; an
+/// HTTP/2 `Run` owns its request id, so an active run under it is refused.
 fn start(
     app: &Arc<AppState>,
     request_id: &str,
-    must_be_new: bool,
+    transport: Transport,
 ) -> Result<RunHandle, RegistryError> {
+    let must_be_new = transport == Transport::Http2Run;
     let stop = app.shutdown.child_token();
     let (handle, commands) = match app.runs.lookup(request_id, must_be_new, stop)? {
         Lookup::Running(handle) => return Ok(handle),
@@ -82,9 +86,14 @@ fn start(
             conversation_id = tracing::field::Empty,
             model_call_id = tracing::field::Empty,
         );
-        if let Err(panic) = tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await {
-            tracing::error!(request_id = %request_id, "run actor panicked: {panic}");
-        }
+        let status = match tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await {
+            Ok(status) => status.map_or("not_started", RunStatus::as_str),
+            Err(panic) => {
+                tracing::error!(request_id = %request_id, "run actor panicked: {panic}");
+                "panicked"
+            }
+        };
+        metrics::run_ended(transport, status);
         app.runs.mark_finished(&request_id);
         done.cancel();
     });
@@ -111,7 +120,8 @@ impl RunActor {
         }
     }
 
-    pub async fn run(mut self) {
+    /// Drives the run to its end; how it ended, if it ever got a run request.
+    pub async fn run(mut self) -> Option<RunStatus> {
         let started = Instant::now();
         let end = self.drive().await;
         let (provider_calls, usage) = match &self.state {
@@ -133,6 +143,7 @@ impl RunActor {
         tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
         self.deliver_backlog().await;
         self.refuse_late_commands();
+        self.recorded.then_some(outcome.status)
     }
 
     /// Brings the turn to its end: the final checkpoints of a success, terminal cards and the

@@ -20,6 +20,7 @@ use crate::error::ServerError;
 use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
+use crate::ops::metrics;
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
 use crate::store::blobs::{self, Edge};
@@ -300,6 +301,8 @@ impl Batch {
     ) -> Result<(), ServerError> {
         turn.pending.finish_slot(slot);
         let entry = &mut self.slots[slot];
+        let outcome = if ending.is_error { "error" } else { "success" };
+        metrics::tool_exec(&entry.call.name, outcome);
         let run = entry.run.take();
         let switched_to = match (&run, &ending.outcome) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),

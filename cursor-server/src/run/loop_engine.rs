@@ -16,7 +16,7 @@ use super::batch::{Batch, SearchDone};
 use super::command::{ExecControl, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
 use super::opening::{self, First, Import};
-use super::turn::{ProviderCall, Turn};
+use super::turn::{CallEnd, ProviderCall, Turn};
 use crate::cursor::blob_sync::KvPayload;
 use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::cursor::interaction;
@@ -215,13 +215,13 @@ impl TurnLoop {
                     timing.first_event.get_or_insert(timing.started.elapsed());
                 }
                 if let ResponseEvent::Finished(reason) = &event {
-                    self.record_call(None, Some(reason.as_str().to_owned()))
+                    self.record_call(CallEnd::Finished(reason.as_str().to_owned()))
                         .await;
                 }
                 self.on_event(event, out).await
             }
             LoopEvent::Provider(Err(error)) => {
-                self.record_call(Some(error.to_string()), None).await;
+                self.record_call(CallEnd::Failed(&error)).await;
                 Err(error.into())
             }
             LoopEvent::SearchDone(done) => {
@@ -242,15 +242,13 @@ impl TurnLoop {
     }
 
     /// Records the call in flight, ended by `finish_reason` or `error`.
-    async fn record_call(&mut self, error: Option<String>, finish_reason: Option<String>) {
+    async fn record_call(&mut self, end: CallEnd<'_>) {
         let (call, usage) = match &mut self.phase {
             Phase::Streaming(s) => (&mut s.call, s.draft.usage),
             Phase::Compacting(c) => (&mut c.call, c.compaction.usage),
             _ => return,
         };
-        self.turn
-            .record_call(call, usage, finish_reason, error)
-            .await;
+        self.turn.record_call(call, usage, end).await;
     }
 
     /// Whether the run is waiting on the client's machine (tool results, blobs) rather than on the
@@ -465,8 +463,7 @@ impl TurnLoop {
     /// The run is ending early: abort running execs and bring every drawn card to a terminal
     /// (error) state. Completed tools stay in history; nothing unfinished is persisted.
     pub async fn abandon(&mut self, reason: &str, out: &mut Downlink) {
-        self.record_call(Some(format!("abandoned: {reason}")), None)
-            .await;
+        self.record_call(CallEnd::Abandoned(reason)).await;
         let turn = &mut self.turn;
         for (id, _) in turn.pending.running() {
             out.send_message(&crate::cursor::exec::abort(id)).await;

@@ -22,6 +22,7 @@ use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunStat
 use crate::model::message::CanonicalMessage;
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
+use crate::ops::metrics;
 use crate::prompting::compiler::{self, RequestParameters};
 use crate::prompting::images::ImageSet;
 use crate::prompting::{derived_state, projector};
@@ -105,6 +106,15 @@ pub(super) struct ProviderCall {
     pub events: EventReceiver,
     pub timing: Option<CallTiming>,
     _cancel: DropGuard,
+}
+
+/// How a provider call ended, for its record.
+pub(super) enum CallEnd<'a> {
+    /// Its terminal event came, with this finish reason.
+    Finished(String),
+    Failed(&'a ProviderError),
+    /// The run stopped it (a cancel, a failure elsewhere), for this reason.
+    Abandoned(&'a str),
 }
 
 /// The timing of a provider call, for its record.
@@ -205,17 +215,31 @@ impl Turn {
         }
     }
 
-    /// Stores the record of `call` (once per call, when it ends).
+    /// Stores the record of `call` (once per call, when it ends) and counts it in the metrics.
     pub async fn record_call(
         &self,
         call: &mut ProviderCall,
         usage: Option<Usage>,
-        finish_reason: Option<String>,
-        error: Option<String>,
+        end: CallEnd<'_>,
     ) {
         let Some(timing) = call.timing.take() else {
             return;
         };
+        let (outcome, finish_reason, error) = match end {
+            CallEnd::Finished(reason) => ("success", Some(reason), None),
+            CallEnd::Failed(error) => (error.kind(), None, Some(error.to_string())),
+            CallEnd::Abandoned(reason) => ("abandoned", None, Some(format!("abandoned: {reason}"))),
+        };
+        let usage = usage.unwrap_or_default();
+        metrics::provider_call(&metrics::CallReport {
+            provider: &self.provider.name,
+            model: self.model_id(),
+            outcome,
+            attempts: 1,
+            first_event: timing.first_event,
+            total: timing.started.elapsed(),
+            usage: &usage,
+        });
         let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let record = runs::ProviderCallRecord {
             model_call_id: self.model_call_id.clone(),
@@ -228,7 +252,7 @@ impl Turn {
             started_at_ms: timing.started_at_ms,
             first_event_ms: timing.first_event.map(millis),
             total_ms: millis(timing.started.elapsed()),
-            usage: usage.unwrap_or_default(),
+            usage,
             finish_reason,
             error,
         };

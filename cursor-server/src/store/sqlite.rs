@@ -54,6 +54,21 @@ impl Store {
         Ok(Store { pool, writer })
     }
 
+    /// Proves the database takes a write (for readiness): takes the write lock, creates a table
+    /// and rolls it back, so nothing is left behind. A read-only file or a full disk fails here.
+    pub async fn probe_write(&self) -> Result<(), StoreError> {
+        use super::QueryContext as _;
+        let mut tx = self.begin_write().await?;
+        sqlx::query("CREATE TABLE readiness_probe (x INTEGER)")
+            .execute(&mut *tx)
+            .await
+            .context("writing to the database")?;
+        tx.rollback()
+            .await
+            .context("rolling back the readiness probe")?;
+        Ok(())
+    }
+
     /// The readers (WAL: they never wait for the writer).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool

@@ -1,0 +1,202 @@
+//! The operator's view: `/healthz`, `/readyz` and `/metrics` are answered by the server itself (never
+//! passed through, even with pass-through on), readiness says why it is not ready, and a tool turn
+//! shows up in the metrics (run, provider call, tokens, tool exec, KV blobs, checkpoint latency).
+//!
+//! Metrics are process-wide: only one scenario in this file runs turns, so its deltas are exact.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use cursor_server::cursor::proto::agent::exec_server_message as args;
+use fake_cursor::{FakeCursor, Session};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
+
+/// A loopback address nothing listens on.
+async fn unreachable_addr() -> std::net::SocketAddr {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    closed.local_addr().unwrap()
+}
+
+async fn get(server: &TestServer, path: &str) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .get(format!("http://{}{path}", server.addr))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("body"))
+}
+
+/// The value of the series `name` whose labels include every one of `labels` (0 when absent).
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn health_and_readiness_are_answered_here_even_with_pass_through_on() {
+    let provider = FakeProvider::start().await;
+    // Pass-through to an address nothing listens on: a forwarded probe would fail.
+    let upstream = unreachable_addr().await;
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        &format!("upstream_url = \"http://{upstream}\""),
+    )
+    .await;
+
+    let (status, body) = get(&server, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["status"], "ok");
+
+    let (status, body) = get(&server, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["ready"], true);
+    assert_eq!(ready["checks"]["database"]["ok"], true);
+
+    let (status, body) = get(&server, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("cursor_byok_runs_active"), "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_database_that_takes_no_writes_makes_the_server_not_ready_and_says_why() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let db = server.db_dir.path().join("test.db");
+    // Another connection holds the write lock: the probe cannot write and says so.
+    let blocker = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let mut locked = blocker.begin().await.unwrap();
+    sqlx::query("CREATE TABLE held (x INTEGER)")
+        .execute(&mut *locked)
+        .await
+        .unwrap();
+
+    let (status, body) = get(&server, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["ready"], false);
+    assert_eq!(ready["checks"]["database"]["ok"], false);
+    assert_eq!(ready["checks"]["prompts"]["ok"], true);
+
+    locked.rollback().await.unwrap();
+    let (status, body) = get(&server, "/readyz").await;
+    assert_eq!(status, 200, "ready again once the lock is gone: {body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_tool_turn_is_counted_in_the_metrics() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_m1", "Read", r#"{"path":"src/lib.rs"}"#)],
+        (100, 10, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["done"], (150, 5, 100))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let (_, before) = get(&server, "/metrics").await;
+
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-metrics",
+        &run_request_with_env("conv-metrics", "read it"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    assert!(matches!(exec.message, Some(args::Message::ReadArgs(_))));
+    session
+        .send(&exec_result(
+            exec.id,
+            read_success("src/lib.rs", "pub fn f() {}\n"),
+        ))
+        .await;
+    let transcript = session.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+
+    // The run's end is counted after its stream closes: wait for it, not for a guess.
+    let mut after = String::new();
+    for _ in 0..1500 {
+        after = get(&server, "/metrics").await.1;
+        let ended = metric(
+            &after,
+            "cursor_byok_runs_ended_total",
+            &["transport=\"run_sse\"", "status=\"succeeded\""],
+        );
+        let was = metric(
+            &before,
+            "cursor_byok_runs_ended_total",
+            &["transport=\"run_sse\"", "status=\"succeeded\""],
+        );
+        if ended > was {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let delta =
+        |name: &str, labels: &[&str]| metric(&after, name, labels) - metric(&before, name, labels);
+    assert_eq!(
+        delta(
+            "cursor_byok_runs_ended_total",
+            &["transport=\"run_sse\"", "status=\"succeeded\""]
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta(
+            "cursor_byok_provider_calls_total",
+            &["provider=\"fake\"", "outcome=\"success\""]
+        ),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta("cursor_byok_tokens_total", &["bucket=\"input\""]),
+        250.0
+    );
+    assert_eq!(
+        delta("cursor_byok_tokens_total", &["bucket=\"output\""]),
+        15.0
+    );
+    assert_eq!(
+        delta("cursor_byok_tokens_total", &["bucket=\"cache_read\""]),
+        100.0
+    );
+    assert_eq!(
+        delta(
+            "cursor_byok_tool_execs_total",
+            &["tool=\"Read\"", "outcome=\"success\""]
+        ),
+        1.0
+    );
+    assert!(delta("cursor_byok_kv_blobs_total", &["event=\"sent\""]) >= 1.0);
+    assert!(delta("cursor_byok_kv_blobs_total", &["event=\"acknowledged\""]) >= 1.0);
+    assert!(
+        delta(
+            "cursor_byok_provider_call_seconds_count",
+            &["provider=\"fake\""]
+        ) == 2.0
+    );
+    assert!(delta("cursor_byok_provider_first_event_seconds_count", &[]) == 2.0);
+    assert!(delta("cursor_byok_checkpoint_publish_seconds_count", &[]) >= 1.0);
+    server.stop().await;
+}
