@@ -560,8 +560,13 @@ async fn the_success_tail_is_turn_ended_transitional_final_final_again_then_end_
 }
 
 #[tokio::test]
-async fn each_provider_call_is_recorded_once_with_its_timing_usage_and_ending() {
+async fn each_provider_call_is_recorded_once_with_its_timing_usage_attempts_and_ending() {
     let provider = FakeProvider::start().await;
+    // The first attempt of the first call is refused for a moment, then retried.
+    provider.push(Reply::Status {
+        status: 503,
+        body: r#"{"error":{"message":"loading model"}}"#.into(),
+    });
     provider.push(Reply::sse(text_events(&["Hello", " there"], (12, 3, 4))));
     provider.push(Reply::Status {
         status: 400,
@@ -598,6 +603,13 @@ async fn each_provider_call_is_recorded_once_with_its_timing_usage_and_ending() 
     let first = call.first_event_ms.expect("time to first event");
     assert!(first <= call.total_ms);
     assert!(call.error.is_none());
+    assert_eq!(call.attempts(), 2, "the 503 and the attempt that streamed");
+    assert_eq!(call.retries[0].status, Some(503));
+    assert!(
+        call.retries[0].error.contains("loading model"),
+        "{:?}",
+        call.retries
+    );
 
     let bad = runs::provider_calls(&store, "req-rec-2").await.unwrap();
     assert_eq!(bad.len(), 1);
@@ -607,6 +619,7 @@ async fn each_provider_call_is_recorded_once_with_its_timing_usage_and_ending() 
         error.contains("400") && error.contains("context too long"),
         "{error}"
     );
+    assert_eq!(bad[0].attempts(), 1, "a 400 is not retried");
 }
 
 /// A run_request whose user message carries `context` (what the user attached).

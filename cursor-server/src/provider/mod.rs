@@ -7,7 +7,8 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod web_search;
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
@@ -15,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ProviderConfig, ProviderKind, Secret};
+pub use crate::store::runs::FailedAttempt;
 pub use event::{FinishReason, ResponseEvent};
 
 /// How many canonical events may wait between the adapter task and the loop.
@@ -103,7 +105,26 @@ pub struct CallLimits {
 /// Longest `retry-after` honoured; beyond it the error goes to the user instead.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
-pub type EventReceiver = mpsc::Receiver<Result<ResponseEvent, ProviderError>>;
+/// A call's canonical events, and the attempts that failed before it streamed (for its record).
+pub struct EventReceiver {
+    events: mpsc::Receiver<Result<ResponseEvent, ProviderError>>,
+    retries: Arc<Mutex<Vec<FailedAttempt>>>,
+}
+
+impl EventReceiver {
+    /// The next event; an error is the last item; `None` once the call is over.
+    pub async fn recv(&mut self) -> Option<Result<ResponseEvent, ProviderError>> {
+        self.events.recv().await
+    }
+
+    /// The attempts that failed and were retried so far, oldest first.
+    pub fn retries(&self) -> Vec<FailedAttempt> {
+        self.retries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
 
 /// Turns one endpoint's SSE events into canonical events.
 pub trait StreamParser: Send {
@@ -170,14 +191,19 @@ pub fn call(
         api_key: provider.api_key.clone(),
         body,
         limits,
+        retries: Arc::default(),
     };
+    let retries = Arc::clone(&call.retries);
     tokio::spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
             _ = call.run(parser, &tx) => {}
         }
     });
-    rx
+    EventReceiver {
+        events: rx,
+        retries,
+    }
 }
 
 struct HttpCall {
@@ -188,6 +214,7 @@ struct HttpCall {
     api_key: Secret,
     body: RequestBody,
     limits: CallLimits,
+    retries: Arc<Mutex<Vec<FailedAttempt>>>,
 }
 
 impl HttpCall {
@@ -249,8 +276,7 @@ impl HttpCall {
                         .headers()
                         .get(reqwest::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .map(Duration::from_secs);
+                        .and_then(|v| retry_after(v, SystemTime::now()));
                     let error = ProviderError::Http {
                         provider: self.provider.clone(),
                         status,
@@ -269,7 +295,19 @@ impl HttpCall {
             }
             let delay = retry_after
                 .unwrap_or(self.limits.retry_base_delay * 2u32.saturating_pow(attempt - 1));
-            tracing::warn!(provider = %self.provider, attempt, delay_ms = delay.as_millis() as u64, "provider call failed before streaming, retrying: {error}");
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            tracing::warn!(provider = %self.provider, attempt, delay_ms, "provider call failed before streaming, retrying: {error}");
+            self.retries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(FailedAttempt {
+                    status: match &error {
+                        ProviderError::Http { status, .. } => Some(*status),
+                        _ => None,
+                    },
+                    error: error.to_string(),
+                    delay_ms,
+                });
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
@@ -314,6 +352,17 @@ impl HttpCall {
             }
         }
     }
+}
+
+/// A `retry-after` value: delay seconds (RFC 9110; a decimal like `1.5` is honoured too, as some
+/// providers send it) or an HTTP date, as a delay from `now`. A date in the past is no delay.
+fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// Why a provider's response body stopped.
@@ -414,5 +463,23 @@ pub(crate) async fn error_message(response: reqwest::Response) -> String {
             .map(str::to_owned)
             .unwrap_or(text),
         Err(_) => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_decimals_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 1.5 ", now), Some(Duration::from_millis(1500)));
+        let in_twenty = httpdate::fmt_http_date(now + Duration::from_secs(20));
+        assert_eq!(retry_after(&in_twenty, now), Some(Duration::from_secs(20)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(20));
+        assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(retry_after("-3", now), None);
+        assert_eq!(retry_after("soon", now), None);
     }
 }

@@ -231,11 +231,14 @@ impl Turn {
             CallEnd::Abandoned(reason) => ("abandoned", None, Some(format!("abandoned: {reason}"))),
         };
         let usage = usage.unwrap_or_default();
+        let retries = call.events.retries();
         metrics::provider_call(&metrics::CallReport {
             provider: &self.provider.name,
             model: self.model_id(),
             outcome,
-            attempts: 1,
+            attempts: u32::try_from(retries.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
             first_event: timing.first_event,
             total: timing.started.elapsed(),
             usage: &usage,
@@ -255,6 +258,7 @@ impl Turn {
             usage,
             finish_reason,
             error,
+            retries,
         };
         tracing::info!(
             request_id = %record.request_id,
@@ -267,6 +271,7 @@ impl Turn {
             output_tokens = record.usage.output_tokens,
             finish_reason = record.finish_reason.as_deref(),
             error = record.error.as_deref(),
+            attempts = record.attempts(),
             "provider call ended"
         );
         if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {

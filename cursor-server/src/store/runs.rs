@@ -194,6 +194,16 @@ impl CallPurpose {
     }
 }
 
+/// One attempt of a provider call that failed before streaming and was tried again.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FailedAttempt {
+    /// The HTTP status, when the provider answered.
+    pub status: Option<u16>,
+    pub error: String,
+    /// How long the next attempt waited.
+    pub delay_ms: u64,
+}
+
 /// One provider call as recorded when it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderCallRecord {
@@ -211,6 +221,17 @@ pub struct ProviderCallRecord {
     pub usage: Usage,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// The attempts that failed before the one that streamed (or the last one that failed).
+    pub retries: Vec<FailedAttempt>,
+}
+
+impl ProviderCallRecord {
+    /// HTTP attempts the call took.
+    pub fn attempts(&self) -> u32 {
+        u32::try_from(self.retries.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
+    }
 }
 
 pub async fn record_provider_call(
@@ -222,8 +243,8 @@ pub async fn record_provider_call(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
-             error)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             error, attempts, retries_json)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&call.model_call_id)
     .bind(&call.request_id)
@@ -242,6 +263,12 @@ pub async fn record_provider_call(
     .bind(as_i64(call.usage.reasoning_tokens))
     .bind(&call.finish_reason)
     .bind(&call.error)
+    .bind(i64::from(call.attempts()))
+    .bind(if call.retries.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_string(&call.retries)?)
+    })
     .execute(store.writer())
     .await
     .context("recording a provider call")?;
@@ -297,6 +324,10 @@ pub async fn provider_calls(
                 },
                 finish_reason: row.get("finish_reason"),
                 error: row.get("error"),
+                retries: match row.get::<Option<String>, _>("retries_json") {
+                    Some(json) => serde_json::from_str(&json)?,
+                    None => Vec::new(),
+                },
             })
         })
         .collect()
