@@ -41,7 +41,7 @@ impl ServerError {
     /// The Connect code a client sees when this error ends a stream (protocol.md §8).
     pub fn connect_code(&self) -> ConnectCode {
         match self {
-            ServerError::Provider(_) => ConnectCode::Unavailable,
+            ServerError::Provider(provider) => provider_code(provider),
             ServerError::Protocol(_) | ServerError::InvalidRequest(_) => {
                 ConnectCode::InvalidArgument
             }
@@ -53,6 +53,36 @@ impl ServerError {
             | ServerError::HttpClient(_)
             | ServerError::Assets(_) => ConnectCode::Internal,
         }
+    }
+
+    /// Whether trying the same request again can succeed: a provider that is down, slow, rate
+    /// limiting or cut the stream, yes; a rejected request, key or model, no.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ServerError::Provider(ProviderError::Http { status, .. }) => {
+                matches!(status, 408 | 409 | 425 | 429) || *status >= 500
+            }
+            ServerError::Provider(ProviderError::Unsupported(_)) => false,
+            ServerError::Provider(_) => true,
+            ServerError::Store(_) | ServerError::Serve(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A provider's answer as a Connect code: what the client (and the user) should make of it.
+fn provider_code(error: &ProviderError) -> ConnectCode {
+    match error {
+        ProviderError::Http { status, .. } => match status {
+            400 | 413 | 422 => ConnectCode::InvalidArgument,
+            401 => ConnectCode::Unauthenticated,
+            403 => ConnectCode::PermissionDenied,
+            404 => ConnectCode::NotFound,
+            429 => ConnectCode::ResourceExhausted,
+            _ => ConnectCode::Unavailable,
+        },
+        ProviderError::Unsupported(_) => ConnectCode::InvalidArgument,
+        _ => ConnectCode::Unavailable,
     }
 }
 

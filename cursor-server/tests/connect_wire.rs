@@ -80,7 +80,12 @@ fn success_end_of_stream_is_exactly_these_bytes() {
 
 #[test]
 fn error_end_of_stream_is_json_with_unpadded_base64_error_details() {
-    let error = ConnectError::provider("Provider unavailable", "boom: quota");
+    let error = ConnectError::provider(
+        ConnectCode::Unavailable,
+        "Provider unavailable",
+        "boom: quota",
+        true,
+    );
     let frame = connect::end_stream_error(&error);
     assert_eq!(frame[0], connect::FLAG_END_STREAM);
     let json: serde_json::Value = serde_json::from_slice(&frame[5..]).expect("JSON payload");

@@ -257,6 +257,71 @@ async fn provider_http_500_ends_unavailable_with_error_details_and_no_turn_ended
     assert!(message.contains("HTTP 500"), "{message}");
 }
 
+/// The provider's `ErrorDetails.is_retryable` of a transcript's error ending.
+fn retryable(transcript: &Transcript) -> Option<bool> {
+    let value = transcript.end.as_ref()?["error"]["details"][0]["value"].as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(value)
+        .ok()?;
+    ErrorDetails::decode(bytes.as_slice())
+        .ok()?
+        .details?
+        .is_retryable
+}
+
+#[tokio::test]
+async fn permanent_provider_errors_get_fitting_codes_and_are_not_retryable() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let cases = [
+        (400, "invalid_argument", false, "context length exceeded"),
+        (401, "unauthenticated", false, "Incorrect API key provided"),
+        (
+            403,
+            "permission_denied",
+            false,
+            "not allowed in your region",
+        ),
+        (404, "not_found", false, "The model does not exist"),
+        (422, "invalid_argument", false, "unprocessable"),
+    ];
+    for (status, code, retry, message) in cases {
+        provider.push(Reply::Status {
+            status,
+            body: format!(r#"{{"error":{{"message":"{message}"}}}}"#),
+        });
+        let transcript = sse_turn(
+            &cursor,
+            &format!("req-code-{status}"),
+            &format!("conv-code-{status}"),
+            "hi",
+        )
+        .await;
+        assert_eq!(transcript.error_code(), Some(code), "HTTP {status}");
+        assert_eq!(retryable(&transcript), Some(retry), "HTTP {status}");
+        assert!(
+            transcript
+                .error_message()
+                .is_some_and(|m| m.contains(message)),
+            "HTTP {status}: {:?}",
+            transcript.error_message()
+        );
+    }
+    assert_eq!(provider.requests().len(), cases.len(), "none was retried");
+
+    // A rate limit that outlasts the retries: resource_exhausted, and worth trying later.
+    for _ in 0..3 {
+        provider.push(Reply::RateLimited {
+            retry_after_secs: 0,
+            body: r#"{"error":{"message":"Rate limit reached"}}"#.to_owned(),
+        });
+    }
+    let limited = sse_turn(&cursor, "req-code-429", "conv-code-429", "hi").await;
+    assert_eq!(limited.error_code(), Some("resource_exhausted"));
+    assert_eq!(retryable(&limited), Some(true));
+}
+
 #[tokio::test]
 async fn a_provider_stream_cut_midway_is_an_error_not_a_success() {
     let provider = FakeProvider::start().await;
@@ -580,7 +645,7 @@ async fn each_provider_call_is_recorded_once_with_its_timing_usage_attempts_and_
             .is_success()
     );
     let failed = sse_turn(&cursor, "req-rec-2", "conv-rec", "again").await;
-    assert_eq!(failed.error_code(), Some("unavailable"));
+    assert_eq!(failed.error_code(), Some("invalid_argument"));
 
     let db = server.stop().await;
     let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))

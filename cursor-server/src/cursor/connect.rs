@@ -275,10 +275,12 @@ pub enum ConnectCode {
     Canceled,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     Unimplemented,
     Internal,
     Unavailable,
+    Unauthenticated,
 }
 
 impl ConnectCode {
@@ -287,10 +289,12 @@ impl ConnectCode {
             ConnectCode::Canceled => "canceled",
             ConnectCode::InvalidArgument => "invalid_argument",
             ConnectCode::NotFound => "not_found",
+            ConnectCode::PermissionDenied => "permission_denied",
             ConnectCode::ResourceExhausted => "resource_exhausted",
             ConnectCode::Unimplemented => "unimplemented",
             ConnectCode::Internal => "internal",
             ConnectCode::Unavailable => "unavailable",
+            ConnectCode::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -300,10 +304,12 @@ impl ConnectCode {
             ConnectCode::Canceled => 499,
             ConnectCode::InvalidArgument => 400,
             ConnectCode::NotFound => 404,
+            ConnectCode::PermissionDenied => 403,
             ConnectCode::ResourceExhausted => 429,
             ConnectCode::Unimplemented => 501,
             ConnectCode::Internal => 500,
             ConnectCode::Unavailable => 503,
+            ConnectCode::Unauthenticated => 401,
         }
     }
 }
@@ -326,19 +332,25 @@ impl ConnectError {
         }
     }
 
-    /// A provider failure as Cursor expects it: `unavailable` with `ERROR_PROVIDER_ERROR` details
-    /// carrying the provider's own text (protocol.md §2).
-    pub fn provider(title: impl Into<String>, detail: impl Into<String>) -> Self {
+    /// A provider failure as Cursor expects it: `ERROR_PROVIDER_ERROR` details carrying the
+    /// provider's own text (protocol.md §2), under `code`, retryable only where trying again can
+    /// help (a bad key or a refused request fails the same way every time).
+    pub fn provider(
+        code: ConnectCode,
+        title: impl Into<String>,
+        detail: impl Into<String>,
+        is_retryable: bool,
+    ) -> Self {
         let detail = detail.into();
         ConnectError {
-            code: ConnectCode::Unavailable,
+            code,
             message: detail.clone(),
             details: Some(Box::new(ErrorDetails {
                 error: error_details::Error::ProviderError as i32,
                 details: Some(CustomErrorDetails {
                     title: title.into(),
                     detail,
-                    is_retryable: Some(true),
+                    is_retryable: Some(is_retryable),
                     show_request_id: Some(true),
                     should_show_immediate_error: Some(false),
                     ..CustomErrorDetails::default()

@@ -62,9 +62,12 @@ pub async fn finish_canceled(downlink: &mut Downlink, reason: &str) {
 
 fn connect_error(error: &ServerError) -> ConnectError {
     match error {
-        ServerError::Provider(provider) => {
-            ConnectError::provider(provider.title(), provider.to_string())
-        }
+        ServerError::Provider(provider) => ConnectError::provider(
+            error.connect_code(),
+            provider.title(),
+            provider.to_string(),
+            error.is_retryable(),
+        ),
         other => ConnectError::new(other.connect_code(), other.to_string()),
     }
 }
