@@ -264,6 +264,27 @@ async fn an_error_event_after_http_200_is_an_error() {
     }
 }
 
+/// llama.cpp reports a failure mid-stream in its own shape: on Responses a bare
+/// `data: {"error":{...}}` without a type, on Anthropic an `event: error` whose data's `type` is
+/// `server_error`. The provider's reason reaches the user, not "ended without its terminal event".
+#[tokio::test]
+async fn llama_cpp_in_band_errors_keep_their_message() {
+    for (endpoint, kind) in [
+        ("openai_responses", "openai-responses"),
+        ("anthropic", "anthropic"),
+    ] {
+        let (_, events, error) = golden_run(endpoint, kind, "inband_error_llamacpp").await;
+        assert_eq!(text(&events), "Part", "{endpoint}");
+        let Some(ProviderError::InBand { message, .. }) = &error else {
+            panic!("{endpoint}: expected an in-band error, got {error:?}");
+        };
+        assert_eq!(
+            message, "Failed to parse tool call arguments as JSON (server_error)",
+            "{endpoint}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_stream_without_its_terminal_event_is_truncated() {
     for (endpoint, kind) in ENDPOINTS {

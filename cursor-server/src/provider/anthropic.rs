@@ -246,17 +246,9 @@ impl StreamParser for AnthropicStreamParser {
             }
             "message_stop" => return Ok((self.stop(), true)),
             "error" => {
-                let kind = event
-                    .pointer("/error/type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("error");
-                let message = event
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown error");
                 return Err(ProviderError::InBand {
                     provider: self.provider.clone(),
-                    message: format!("{message} ({kind})"),
+                    message: super::in_band_error(&event),
                 });
             }
             // ping, content_block_stop

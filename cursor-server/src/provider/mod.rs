@@ -408,12 +408,43 @@ pub(crate) fn typed_event(
             provider: provider.to_owned(),
             message: format!("{e} in event {}", openai_chat::truncate(data, 200)),
         })?;
-    let kind = event
-        .get("type")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or(event_name)
-        .to_owned();
+    // An `event: error` is an error whatever its data's `type` says (llama.cpp sends
+    // `"type":"server_error"` there), and so is a bare `{"error":{...}}` without a type.
+    let kind = if event_name == "error" {
+        "error"
+    } else {
+        match event.get("type").and_then(serde_json::Value::as_str) {
+            Some(kind) => kind,
+            None if event.get("error").is_some_and(serde_json::Value::is_object) => "error",
+            None => event_name,
+        }
+    }
+    .to_owned();
     Ok(Some((kind, event)))
+}
+
+/// The provider's own words of an in-band error event, in any of the shapes seen: OpenAI's
+/// (`message`, `code` at the top), Anthropic's and llama.cpp's (inside `error`, with a `type`), a
+/// code that is a number. Reads `message (code or type)`.
+pub(crate) fn in_band_error(event: &serde_json::Value) -> String {
+    let field = |name: &str| {
+        let value = event
+            .pointer(&format!("/error/{name}"))
+            .or_else(|| event.get(name))?;
+        match value {
+            serde_json::Value::String(text) if !text.is_empty() => Some(text.clone()),
+            serde_json::Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        }
+    };
+    let message = field("message").unwrap_or_else(|| "unknown error".to_owned());
+    let kind = field("code")
+        .filter(|code| code.parse::<u16>().is_err())
+        .or_else(|| field("type").filter(|kind| kind != "error"));
+    match kind {
+        Some(kind) => format!("{message} ({kind})"),
+        None => message,
+    }
 }
 
 /// A string field of a JSON event, empty when absent.

@@ -191,21 +191,7 @@ impl StreamParser for ResponsesStreamParser {
                     None => message.to_owned(),
                 }));
             }
-            "error" => {
-                let message = event
-                    .get("message")
-                    .or_else(|| event.pointer("/error/message"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown error");
-                let code = event
-                    .get("code")
-                    .or_else(|| event.pointer("/error/code"))
-                    .and_then(Value::as_str);
-                return Err(self.error(match code {
-                    Some(code) => format!("{message} ({code})"),
-                    None => message.to_owned(),
-                }));
-            }
+            "error" => return Err(self.error(super::in_band_error(&event))),
             // Lifecycle and `.done` echoes carry nothing the deltas did not.
             _ => {}
         }
