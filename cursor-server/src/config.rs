@@ -3,13 +3,12 @@
 //! Everything a run needs to know about providers (endpoint, key, models) is resolved here, so a bad
 //! config fails the start with a precise message instead of failing the first user turn.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+mod file;
 
 pub const DEFAULT_CONFIG_PATH: &str = "cursor-byok.toml";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3000";
@@ -100,7 +99,7 @@ pub enum ConfigError {
 pub struct Secret(String);
 
 impl Secret {
-    fn new(value: impl Into<String>) -> Self {
+    pub(crate) fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
     pub fn expose(&self) -> &str {
@@ -128,7 +127,7 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
-    fn parse(kind: &str) -> Option<Self> {
+    pub(crate) fn parse(kind: &str) -> Option<Self> {
         match kind {
             "openai-chat" => Some(ProviderKind::OpenAiChat),
             "openai-responses" => Some(ProviderKind::OpenAiResponses),
@@ -230,6 +229,8 @@ pub struct Config {
     /// The search backend behind WebSearch (`None`: WebSearch is not offered).
     pub web_search: Option<WebSearchConfig>,
     pub providers: Vec<ProviderConfig>,
+    /// What is valid but probably not what the user meant, said once at start-up (and by `check`).
+    pub warnings: Vec<String>,
 }
 
 /// A configured model Cursor's id resolved to.
@@ -258,7 +259,7 @@ impl Config {
         path: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let file: file::FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
@@ -329,309 +330,12 @@ impl Config {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    database_url: Option<String>,
-    default_model: Option<String>,
-    max_frame_bytes: Option<usize>,
-    provider_idle_timeout_secs: Option<u64>,
-    provider_connect_timeout_secs: Option<u64>,
-    run_request_timeout_secs: Option<u64>,
-    tool_output_max_bytes: Option<usize>,
-    heartbeat_interval_ms: Option<u64>,
-    checkpoint_ack_timeout_ms: Option<u64>,
-    kv_retry_after_ms: Option<u64>,
-    provider_max_attempts: Option<u32>,
-    provider_retry_base_delay_ms: Option<u64>,
-    prompt_dir: Option<PathBuf>,
-    compact_at_percent: Option<u8>,
-    web_search: Option<FileWebSearch>,
-    reconnect_grace_ms: Option<u64>,
-    interrupt_wait_ms: Option<u64>,
-    pass_through: Option<bool>,
-    upstream_url: Option<String>,
-    upstream_proxy: Option<String>,
-    client_idle_timeout_secs: Option<u64>,
-    #[serde(default)]
-    providers: Vec<FileProvider>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileProvider {
-    name: String,
-    kind: String,
-    base_url: String,
-    api_key: Option<String>,
-    api_key_env: Option<String>,
-    #[serde(default)]
-    models: Vec<FileModel>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileModel {
-    id: String,
-    upstream_id: Option<String>,
-    display_name: Option<String>,
-    context_window: Option<u32>,
-    #[serde(default)]
-    reasoning: bool,
-    max_output_tokens: Option<u32>,
-    thinking_budget: Option<u32>,
-    vision: Option<bool>,
-    #[serde(default)]
-    quirks: FileQuirks,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileQuirks {
-    stream_usage: Option<bool>,
-    reasoning_content_on_tool_calls: Option<bool>,
-    #[serde(default)]
-    extra_body: toml::Table,
-}
-
-const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
+/// A model's context window when the configuration does not give one.
+pub const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
 const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 32_000;
 
 /// The model id Cursor sends when the user picks "Auto".
 pub const AUTO_MODEL_ID: &str = "default";
-/// Anthropic's smallest allowed thinking budget.
-const MIN_THINKING_BUDGET: u32 = 1024;
-
-impl FileConfig {
-    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let listen_text = env(ENV_LISTEN)
-            .or(self.listen)
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
-        let listen = listen_text
-            .parse::<SocketAddr>()
-            .map_err(|e| ConfigError::Listen {
-                value: listen_text.clone(),
-                message: e.to_string(),
-            })?;
-        let database_url = env(ENV_DATABASE_URL)
-            .or(self.database_url)
-            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
-
-        let providers = validate_providers(self.providers, env)?;
-        let default_model =
-            default_model(env(ENV_DEFAULT_MODEL).or(self.default_model), &providers)?;
-
-        let tool_output_max_bytes = nonzero(
-            self.tool_output_max_bytes,
-            DEFAULT_TOOL_OUTPUT_MAX_BYTES,
-            "tool_output_max_bytes",
-        )?;
-        let compact_at_percent = self
-            .compact_at_percent
-            .unwrap_or(DEFAULT_COMPACT_AT_PERCENT);
-        if !(10..=100).contains(&compact_at_percent) {
-            return Err(ConfigError::CompactAtPercent(compact_at_percent));
-        }
-        let max_frame_bytes = nonzero(
-            self.max_frame_bytes,
-            DEFAULT_MAX_FRAME_BYTES,
-            "max_frame_bytes",
-        )?;
-        Ok(Config {
-            listen,
-            database_url,
-            default_model,
-            max_frame_bytes,
-            provider_idle_timeout: positive_secs(
-                self.provider_idle_timeout_secs,
-                DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS,
-                "provider_idle_timeout_secs",
-            )?,
-            provider_connect_timeout: positive_secs(
-                self.provider_connect_timeout_secs,
-                DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS,
-                "provider_connect_timeout_secs",
-            )?,
-            run_request_timeout: positive_secs(
-                self.run_request_timeout_secs,
-                DEFAULT_RUN_REQUEST_TIMEOUT_SECS,
-                "run_request_timeout_secs",
-            )?,
-            tool_output_max_bytes,
-            compact_at_percent,
-            web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
-            upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)?,
-            reconnect_grace: millis(self.reconnect_grace_ms, DEFAULT_RECONNECT_GRACE_MS),
-            interrupt_wait: Duration::from_millis(nonzero(
-                self.interrupt_wait_ms,
-                DEFAULT_INTERRUPT_WAIT_MS,
-                "interrupt_wait_ms",
-            )?),
-            client_idle_timeout: positive_secs(
-                self.client_idle_timeout_secs,
-                DEFAULT_CLIENT_IDLE_TIMEOUT_SECS,
-                "client_idle_timeout_secs",
-            )?,
-            heartbeat_interval: Duration::from_millis(nonzero(
-                self.heartbeat_interval_ms,
-                DEFAULT_HEARTBEAT_INTERVAL_MS,
-                "heartbeat_interval_ms",
-            )?),
-            checkpoint_ack_timeout: millis(
-                self.checkpoint_ack_timeout_ms,
-                DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS,
-            ),
-            kv_retry_after: Duration::from_millis(nonzero(
-                self.kv_retry_after_ms,
-                DEFAULT_KV_RETRY_AFTER_MS,
-                "kv_retry_after_ms",
-            )?),
-            provider_max_attempts: nonzero(
-                self.provider_max_attempts,
-                DEFAULT_PROVIDER_MAX_ATTEMPTS,
-                "provider_max_attempts",
-            )?,
-            provider_retry_base_delay: millis(
-                self.provider_retry_base_delay_ms,
-                DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS,
-            ),
-            prompt_dir: self.prompt_dir,
-            providers,
-        })
-    }
-}
-
-/// Every provider, validated; provider names and model ids are unique across the file.
-fn validate_providers(
-    file: Vec<FileProvider>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<ProviderConfig>, ConfigError> {
-    if file.is_empty() {
-        return Err(ConfigError::NoProviders);
-    }
-    let mut providers = Vec::with_capacity(file.len());
-    let mut provider_names = HashSet::new();
-    for provider in file {
-        if !provider_names.insert(provider.name.clone()) {
-            return Err(ConfigError::DuplicateProvider(provider.name));
-        }
-        providers.push(provider.validate(env)?);
-    }
-    let mut model_owner: HashMap<&str, &str> = HashMap::new();
-    for provider in &providers {
-        for model in &provider.models {
-            if let Some(first) = model_owner.insert(&model.id, &provider.name) {
-                return Err(ConfigError::DuplicateModel {
-                    model: model.id.clone(),
-                    first: first.to_owned(),
-                    second: provider.name.clone(),
-                });
-            }
-        }
-    }
-    Ok(providers)
-}
-
-/// The model a run without one uses: `chosen` if it is configured, else the first configured one.
-fn default_model(
-    chosen: Option<String>,
-    providers: &[ProviderConfig],
-) -> Result<String, ConfigError> {
-    let all_models: Vec<&str> = providers
-        .iter()
-        .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
-        .collect();
-    let default_model = chosen.unwrap_or_else(|| all_models[0].to_owned());
-    if !all_models.contains(&default_model.as_str()) {
-        return Err(ConfigError::UnknownDefaultModel {
-            model: default_model,
-            configured: all_models.join(", "),
-        });
-    }
-    Ok(default_model)
-}
-
-/// Where pass-through goes (`None`: pass-through is off).
-fn upstream(
-    pass_through: Option<bool>,
-    url: Option<String>,
-    proxy: Option<String>,
-) -> Result<Option<UpstreamConfig>, ConfigError> {
-    if !pass_through.unwrap_or(true) {
-        return Ok(None);
-    }
-    let url = url
-        .unwrap_or_else(|| DEFAULT_UPSTREAM_URL.to_owned())
-        .trim_end_matches('/')
-        .to_owned();
-    Ok(Some(UpstreamConfig {
-        url: http_url("upstream_url", url)?,
-        proxy: proxy.filter(|p| !p.trim().is_empty()),
-    }))
-}
-
-/// `value` (or `default` when unset), which must not be zero.
-fn nonzero<T: Default + PartialEq>(
-    value: Option<T>,
-    default: T,
-    field: &'static str,
-) -> Result<T, ConfigError> {
-    let value = value.unwrap_or(default);
-    if value == T::default() {
-        return Err(ConfigError::Zero { field });
-    }
-    Ok(value)
-}
-
-fn millis(value: Option<u64>, default: u64) -> Duration {
-    Duration::from_millis(value.unwrap_or(default))
-}
-
-fn positive_secs(
-    value: Option<u64>,
-    default: u64,
-    field: &'static str,
-) -> Result<Duration, ConfigError> {
-    nonzero(value, default, field).map(Duration::from_secs)
-}
-
-/// `url` if it is an http(s) URL; `owner` names the setting in the error.
-fn http_url(owner: &str, url: String) -> Result<String, ConfigError> {
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err(ConfigError::BaseUrl {
-            provider: owner.to_owned(),
-            value: url,
-        });
-    }
-    Ok(url)
-}
-
-/// `api_key` or the variable `api_key_env` names (never both); `None` when neither is set.
-fn resolve_key(
-    owner: &str,
-    api_key: Option<String>,
-    api_key_env: Option<String>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<Secret>, ConfigError> {
-    match (api_key, api_key_env) {
-        (Some(_), Some(_)) => Err(ConfigError::AmbiguousKey {
-            provider: owner.to_owned(),
-        }),
-        (Some(key), None) if !key.is_empty() => Ok(Some(Secret::new(key))),
-        (Some(_), None) => Err(ConfigError::MissingKey {
-            provider: owner.to_owned(),
-        }),
-        (None, None) => Ok(None),
-        (None, Some(var)) => match env(&var) {
-            Some(key) if !key.is_empty() => Ok(Some(Secret::new(key))),
-            _ => Err(ConfigError::MissingKeyEnv {
-                provider: owner.to_owned(),
-                var,
-            }),
-        },
-    }
-}
 
 /// Cursor's official backend for pass-through.
 #[derive(Debug, Clone)]
@@ -663,131 +367,23 @@ pub enum WebSearchKind {
     Brave,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileWebSearch {
-    kind: String,
-    base_url: Option<String>,
-    api_key: Option<String>,
-    api_key_env: Option<String>,
-    max_results: Option<u32>,
-}
-
-impl FileWebSearch {
-    fn validate(
-        self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<WebSearchConfig, ConfigError> {
-        const OWNER: &str = "web_search";
-        let (kind, default_url) = match self.kind.as_str() {
-            "searxng" => (WebSearchKind::Searxng, None),
-            "tavily" => (WebSearchKind::Tavily, Some("https://api.tavily.com")),
-            "brave" => (
-                WebSearchKind::Brave,
-                Some("https://api.search.brave.com/res/v1"),
-            ),
-            other => {
-                return Err(ConfigError::UnknownKind {
-                    provider: OWNER.to_owned(),
-                    kind: format!("{other} (web_search kinds: searxng, tavily, brave)"),
-                });
-            }
-        };
-        let base_url = self
-            .base_url
-            .or(default_url.map(str::to_owned))
-            .ok_or_else(|| ConfigError::BaseUrl {
-                provider: OWNER.to_owned(),
-                value: "(missing: a SearXNG instance needs base_url)".to_owned(),
-            })?
-            .trim_end_matches('/')
-            .to_owned();
-        let base_url = http_url(OWNER, base_url)?;
-        let api_key = resolve_key(OWNER, self.api_key, self.api_key_env, env)?;
-        if api_key.is_none() && kind != WebSearchKind::Searxng {
-            return Err(ConfigError::MissingKey {
-                provider: OWNER.to_owned(),
-            });
+/// Whether `url`'s host is this machine or a private network (a self-hosted server: llama.cpp,
+/// vLLM, Ollama, LM Studio), where no proxy applies and small context windows are common.
+pub fn is_local_url(url: &str) -> bool {
+    let Some(host) = url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host().map(|h| h.to_owned()))
+    else {
+        return false;
+    };
+    match host {
+        url::Host::Domain(name) => {
+            name == "localhost" || name.ends_with(".localhost") || name.ends_with(".local")
         }
-        let max_results = nonzero(
-            self.max_results,
-            DEFAULT_WEB_SEARCH_RESULTS,
-            "web_search.max_results",
-        )?;
-        Ok(WebSearchConfig {
-            kind,
-            base_url,
-            api_key,
-            max_results,
-        })
-    }
-}
-
-impl FileProvider {
-    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<ProviderConfig, ConfigError> {
-        let kind = ProviderKind::parse(&self.kind).ok_or_else(|| ConfigError::UnknownKind {
-            provider: self.name.clone(),
-            kind: self.kind.clone(),
-        })?;
-        let base_url = http_url(&self.name, self.base_url)?;
-        let Some(api_key) = resolve_key(&self.name, self.api_key, self.api_key_env, env)? else {
-            return Err(ConfigError::MissingKey {
-                provider: self.name,
-            });
-        };
-        if self.models.is_empty() {
-            return Err(ConfigError::NoModels {
-                provider: self.name,
-            });
+        url::Host::Ipv4(ip) => ip.is_loopback() || ip.is_private() || ip.is_link_local(),
+        url::Host::Ipv6(ip) => {
+            ip.is_loopback() || ip.is_unique_local() || ip.is_unicast_link_local()
         }
-        let mut models = Vec::with_capacity(self.models.len());
-        for model in self.models {
-            if model.id.trim().is_empty() {
-                return Err(ConfigError::EmptyModelId(self.name));
-            }
-            let max_output_tokens = model.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
-            if let Some(budget) = model.thinking_budget
-                && (budget < MIN_THINKING_BUDGET || budget >= max_output_tokens)
-            {
-                return Err(ConfigError::ThinkingBudget {
-                    model: model.id,
-                    budget,
-                    max_output_tokens,
-                });
-            }
-            let Ok(serde_json::Value::Object(extra_body)) =
-                serde_json::to_value(&model.quirks.extra_body)
-            else {
-                return Err(ConfigError::ExtraBody { model: model.id });
-            };
-            models.push(ModelConfig {
-                upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
-                display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
-                context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
-                reasoning: model.reasoning,
-                max_output_tokens: model.max_output_tokens,
-                thinking_budget: model.thinking_budget,
-                vision: model
-                    .vision
-                    .unwrap_or(!matches!(kind, ProviderKind::OpenAiChat)),
-                quirks: Quirks {
-                    stream_usage: model.quirks.stream_usage.unwrap_or(true),
-                    reasoning_content_on_tool_calls: model
-                        .quirks
-                        .reasoning_content_on_tool_calls
-                        .unwrap_or(model.reasoning),
-                    extra_body,
-                },
-                id: model.id,
-            });
-        }
-        Ok(ProviderConfig {
-            name: self.name,
-            kind,
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            api_key,
-            models,
-        })
     }
 }
 

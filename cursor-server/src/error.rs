@@ -18,6 +18,9 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("provider: {0}")]
     Provider(#[from] ProviderError),
+    /// The call that summarizes older history failed (not the user's own turn's call).
+    #[error("summarizing older history (compaction) failed: {0}")]
+    Compaction(ProviderError),
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtocolError),
     #[error("{0}")]
@@ -41,7 +44,9 @@ impl ServerError {
     /// The Connect code a client sees when this error ends a stream (protocol.md §8).
     pub fn connect_code(&self) -> ConnectCode {
         match self {
-            ServerError::Provider(provider) => provider_code(provider),
+            ServerError::Provider(provider) | ServerError::Compaction(provider) => {
+                provider_code(provider)
+            }
             ServerError::Protocol(_) | ServerError::InvalidRequest(_) => {
                 ConnectCode::InvalidArgument
             }
@@ -59,13 +64,23 @@ impl ServerError {
     /// limiting or cut the stream, yes; a rejected request, key or model, no.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ServerError::Provider(ProviderError::Http { status, .. }) => {
-                matches!(status, 408 | 409 | 425 | 429) || *status >= 500
-            }
-            ServerError::Provider(ProviderError::Unsupported(_)) => false,
-            ServerError::Provider(_) => true,
+            ServerError::Provider(provider) | ServerError::Compaction(provider) => match provider {
+                ProviderError::Http { status, .. } => {
+                    matches!(status, 408 | 409 | 425 | 429) || *status >= 500
+                }
+                ProviderError::Unsupported(_) => false,
+                _ => true,
+            },
             ServerError::Store(_) | ServerError::Serve(_) => true,
             _ => false,
+        }
+    }
+
+    /// The provider's failure behind this error, if it is one.
+    pub fn provider(&self) -> Option<&ProviderError> {
+        match self {
+            ServerError::Provider(provider) | ServerError::Compaction(provider) => Some(provider),
+            _ => None,
         }
     }
 }

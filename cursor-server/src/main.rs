@@ -104,6 +104,9 @@ async fn main() -> ExitCode {
     if let Some(Command::Gc) = args.command {
         return collect_garbage(&config).await;
     }
+    for warning in &config.warnings {
+        tracing::warn!("config: {warning}");
+    }
     let app = match App::bind(config).await {
         Ok(app) => app,
         Err(e) => {

@@ -384,3 +384,48 @@ async fn a_summarize_action_compacts_now_and_the_next_turn_starts_from_the_summa
         "the workspace context was summarized away, so it is told again"
     );
 }
+
+/// A summarize action whose compaction call the provider refuses: the error says it was the
+/// summary of older history that failed (not the user's turn), with the provider's reason.
+#[tokio::test]
+async fn a_failed_compaction_says_it_was_the_compaction() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["the answer is 42"], (0, 0, 0))));
+    provider.push(Reply::Status {
+        status: 400,
+        body: r#"{"error":{"message":"the request exceeds the available context size"}}"#.into(),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let conversation = "conv-compaction-fails";
+    assert!(
+        Session::start(
+            &cursor,
+            "req-cf1",
+            &user_in_mode(conversation, "what is it")
+        )
+        .await
+        .finish()
+        .await
+        .is_success()
+    );
+    let mut summarize = user_in_mode(conversation, "unused");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut summarize.message {
+        request.action = Some(pb::ConversationAction {
+            action: Some(conversation_action::Action::SummarizeAction(
+                pb::SummarizeAction {},
+            )),
+            ..pb::ConversationAction::default()
+        });
+    }
+    let failed = Session::start(&cursor, "req-cf2", &summarize)
+        .await
+        .finish()
+        .await;
+    assert_eq!(failed.error_code(), Some("invalid_argument"));
+    let message = failed.error_message().unwrap_or_default();
+    assert!(
+        message.contains("compaction") && message.contains("exceeds the available context size"),
+        "{message}"
+    );
+}

@@ -117,3 +117,44 @@ fn every_example_configuration_in_the_provider_docs_loads() {
         assert!(!config.providers[0].models.is_empty());
     }
 }
+
+#[test]
+fn a_self_hosted_model_without_a_context_window_gets_a_warning() {
+    let local = parse(PROVIDER).expect("valid");
+    assert_eq!(local.warnings.len(), 1, "{:?}", local.warnings);
+    assert!(
+        local.warnings[0].contains("\"m1\"") && local.warnings[0].contains("context_window"),
+        "{:?}",
+        local.warnings
+    );
+    let set = parse(&PROVIDER.replace(
+        "reasoning = true",
+        "reasoning = true\ncontext_window = 8192",
+    ))
+    .expect("valid");
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+    let cloud = parse(&PROVIDER.replace("http://127.0.0.1:9/v1/", "https://api.openai.com/v1"))
+        .expect("valid");
+    assert!(cloud.warnings.is_empty(), "{:?}", cloud.warnings);
+}
+
+#[test]
+fn local_urls_are_loopback_private_and_local_names() {
+    for url in [
+        "http://127.0.0.1:8080/v1",
+        "http://localhost:11434/v1",
+        "http://192.168.1.20:8000/v1",
+        "http://10.0.0.5/v1",
+        "http://[::1]:8080/v1",
+        "http://gpu-box.local:8080/v1",
+    ] {
+        assert!(is_local_url(url), "{url}");
+    }
+    for url in [
+        "https://api.openai.com/v1",
+        "http://8.8.8.8/v1",
+        "not a url",
+    ] {
+        assert!(!is_local_url(url), "{url}");
+    }
+}

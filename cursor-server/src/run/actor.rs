@@ -160,7 +160,7 @@ impl RunActor {
                     turn.abandon(&format!("the run failed: {error}"), &mut self.downlink)
                         .await;
                     // A provider failure keeps what was committed: publish that state first.
-                    if matches!(error, ServerError::Provider(_)) {
+                    if error.provider().is_some() {
                         match turn.committed_checkpoint(&mut self.downlink).await {
                             Ok(()) => {
                                 self.settle_checkpoints().await;

@@ -14,7 +14,7 @@ use crate::model::runtime_tag::RuntimeEvent;
 use crate::model::usage::Usage;
 use crate::prompting::assets::PromptKind;
 use crate::prompting::compiler;
-use crate::provider::{RequestBody, ResponseEvent};
+use crate::provider::{ProviderError, RequestBody, ResponseEvent};
 use crate::store::messages;
 
 /// The last message of a compaction request, after the history it covers.
@@ -146,7 +146,10 @@ impl Compaction {
     ) -> Result<AfterCompaction, ServerError> {
         let summary = self.summary.trim();
         if summary.is_empty() {
-            return Err(turn.provider_error("the compaction call returned no summary".to_owned()));
+            return Err(ServerError::Compaction(ProviderError::Decode {
+                provider: turn.provider.name.clone(),
+                message: "the summary came back empty".to_owned(),
+            }));
         }
         let tag = compiler::compaction_tag(self.number, self.through, summary);
         let appended = messages::append_with_tags(

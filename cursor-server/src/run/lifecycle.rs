@@ -68,6 +68,12 @@ fn connect_error(error: &ServerError) -> ConnectError {
             provider.to_string(),
             error.is_retryable(),
         ),
+        ServerError::Compaction(_) => ConnectError::provider(
+            error.connect_code(),
+            "Summarizing older history failed",
+            error.to_string(),
+            error.is_retryable(),
+        ),
         other => ConnectError::new(other.connect_code(), other.to_string()),
     }
 }

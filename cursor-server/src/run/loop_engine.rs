@@ -222,6 +222,9 @@ impl TurnLoop {
             }
             LoopEvent::Provider(Err(error)) => {
                 self.record_call(CallEnd::Failed(&error)).await;
+                if matches!(self.phase, Phase::Compacting(_)) {
+                    return Err(ServerError::Compaction(error));
+                }
                 Err(error.into())
             }
             LoopEvent::SearchDone(done) => {
