@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::connections;
 use crate::cursor::handlers;
 use crate::cursor::tools::ToolKind;
 use crate::error::ServerError;
@@ -80,12 +80,13 @@ impl App {
                     addr: config.listen.to_string(),
                     source,
                 })?;
+        let runs = RunRegistry::new(config.max_runs, config.max_unattached_runs);
         let state = Arc::new(AppState {
             config: Arc::new(config),
             store,
             http,
             upstream,
-            runs: RunRegistry::default(),
+            runs,
             prompts,
             shutdown: CancellationToken::new(),
         });
@@ -113,27 +114,58 @@ impl App {
         let router =
             ops::router(Arc::clone(&self.state)).merge(handlers::router(Arc::clone(&self.state)));
         let shutdown = self.state.shutdown.clone();
-        // Every accepted connection sends its frames at once: with Nagle's algorithm on, a small
-        // frame written while the previous one is unacknowledged waits for the client's delayed
-        // ACK (40 ms per HTTP/2 turn, measured; issue 15).
-        let listener = self.listener.tap_io(|tcp| {
+        let limits = self.state.config.connections;
+        // Every connection's task is tracked: shutdown waits for their in-flight requests.
+        let connections = tokio_util::task::TaskTracker::new();
+        let result = loop {
+            let (tcp, _) = tokio::select! {
+                _ = shutdown.cancelled() => break Ok(()),
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) if is_fatal_accept_error(&e) => break Err(ServerError::Serve(e)),
+                    Err(e) => {
+                        // Out of descriptors (EMFILE) and the like: wait for some to close.
+                        tracing::warn!("accepting a connection failed: {e}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+            };
+            // Every accepted connection sends its frames at once: with Nagle's algorithm on, a
+            // small frame written while the previous one is unacknowledged waits for the client's
+            // delayed ACK (40 ms per HTTP/2 turn, measured; issue 15).
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::warn!("could not set TCP_NODELAY on an accepted connection: {e}");
             }
-        });
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .map_err(ServerError::Serve);
+            connections.spawn(connections::serve(
+                tcp,
+                router.clone(),
+                limits,
+                shutdown.clone(),
+            ));
+        };
+        connections.close();
+        connections.wait().await;
         self.state.store.close().await;
         result
     }
 }
 
-/// How often an idle server checks whether a burst of runs left freed memory to return.
+/// How long the accept loop waits after a failed accept (out of descriptors) before trying again.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Errors of `accept` that will not go away by waiting.
+fn is_fatal_accept_error(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::PermissionDenied
+    )
+}
+
 /// Idle connections kept open per provider host.
 const IDLE_PROVIDER_CONNECTIONS: usize = 32;
 
+/// How often an idle server checks whether a burst of runs left freed memory to return.
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Gives the memory a burst of runs freed back to the system once no run is active: glibc keeps

@@ -31,6 +31,13 @@ pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_KV_RETRY_AFTER_MS: u64 = 5_000;
 pub const DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS: u64 = 500;
+pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECS: u64 = 60;
+pub const DEFAULT_CONNECTION_IDLE_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_H2_PING_INTERVAL_SECS: u64 = 30;
+pub const DEFAULT_H2_PING_TIMEOUT_SECS: u64 = 20;
+pub const DEFAULT_MAX_RUNS: usize = 1024;
+pub const DEFAULT_MAX_UNATTACHED_RUNS: usize = 64;
 
 /// Environment variables that override the file (handy for containers and tests).
 pub const ENV_LISTEN: &str = "CURSOR_BYOK_LISTEN";
@@ -229,8 +236,29 @@ pub struct Config {
     /// The search backend behind WebSearch (`None`: WebSearch is not offered).
     pub web_search: Option<WebSearchConfig>,
     pub providers: Vec<ProviderConfig>,
+    /// How long a connection may take to send what it must, and how long it may sit idle.
+    pub connections: ConnectionLimits,
+    /// Runs open at once; a new one past it is refused `resource_exhausted`.
+    pub max_runs: usize,
+    /// Runs opened by BidiAppend whose RunSSE has not come (yet); past it, `resource_exhausted`.
+    pub max_unattached_runs: usize,
     /// What is valid but probably not what the user meant, said once at start-up (and by `check`).
     pub warnings: Vec<String>,
+}
+
+/// The bounds of one accepted connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// From accept to the first byte, and for each HTTP/1 request's headers (also the keep-alive
+    /// wait for the next request).
+    pub header_read_timeout: Duration,
+    /// A request body must arrive whole within this (not the bidi `Run` stream's).
+    pub request_body_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (HTTP/1 and HTTP/2).
+    pub idle_timeout: Duration,
+    /// HTTP/2 pings this often; a ping unanswered within `h2_ping_timeout` closes the connection.
+    pub h2_ping_interval: Duration,
+    pub h2_ping_timeout: Duration,
 }
 
 /// A configured model Cursor's id resolved to.

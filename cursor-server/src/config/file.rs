@@ -37,6 +37,13 @@ pub(super) struct FileConfig {
     upstream_url: Option<String>,
     upstream_proxy: Option<String>,
     client_idle_timeout_secs: Option<u64>,
+    header_read_timeout_secs: Option<u64>,
+    request_body_timeout_secs: Option<u64>,
+    connection_idle_timeout_secs: Option<u64>,
+    h2_ping_interval_secs: Option<u64>,
+    h2_ping_timeout_secs: Option<u64>,
+    max_runs: Option<usize>,
+    max_unattached_runs: Option<usize>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -183,6 +190,39 @@ impl FileConfig {
             ),
             prompt_dir: self.prompt_dir,
             providers,
+            connections: ConnectionLimits {
+                header_read_timeout: positive_secs(
+                    self.header_read_timeout_secs,
+                    DEFAULT_HEADER_READ_TIMEOUT_SECS,
+                    "header_read_timeout_secs",
+                )?,
+                request_body_timeout: positive_secs(
+                    self.request_body_timeout_secs,
+                    DEFAULT_REQUEST_BODY_TIMEOUT_SECS,
+                    "request_body_timeout_secs",
+                )?,
+                idle_timeout: positive_secs(
+                    self.connection_idle_timeout_secs,
+                    DEFAULT_CONNECTION_IDLE_TIMEOUT_SECS,
+                    "connection_idle_timeout_secs",
+                )?,
+                h2_ping_interval: positive_secs(
+                    self.h2_ping_interval_secs,
+                    DEFAULT_H2_PING_INTERVAL_SECS,
+                    "h2_ping_interval_secs",
+                )?,
+                h2_ping_timeout: positive_secs(
+                    self.h2_ping_timeout_secs,
+                    DEFAULT_H2_PING_TIMEOUT_SECS,
+                    "h2_ping_timeout_secs",
+                )?,
+            },
+            max_runs: nonzero(self.max_runs, DEFAULT_MAX_RUNS, "max_runs")?,
+            max_unattached_runs: nonzero(
+                self.max_unattached_runs,
+                DEFAULT_MAX_UNATTACHED_RUNS,
+                "max_unattached_runs",
+            )?,
             warnings,
         })
     }

@@ -29,7 +29,7 @@ use super::run_sse::{self, StreamError};
 use crate::error::ProtocolError;
 use crate::run::actor;
 use crate::run::command::{Applied, RunCommand};
-use crate::run::registry::{RegistryError, RunHandle};
+use crate::run::registry::{Opener, RegistryError, RunHandle};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -74,6 +74,7 @@ fn registry_error(error: RegistryError) -> ConnectError {
     let code = match error {
         RegistryError::Finished(_) => ConnectCode::NotFound,
         RegistryError::AlreadyRunning(_) => ConnectCode::InvalidArgument,
+        RegistryError::Full { .. } => ConnectCode::ResourceExhausted,
     };
     ConnectError::new(code, error.to_string())
 }
@@ -143,7 +144,8 @@ async fn bidi_append_route(
         header_str(&headers, "x-parent-request-id"),
         header_str(&headers, "x-parent-agent-tool-call-id"),
     );
-    let handle = actor::get_or_start(&state, &append.request_id).map_err(registry_error)?;
+    let handle = actor::get_or_start(&state, &append.request_id, Opener::BidiAppend)
+        .map_err(registry_error)?;
     let (applied, was_applied) = Applied::new();
     let command = RunCommand::Appended {
         seqno: append.seqno,
@@ -186,8 +188,8 @@ async fn attach_run_sse(
     state: &Arc<AppState>,
     request_id: String,
 ) -> Result<Response, StreamError> {
-    let handle =
-        actor::get_or_start(state, &request_id).map_err(|e| StreamError(registry_error(e)))?;
+    let handle = actor::get_or_start(state, &request_id, Opener::RunSse)
+        .map_err(|e| StreamError(registry_error(e)))?;
     let (sink, body) = run_sse::downlink_channel(true);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return Err(StreamError(ConnectError::new(

@@ -23,6 +23,8 @@ pub const TOKENS: &str = "cursor_byok_tokens_total";
 pub const TOOL_EXECS: &str = "cursor_byok_tool_execs_total";
 pub const KV_BLOBS: &str = "cursor_byok_kv_blobs_total";
 pub const CHECKPOINT_PUBLISH: &str = "cursor_byok_checkpoint_publish_seconds";
+pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
+pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -79,6 +81,11 @@ impl Transport {
 /// stream closed before a run request) or `panicked`.
 pub fn run_ended(transport: Transport, status: &'static str) {
     counter!(RUNS_ENDED, "transport" => transport.as_str(), "status" => status).increment(1);
+}
+
+/// A new run was refused because a limit on open runs was reached (`limit` names which).
+pub fn run_refused(limit: &'static str) {
+    counter!(RUNS_REFUSED, "limit" => limit).increment(1);
 }
 
 /// What one provider call did, as recorded when it ended.
@@ -145,4 +152,12 @@ pub fn kv_blob(event: KvEvent) {
 /// A checkpoint was published `waited` after it was built (the wait is for its blobs' acks).
 pub fn checkpoint_published(waited: Duration) {
     histogram!(CHECKPOINT_PUBLISH).record(waited.as_secs_f64());
+}
+
+pub fn connection_opened() {
+    gauge!(CONNECTIONS_OPEN).increment(1.0);
+}
+
+pub fn connection_closed() {
+    gauge!(CONNECTIONS_OPEN).decrement(1.0);
 }

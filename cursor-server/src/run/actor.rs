@@ -12,14 +12,14 @@ use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use super::opening;
-use super::registry::{Lookup, RegistryError, RunControl, RunHandle};
+use super::registry::{Lookup, Opener, RegistryError, RunControl, RunHandle};
 use crate::cursor::bidi_append;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::exec::ExecPayload;
 use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::usage::Usage;
-use crate::ops::metrics::{self, Transport};
+use crate::ops::metrics;
 use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
@@ -48,14 +48,19 @@ pub struct RunActor {
     recorded: bool,
 }
 
-/// The run for `request_id`, its actor started if this is the first message for it.
-pub fn get_or_start(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, Transport::RunSse)
+/// The run for `request_id`, its actor started if this is the first message for it (RunSSE or
+/// BidiAppend, whichever `opener` is).
+pub fn get_or_start(
+    app: &Arc<AppState>,
+    request_id: &str,
+    opener: Opener,
+) -> Result<RunHandle, RegistryError> {
+    start(app, request_id, opener)
 }
 
 /// Starts a new run for a transport that owns its request id (HTTP/2 `Run`).
 pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, Transport::Http2Run)
+    start(app, request_id, Opener::Http2Run)
 }
 
 /// A RunSSE run is opened by whichever of its RunSSE and BidiAppend requests comes first; an
@@ -63,11 +68,11 @@ pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, Reg
 fn start(
     app: &Arc<AppState>,
     request_id: &str,
-    transport: Transport,
+    opener: Opener,
 ) -> Result<RunHandle, RegistryError> {
-    let must_be_new = transport == Transport::Http2Run;
+    let transport = opener.transport();
     let stop = app.shutdown.child_token();
-    let (handle, commands) = match app.runs.lookup(request_id, must_be_new, stop)? {
+    let (handle, commands) = match app.runs.lookup(request_id, opener, stop)? {
         Lookup::Running(handle) => return Ok(handle),
         Lookup::New(handle, commands) => (handle, commands),
     };

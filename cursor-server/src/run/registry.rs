@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::command::RunCommand;
+use crate::ops::metrics::{self, Transport};
 
 /// Commands that may queue for one run before senders wait.
 const COMMAND_BUFFER: usize = 256;
@@ -114,11 +115,55 @@ pub enum RegistryError {
     Finished(String),
     #[error("request {0} is already running")]
     AlreadyRunning(String),
+    #[error("too many runs are open ({limit} = {max}); try again when some have finished")]
+    Full { limit: &'static str, max: usize },
 }
 
-#[derive(Default)]
 pub struct RunRegistry {
     inner: Mutex<Inner>,
+    /// Runs open at once, and runs opened by BidiAppend that no RunSSE has attached to yet (a
+    /// client, or anyone, appending to made-up request ids would otherwise open runs without end).
+    max_runs: usize,
+    max_unattached: usize,
+}
+
+impl Default for RunRegistry {
+    fn default() -> Self {
+        RunRegistry::new(usize::MAX, usize::MAX)
+    }
+}
+
+/// Which request opened (or found) a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opener {
+    /// A RunSSE request: the run's downlink.
+    RunSse,
+    /// A BidiAppend: a client message, possibly before its RunSSE.
+    BidiAppend,
+    /// An HTTP/2 `Run` stream, which owns its request id: an active run under it is refused.
+    Http2Run,
+}
+
+impl Opener {
+    /// The transport the run is served over.
+    pub fn transport(self) -> Transport {
+        match self {
+            Opener::Http2Run => Transport::Http2Run,
+            Opener::RunSse | Opener::BidiAppend => Transport::RunSse,
+        }
+    }
+}
+
+/// A new run refused at `limit`: said in the log and counted.
+fn refuse(request_id: &str, limit: &'static str, max: usize) -> RegistryError {
+    tracing::warn!(
+        request_id,
+        limit,
+        max,
+        "a new run was refused: too many runs are open"
+    );
+    metrics::run_refused(limit);
+    RegistryError::Full { limit, max }
 }
 
 #[derive(Default)]
@@ -129,6 +174,8 @@ struct Inner {
     finished: HashSet<String>,
     finished_order: VecDeque<String>,
     finished_total: u64,
+    /// Runs a BidiAppend opened that no RunSSE has found yet.
+    unattached: HashSet<String>,
 }
 
 /// What a lookup found: the run already there, or a new one whose actor the caller starts with
@@ -139,14 +186,22 @@ pub enum Lookup {
 }
 
 impl RunRegistry {
+    pub fn new(max_runs: usize, max_unattached: usize) -> Self {
+        RunRegistry {
+            inner: Mutex::default(),
+            max_runs,
+            max_unattached,
+        }
+    }
+
     /// The run for `request_id`: the active one, else (unless it finished) a new one, registered
-    /// here before its actor starts so concurrent first messages meet the same run. `must_be_new`
-    /// refuses an active run (a transport that owns its request id: HTTP/2 `Run`).
+    /// here before its actor starts so concurrent first messages meet the same run. An HTTP/2
+    /// `Run` refuses an active run; a new run past a limit is refused `Full`.
     /// `stop` is the new run's stop token (a child of the server's shutdown token).
     pub fn lookup(
         &self,
         request_id: &str,
-        must_be_new: bool,
+        opener: Opener,
         stop: CancellationToken,
     ) -> Result<Lookup, RegistryError> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -154,10 +209,30 @@ impl RunRegistry {
             return Err(RegistryError::Finished(request_id.to_owned()));
         }
         if let Some(handle) = inner.active.get(request_id) {
-            if must_be_new {
-                return Err(RegistryError::AlreadyRunning(request_id.to_owned()));
+            let handle = handle.clone();
+            match opener {
+                Opener::Http2Run => {
+                    return Err(RegistryError::AlreadyRunning(request_id.to_owned()));
+                }
+                Opener::RunSse => {
+                    inner.unattached.remove(request_id);
+                }
+                Opener::BidiAppend => {}
             }
-            return Ok(Lookup::Running(handle.clone()));
+            return Ok(Lookup::Running(handle));
+        }
+        if inner.active.len() >= self.max_runs {
+            return Err(refuse(request_id, "max_runs", self.max_runs));
+        }
+        if opener == Opener::BidiAppend {
+            if inner.unattached.len() >= self.max_unattached {
+                return Err(refuse(
+                    request_id,
+                    "max_unattached_runs",
+                    self.max_unattached,
+                ));
+            }
+            inner.unattached.insert(request_id.to_owned());
         }
         let (tx, rx) = mpsc::channel(COMMAND_BUFFER);
         let handle = RunHandle {
@@ -213,6 +288,7 @@ impl RunRegistry {
     pub fn mark_finished(&self, request_id: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.active.remove(request_id);
+        inner.unattached.remove(request_id);
         // A finished run owns nothing (a run that took its conversation over already replaced it).
         inner
             .conversation_owner
@@ -237,7 +313,7 @@ mod tests {
     async fn once_input_is_closed_no_client_input_is_queued_though_the_queue_is_open() {
         let registry = RunRegistry::default();
         let Ok(Lookup::New(handle, mut commands)) =
-            registry.lookup("r1", false, CancellationToken::new())
+            registry.lookup("r1", Opener::BidiAppend, CancellationToken::new())
         else {
             panic!("a new run");
         };
@@ -269,7 +345,8 @@ mod tests {
     async fn superseding_a_run_fires_its_stop_and_names_who_took_over() {
         let registry = RunRegistry::default();
         let shutdown = CancellationToken::new();
-        let Ok(Lookup::New(old, _commands)) = registry.lookup("old", false, shutdown.child_token())
+        let Ok(Lookup::New(old, _commands)) =
+            registry.lookup("old", Opener::BidiAppend, shutdown.child_token())
         else {
             panic!("a new run");
         };
