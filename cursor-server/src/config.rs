@@ -69,6 +69,10 @@ pub enum ConfigError {
     AmbiguousKey { provider: String },
     #[error("provider {provider:?}: base_url {value:?} is not an http(s) URL")]
     BaseUrl { provider: String, value: String },
+    #[error(
+        "provider {provider:?}: proxy is not a usable proxy URL (http://, https:// or socks5://; not printed, as it may hold credentials)"
+    )]
+    Proxy { provider: String },
     #[error("provider {provider:?} has no models")]
     NoModels { provider: String },
     #[error("duplicate provider name {0:?}")]
@@ -192,6 +196,101 @@ pub struct ProviderConfig {
     pub base_url: String,
     pub api_key: Secret,
     pub models: Vec<ModelConfig>,
+    /// How calls to `base_url` go out: directly or through which proxy.
+    pub route: Route,
+}
+
+/// How requests to one address go out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Straight to the host: it is on this machine or a private network (`local`), or no proxy is
+    /// set for it.
+    Direct { local: bool },
+    /// Through `proxy` (which may carry credentials: shown only by `shown()`), set by `source`:
+    /// the provider's `proxy` key or an environment variable.
+    Proxy { proxy: String, source: String },
+}
+
+impl Route {
+    /// The route chosen for `url`: a provider's own `proxy` key first; then a loopback or private
+    /// host goes direct whatever the environment says (a set `http_proxy` must not send a local
+    /// llama.cpp through a corporate proxy); then `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` (either
+    /// case), unless `NO_PROXY` names the host.
+    pub fn resolve(
+        url: &str,
+        configured: Option<&str>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Route {
+        if let Some(proxy) = configured {
+            return Route::Proxy {
+                proxy: proxy.to_owned(),
+                source: "the provider's proxy key".to_owned(),
+            };
+        }
+        if is_local_url(url) {
+            return Route::Direct { local: true };
+        }
+        let Ok(parsed) = url::Url::parse(url) else {
+            return Route::Direct { local: false };
+        };
+        let host = parsed.host_str().unwrap_or_default();
+        let var = |name: &str| {
+            [name.to_owned(), name.to_ascii_lowercase()]
+                .into_iter()
+                .find_map(|n| env(&n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
+        };
+        if let Some((_, no_proxy)) = var("NO_PROXY")
+            && no_proxy.split(',').map(str::trim).any(|entry| {
+                let entry = entry.trim_start_matches('.');
+                entry == "*"
+                    || (!entry.is_empty()
+                        && (host == entry || host.ends_with(&format!(".{entry}"))))
+            })
+        {
+            return Route::Direct { local: false };
+        }
+        let scheme_var = if parsed.scheme() == "https" {
+            "HTTPS_PROXY"
+        } else {
+            "HTTP_PROXY"
+        };
+        match var(scheme_var).or_else(|| var("ALL_PROXY")) {
+            Some((source, proxy)) => Route::Proxy { proxy, source },
+            None => Route::Direct { local: false },
+        }
+    }
+
+    /// The proxy to hand the HTTP client, if any.
+    pub fn proxy(&self) -> Option<&str> {
+        match self {
+            Route::Direct { .. } => None,
+            Route::Proxy { proxy, .. } => Some(proxy),
+        }
+    }
+
+    /// For logs and errors: `direct` or `via proxy host:port (source)`, credentials left out.
+    pub fn shown(&self) -> String {
+        match self {
+            Route::Direct { local: true } => {
+                "direct (a local address; no proxy applies)".to_owned()
+            }
+            Route::Direct { local: false } => "direct".to_owned(),
+            Route::Proxy { proxy, source } => {
+                let shown = url::Url::parse(proxy)
+                    .ok()
+                    .and_then(|u| {
+                        Some(format!(
+                            "{}://{}:{}",
+                            u.scheme(),
+                            u.host_str()?,
+                            u.port_or_known_default()?
+                        ))
+                    })
+                    .unwrap_or_else(|| "(an unparsable proxy URL)".to_owned());
+                format!("via proxy {shown} ({source})")
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -200,3 +200,89 @@ async fn a_tool_turn_is_counted_in_the_metrics() {
     assert!(delta("cursor_byok_checkpoint_publish_seconds_count", &[]) >= 1.0);
     server.stop().await;
 }
+
+/// A TOML configuration for a server whose provider is `provider`, with `provider_lines` added to
+/// its `[[providers]]` table, read with `env` as the environment.
+async fn server_with_env(
+    provider: &FakeProvider,
+    provider_lines: &str,
+    env: &'static [(&'static str, String)],
+) -> TestServer {
+    let db_dir = tempfile::tempdir().unwrap();
+    let text = fixtures::config_text(
+        &provider.base_url(),
+        &db_dir.path().join("test.db"),
+        "",
+        "openai-chat",
+    )
+    .replace(
+        "[[providers.models]]",
+        &format!("{provider_lines}\n[[providers.models]]"),
+    );
+    let config = cursor_server::config::Config::from_toml(
+        &text,
+        std::path::Path::new("test.toml"),
+        &|name| env.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone()),
+    )
+    .expect("valid config");
+    TestServer::start_with(config, db_dir).await
+}
+
+async fn one_turn(server: &TestServer, request_id: &str) -> fake_cursor::Transcript {
+    let cursor = FakeCursor::new(server.addr);
+    Session::start(
+        &cursor,
+        request_id,
+        &fixtures::run_request(&format!("conv-{request_id}"), "hi"),
+    )
+    .await
+    .finish()
+    .await
+}
+
+#[tokio::test]
+async fn a_provider_on_loopback_is_called_directly_even_with_a_proxy_in_the_environment() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["direct"], (1, 1, 0))));
+    let dead = unreachable_addr().await;
+    let env: &'static [(&'static str, String)] = Box::leak(Box::new([
+        ("HTTP_PROXY", format!("http://{dead}")),
+        ("http_proxy", format!("http://{dead}")),
+        ("ALL_PROXY", format!("http://{dead}")),
+    ]));
+    let server = server_with_env(&provider, "", env).await;
+    let transcript = one_turn(&server, "req-direct").await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "direct");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_providers_own_proxy_is_used_and_named_when_it_fails() {
+    let provider = FakeProvider::start().await;
+    let dead = unreachable_addr().await;
+    let server = server_with_env(
+        &provider,
+        &format!("proxy = \"http://user:hunter2@{dead}\""),
+        &[],
+    )
+    .await;
+    let transcript = one_turn(&server, "req-proxied").await;
+    assert_eq!(transcript.error_code(), Some("unavailable"));
+    let message = transcript.error_message().unwrap_or_default().to_owned();
+    assert!(
+        message.contains(&format!("via proxy http://{dead}"))
+            && message.contains("proxy key")
+            && message.contains("127.0.0.1"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("hunter2"),
+        "credentials are never shown: {message}"
+    );
+    assert!(
+        provider.requests().is_empty(),
+        "nothing went around the proxy"
+    );
+    server.stop().await;
+}

@@ -56,6 +56,8 @@ struct FileProvider {
     base_url: String,
     api_key: Option<String>,
     api_key_env: Option<String>,
+    /// An outbound proxy for this provider only (`http://`, `https://`, `socks5://`).
+    proxy: Option<String>,
     #[serde(default)]
     models: Vec<FileModel>,
 }
@@ -494,10 +496,20 @@ impl FileProvider {
                 id: model.id,
             });
         }
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        let proxy = self.proxy.filter(|p| !p.trim().is_empty());
+        if let Some(proxy) = &proxy
+            && reqwest::Proxy::all(proxy.as_str()).is_err()
+        {
+            return Err(ConfigError::Proxy {
+                provider: self.name,
+            });
+        }
         Ok(ProviderConfig {
+            route: Route::resolve(&base_url, proxy.as_deref(), env),
             name: self.name,
             kind,
-            base_url: base_url.trim_end_matches('/').to_owned(),
+            base_url,
             api_key,
             models,
         })

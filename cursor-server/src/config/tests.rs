@@ -158,3 +158,53 @@ fn local_urls_are_loopback_private_and_local_names() {
         assert!(!is_local_url(url), "{url}");
     }
 }
+
+#[test]
+fn routes_honour_the_providers_proxy_then_local_addresses_then_the_environment() {
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    let proxied = env(&[
+        ("HTTPS_PROXY", "http://proxy:3128"),
+        ("http_proxy", "http://p2:8080"),
+    ]);
+    assert_eq!(
+        Route::resolve("http://127.0.0.1:8080/v1", None, &proxied),
+        Route::Direct { local: true }
+    );
+    assert_eq!(
+        Route::resolve("https://api.openai.com/v1", None, &proxied),
+        Route::Proxy {
+            proxy: "http://proxy:3128".to_owned(),
+            source: "HTTPS_PROXY".to_owned()
+        }
+    );
+    assert_eq!(
+        Route::resolve("http://models.example.com/v1", None, &proxied).proxy(),
+        Some("http://p2:8080"),
+        "lower-case variables count too"
+    );
+    let excluded = env(&[
+        ("HTTPS_PROXY", "http://proxy:3128"),
+        ("NO_PROXY", "localhost,.openai.com"),
+    ]);
+    assert_eq!(
+        Route::resolve("https://api.openai.com/v1", None, &excluded),
+        Route::Direct { local: false }
+    );
+    let own = Route::resolve(
+        "http://127.0.0.1:8080/v1",
+        Some("socks5://me:secret@gate:1080"),
+        &proxied,
+    );
+    assert_eq!(own.proxy(), Some("socks5://me:secret@gate:1080"));
+    let shown = own.shown();
+    assert!(
+        shown.contains("socks5://gate:1080") && !shown.contains("secret"),
+        "{shown}"
+    );
+}

@@ -192,6 +192,14 @@ pub fn call(
         body,
         limits,
         retries: Arc::default(),
+        route: format!(
+            "{}, {}",
+            url::Url::parse(&provider.base_url)
+                .ok()
+                .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+                .unwrap_or_else(|| provider.base_url.clone()),
+            provider.route.shown()
+        ),
     };
     let retries = Arc::clone(&call.retries);
     tokio::spawn(async move {
@@ -215,6 +223,8 @@ struct HttpCall {
     body: RequestBody,
     limits: CallLimits,
     retries: Arc<Mutex<Vec<FailedAttempt>>>,
+    /// The host and how it is reached (direct or through which proxy), for connection errors.
+    route: String,
 }
 
 impl HttpCall {
@@ -265,7 +275,7 @@ impl HttpCall {
                 Ok(Err(e)) => (
                     ProviderError::Connect {
                         provider: self.provider.clone(),
-                        message: without_url(&e),
+                        message: format!("{} ({})", without_url(&e), self.route),
                     },
                     None,
                 ),

@@ -66,7 +66,8 @@ impl TestServer {
         Self::start_with(config, db_dir).await
     }
 
-    async fn start_with(config: Config, db_dir: tempfile::TempDir) -> TestServer {
+    /// Starts a server with `config`, whose database is inside `db_dir`.
+    pub async fn start_with(config: Config, db_dir: tempfile::TempDir) -> TestServer {
         // `TEST_LOG=debug cargo test ...` shows the server's logs for a failing scenario.
         if let Ok(filter) = std::env::var("TEST_LOG") {
             let _ = tracing_subscriber::fmt()
