@@ -103,6 +103,12 @@ pub enum ConfigError {
     CompactAtPercent(u8),
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
+    #[error(
+        "provider {provider:?}: api_key_env must name an environment variable (like OPENAI_API_KEY), but its value looks like a key itself (not printed); put the key in that variable, or use api_key"
+    )]
+    KeyInEnvName { provider: String },
+    #[error("{} problems in the configuration:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<ConfigError>),
 }
 
 /// An API key. Never printed: `Debug` and `Display` show a placeholder.

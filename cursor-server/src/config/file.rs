@@ -95,6 +95,7 @@ impl FileConfig {
         self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        let mut problems = Problems::default();
         let listen_text = env(ENV_LISTEN)
             .or(self.listen)
             .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
@@ -103,7 +104,9 @@ impl FileConfig {
             .map_err(|e| ConfigError::Listen {
                 value: listen_text.clone(),
                 message: e.to_string(),
-            })?;
+            })
+            .map(Some)
+            .report(&mut problems);
         let database_url = env(ENV_DATABASE_URL)
             .or(self.database_url)
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
@@ -112,28 +115,36 @@ impl FileConfig {
         for provider in &self.providers {
             warnings.extend(provider.warnings());
         }
-        let providers = validate_providers(self.providers, env)?;
-        let default_model =
-            default_model(env(ENV_DEFAULT_MODEL).or(self.default_model), &providers)?;
+        let providers = validate_providers(self.providers, env, &mut problems);
+        // Without a valid provider there is no model to check the default against.
+        let default_model = if providers.is_empty() {
+            String::new()
+        } else {
+            default_model(env(ENV_DEFAULT_MODEL).or(self.default_model), &providers)
+                .report(&mut problems)
+        };
 
         let tool_output_max_bytes = nonzero(
             self.tool_output_max_bytes,
             DEFAULT_TOOL_OUTPUT_MAX_BYTES,
             "tool_output_max_bytes",
-        )?;
+        )
+        .report(&mut problems);
         let compact_at_percent = self
             .compact_at_percent
             .unwrap_or(DEFAULT_COMPACT_AT_PERCENT);
         if !(10..=100).contains(&compact_at_percent) {
-            return Err(ConfigError::CompactAtPercent(compact_at_percent));
+            problems.push(ConfigError::CompactAtPercent(compact_at_percent));
         }
         let max_frame_bytes = nonzero(
             self.max_frame_bytes,
             DEFAULT_MAX_FRAME_BYTES,
             "max_frame_bytes",
-        )?;
-        Ok(Config {
-            listen,
+        )
+        .report(&mut problems);
+        let config = Config {
+            // A placeholder when the address is wrong: the configuration is then not used.
+            listen: listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
             database_url,
             default_model,
             max_frame_bytes,
@@ -141,51 +152,70 @@ impl FileConfig {
                 self.provider_idle_timeout_secs,
                 DEFAULT_PROVIDER_IDLE_TIMEOUT_SECS,
                 "provider_idle_timeout_secs",
-            )?,
+            )
+            .report(&mut problems),
             provider_connect_timeout: positive_secs(
                 self.provider_connect_timeout_secs,
                 DEFAULT_PROVIDER_CONNECT_TIMEOUT_SECS,
                 "provider_connect_timeout_secs",
-            )?,
+            )
+            .report(&mut problems),
             run_request_timeout: positive_secs(
                 self.run_request_timeout_secs,
                 DEFAULT_RUN_REQUEST_TIMEOUT_SECS,
                 "run_request_timeout_secs",
-            )?,
+            )
+            .report(&mut problems),
             tool_output_max_bytes,
             compact_at_percent,
-            web_search: self.web_search.map(|w| w.validate(env)).transpose()?,
-            upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)?,
+            web_search: self
+                .web_search
+                .map(|w| w.validate(env))
+                .transpose()
+                .report(&mut problems),
+            upstream: upstream(self.pass_through, self.upstream_url, self.upstream_proxy)
+                .report(&mut problems),
             reconnect_grace: millis(self.reconnect_grace_ms, DEFAULT_RECONNECT_GRACE_MS),
-            interrupt_wait: Duration::from_millis(nonzero(
-                self.interrupt_wait_ms,
-                DEFAULT_INTERRUPT_WAIT_MS,
-                "interrupt_wait_ms",
-            )?),
+            interrupt_wait: Duration::from_millis(
+                nonzero(
+                    self.interrupt_wait_ms,
+                    DEFAULT_INTERRUPT_WAIT_MS,
+                    "interrupt_wait_ms",
+                )
+                .report(&mut problems),
+            ),
             client_idle_timeout: positive_secs(
                 self.client_idle_timeout_secs,
                 DEFAULT_CLIENT_IDLE_TIMEOUT_SECS,
                 "client_idle_timeout_secs",
-            )?,
-            heartbeat_interval: Duration::from_millis(nonzero(
-                self.heartbeat_interval_ms,
-                DEFAULT_HEARTBEAT_INTERVAL_MS,
-                "heartbeat_interval_ms",
-            )?),
+            )
+            .report(&mut problems),
+            heartbeat_interval: Duration::from_millis(
+                nonzero(
+                    self.heartbeat_interval_ms,
+                    DEFAULT_HEARTBEAT_INTERVAL_MS,
+                    "heartbeat_interval_ms",
+                )
+                .report(&mut problems),
+            ),
             checkpoint_ack_timeout: millis(
                 self.checkpoint_ack_timeout_ms,
                 DEFAULT_CHECKPOINT_ACK_TIMEOUT_MS,
             ),
-            kv_retry_after: Duration::from_millis(nonzero(
-                self.kv_retry_after_ms,
-                DEFAULT_KV_RETRY_AFTER_MS,
-                "kv_retry_after_ms",
-            )?),
+            kv_retry_after: Duration::from_millis(
+                nonzero(
+                    self.kv_retry_after_ms,
+                    DEFAULT_KV_RETRY_AFTER_MS,
+                    "kv_retry_after_ms",
+                )
+                .report(&mut problems),
+            ),
             provider_max_attempts: nonzero(
                 self.provider_max_attempts,
                 DEFAULT_PROVIDER_MAX_ATTEMPTS,
                 "provider_max_attempts",
-            )?,
+            )
+            .report(&mut problems),
             provider_retry_base_delay: millis(
                 self.provider_retry_base_delay_ms,
                 DEFAULT_PROVIDER_RETRY_BASE_DELAY_MS,
@@ -197,60 +227,109 @@ impl FileConfig {
                     self.header_read_timeout_secs,
                     DEFAULT_HEADER_READ_TIMEOUT_SECS,
                     "header_read_timeout_secs",
-                )?,
+                )
+                .report(&mut problems),
                 request_body_timeout: positive_secs(
                     self.request_body_timeout_secs,
                     DEFAULT_REQUEST_BODY_TIMEOUT_SECS,
                     "request_body_timeout_secs",
-                )?,
+                )
+                .report(&mut problems),
                 idle_timeout: positive_secs(
                     self.connection_idle_timeout_secs,
                     DEFAULT_CONNECTION_IDLE_TIMEOUT_SECS,
                     "connection_idle_timeout_secs",
-                )?,
+                )
+                .report(&mut problems),
                 h2_ping_interval: positive_secs(
                     self.h2_ping_interval_secs,
                     DEFAULT_H2_PING_INTERVAL_SECS,
                     "h2_ping_interval_secs",
-                )?,
+                )
+                .report(&mut problems),
                 h2_ping_timeout: positive_secs(
                     self.h2_ping_timeout_secs,
                     DEFAULT_H2_PING_TIMEOUT_SECS,
                     "h2_ping_timeout_secs",
-                )?,
+                )
+                .report(&mut problems),
             },
-            max_runs: nonzero(self.max_runs, DEFAULT_MAX_RUNS, "max_runs")?,
+            max_runs: nonzero(self.max_runs, DEFAULT_MAX_RUNS, "max_runs").report(&mut problems),
             max_unattached_runs: nonzero(
                 self.max_unattached_runs,
                 DEFAULT_MAX_UNATTACHED_RUNS,
                 "max_unattached_runs",
-            )?,
+            )
+            .report(&mut problems),
             warnings,
+        };
+        if !problems.0.is_empty() {
+            return Err(problems.into_error());
+        }
+        Ok(config)
+    }
+}
+
+/// Every problem found in the file, so one run of `check` (or one failed start) names them all.
+#[derive(Default)]
+pub(super) struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    fn push(&mut self, error: ConfigError) {
+        self.0.push(error);
+    }
+
+    fn into_error(mut self) -> ConfigError {
+        if self.0.len() == 1 {
+            self.0.remove(0)
+        } else {
+            ConfigError::Several(self.0)
+        }
+    }
+}
+
+/// Keeps a validation going past a problem: the problem is noted and a placeholder stands in (the
+/// configuration is not used when any problem was noted).
+trait Report<T> {
+    fn report(self, problems: &mut Problems) -> T;
+}
+
+impl<T: Default> Report<T> for Result<T, ConfigError> {
+    fn report(self, problems: &mut Problems) -> T {
+        self.unwrap_or_else(|error| {
+            problems.push(error);
+            T::default()
         })
     }
 }
 
-/// Every provider, validated; provider names and model ids are unique across the file.
+/// Every provider, validated; provider names and model ids are unique across the file. Each
+/// problem is noted and the rest still checked; a provider with a problem is left out.
 fn validate_providers(
     file: Vec<FileProvider>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<ProviderConfig>, ConfigError> {
+    problems: &mut Problems,
+) -> Vec<ProviderConfig> {
     if file.is_empty() {
-        return Err(ConfigError::NoProviders);
+        problems.push(ConfigError::NoProviders);
+        return Vec::new();
     }
     let mut providers = Vec::with_capacity(file.len());
     let mut provider_names = HashSet::new();
     for provider in file {
         if !provider_names.insert(provider.name.clone()) {
-            return Err(ConfigError::DuplicateProvider(provider.name));
+            problems.push(ConfigError::DuplicateProvider(provider.name));
+            continue;
         }
-        providers.push(provider.validate(env)?);
+        if let Some(provider) = provider.validate(env, problems) {
+            providers.push(provider);
+        }
     }
     let mut model_owner: HashMap<&str, &str> = HashMap::new();
     for provider in &providers {
         for model in &provider.models {
             if let Some(first) = model_owner.insert(&model.id, &provider.name) {
-                return Err(ConfigError::DuplicateModel {
+                problems.push(ConfigError::DuplicateModel {
                     model: model.id.clone(),
                     first: first.to_owned(),
                     second: provider.name.clone(),
@@ -258,7 +337,7 @@ fn validate_providers(
             }
         }
     }
-    Ok(providers)
+    providers
 }
 
 /// The model a run without one uses: `chosen` if it is configured, else the first configured one.
@@ -351,6 +430,9 @@ fn resolve_key(
             provider: owner.to_owned(),
         }),
         (None, None) => Ok(None),
+        (None, Some(var)) if looks_like_a_key(&var) => Err(ConfigError::KeyInEnvName {
+            provider: owner.to_owned(),
+        }),
         (None, Some(var)) => match env(&var) {
             Some(key) if !key.is_empty() => Ok(Some(Secret::new(key))),
             _ => Err(ConfigError::MissingKeyEnv {
@@ -359,6 +441,19 @@ fn resolve_key(
             }),
         },
     }
+}
+
+/// Whether a value given as a variable *name* is a key pasted in the wrong place: not a variable
+/// name at all, a key's prefix, or a long mix of lower case and digits no one names a variable.
+fn looks_like_a_key(name: &str) -> bool {
+    let is_name = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let prefixed = ["sk-", "sk_", "sk-ant-", "gsk_", "xai-", "AIza"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix));
+    let random = name.len() >= 32
+        && name.chars().any(|c| c.is_ascii_lowercase())
+        && name.chars().any(|c| c.is_ascii_digit());
+    !is_name || prefixed || random
 }
 
 #[derive(Debug, Deserialize)]
@@ -439,79 +534,110 @@ impl FileProvider {
             .collect()
     }
 
-    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<ProviderConfig, ConfigError> {
-        let kind = ProviderKind::parse(&self.kind).ok_or_else(|| ConfigError::UnknownKind {
-            provider: self.name.clone(),
-            kind: self.kind.clone(),
-        })?;
-        let base_url = http_url(&self.name, self.base_url)?;
-        let Some(api_key) = resolve_key(&self.name, self.api_key, self.api_key_env, env)? else {
-            return Err(ConfigError::MissingKey {
-                provider: self.name,
+    /// The provider, or `None` with each of its problems noted.
+    fn validate(
+        self,
+        env: &dyn Fn(&str) -> Option<String>,
+        problems: &mut Problems,
+    ) -> Option<ProviderConfig> {
+        let before = problems.0.len();
+        let name = self.name;
+        let kind = ProviderKind::parse(&self.kind);
+        if kind.is_none() {
+            problems.push(ConfigError::UnknownKind {
+                provider: name.clone(),
+                kind: self.kind.clone(),
             });
-        };
+        }
+        let base_url = http_url(&name, self.base_url).report(problems);
+        let api_key = resolve_key(&name, self.api_key, self.api_key_env, env).report(problems);
+        if api_key.is_none() && problems.0.len() == before {
+            problems.push(ConfigError::MissingKey {
+                provider: name.clone(),
+            });
+        }
         if self.models.is_empty() {
-            return Err(ConfigError::NoModels {
-                provider: self.name,
+            problems.push(ConfigError::NoModels {
+                provider: name.clone(),
             });
         }
-        let mut models = Vec::with_capacity(self.models.len());
-        for model in self.models {
-            if model.id.trim().is_empty() {
-                return Err(ConfigError::EmptyModelId(self.name));
-            }
-            let max_output_tokens = model.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
-            if let Some(budget) = model.thinking_budget
-                && (budget < MIN_THINKING_BUDGET || budget >= max_output_tokens)
-            {
-                return Err(ConfigError::ThinkingBudget {
-                    model: model.id,
-                    budget,
-                    max_output_tokens,
-                });
-            }
-            let Ok(serde_json::Value::Object(extra_body)) =
-                serde_json::to_value(&model.quirks.extra_body)
-            else {
-                return Err(ConfigError::ExtraBody { model: model.id });
-            };
-            models.push(ModelConfig {
-                upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
-                display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
-                context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
-                reasoning: model.reasoning,
-                max_output_tokens: model.max_output_tokens,
-                thinking_budget: model.thinking_budget,
-                vision: model
-                    .vision
-                    .unwrap_or(!matches!(kind, ProviderKind::OpenAiChat)),
-                quirks: Quirks {
-                    stream_usage: model.quirks.stream_usage.unwrap_or(true),
-                    reasoning_content_on_tool_calls: model
-                        .quirks
-                        .reasoning_content_on_tool_calls
-                        .unwrap_or(model.reasoning),
-                    extra_body,
-                },
-                id: model.id,
-            });
-        }
-        let base_url = base_url.trim_end_matches('/').to_owned();
         let proxy = self.proxy.filter(|p| !p.trim().is_empty());
         if let Some(proxy) = &proxy
             && reqwest::Proxy::all(proxy.as_str()).is_err()
         {
-            return Err(ConfigError::Proxy {
-                provider: self.name,
+            problems.push(ConfigError::Proxy {
+                provider: name.clone(),
             });
         }
-        Ok(ProviderConfig {
+        let models: Vec<ModelConfig> = self
+            .models
+            .into_iter()
+            .filter_map(|model| model.validate(&name, kind, problems))
+            .collect();
+        let (Some(kind), Some(api_key), true) = (kind, api_key, problems.0.len() == before) else {
+            return None;
+        };
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        Some(ProviderConfig {
             route: Route::resolve(&base_url, proxy.as_deref(), env),
-            name: self.name,
+            name,
             kind,
             base_url,
             api_key,
             models,
+        })
+    }
+}
+
+impl FileModel {
+    /// The model, or `None` with its problem noted.
+    fn validate(
+        self,
+        provider: &str,
+        kind: Option<ProviderKind>,
+        problems: &mut Problems,
+    ) -> Option<ModelConfig> {
+        let model = self;
+        if model.id.trim().is_empty() {
+            problems.push(ConfigError::EmptyModelId(provider.to_owned()));
+            return None;
+        }
+        let max_output_tokens = model.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+        if let Some(budget) = model.thinking_budget
+            && (budget < MIN_THINKING_BUDGET || budget >= max_output_tokens)
+        {
+            problems.push(ConfigError::ThinkingBudget {
+                model: model.id,
+                budget,
+                max_output_tokens,
+            });
+            return None;
+        }
+        let Ok(serde_json::Value::Object(extra_body)) =
+            serde_json::to_value(&model.quirks.extra_body)
+        else {
+            problems.push(ConfigError::ExtraBody { model: model.id });
+            return None;
+        };
+        Some(ModelConfig {
+            upstream_id: model.upstream_id.unwrap_or_else(|| model.id.clone()),
+            display_name: model.display_name.unwrap_or_else(|| model.id.clone()),
+            context_window: model.context_window.unwrap_or(DEFAULT_CONTEXT_WINDOW),
+            reasoning: model.reasoning,
+            max_output_tokens: model.max_output_tokens,
+            thinking_budget: model.thinking_budget,
+            vision: model
+                .vision
+                .unwrap_or(!matches!(kind, Some(ProviderKind::OpenAiChat))),
+            quirks: Quirks {
+                stream_usage: model.quirks.stream_usage.unwrap_or(true),
+                reasoning_content_on_tool_calls: model
+                    .quirks
+                    .reasoning_content_on_tool_calls
+                    .unwrap_or(model.reasoning),
+                extra_body,
+            },
+            id: model.id,
         })
     }
 }

@@ -208,3 +208,54 @@ fn routes_honour_the_providers_proxy_then_local_addresses_then_the_environment()
         "{shown}"
     );
 }
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = r#"
+        listen = "not an address"
+        heartbeat_interval_ms = 0
+
+        [[providers]]
+        name = "a"
+        kind = "gemini"
+        base_url = "http://127.0.0.1:9/v1"
+        api_key = "k"
+        [[providers.models]]
+        id = "m1"
+
+        [[providers]]
+        name = "b"
+        kind = "openai-chat"
+        base_url = "https://api.example.com/v1"
+        api_key_env = "UNSET_VARIABLE"
+        [[providers.models]]
+        id = "m2"
+    "#;
+    let error = parse(text).unwrap_err().to_string();
+    assert!(error.starts_with("4 problems"), "{error}");
+    for part in [
+        "invalid listen address",
+        "heartbeat_interval_ms must be greater than zero",
+        "unknown kind \"gemini\"",
+        "UNSET_VARIABLE",
+    ] {
+        assert!(error.contains(part), "{part} missing from: {error}");
+    }
+}
+
+#[test]
+fn a_key_pasted_as_api_key_env_is_refused_without_being_printed() {
+    let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+    let error = parse(&PROVIDER.replace("TEST_KEY", key))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("looks like a key"), "{error}");
+    assert!(
+        !error.contains("abcdefghij"),
+        "the key is never printed: {error}"
+    );
+    assert!(
+        parse(&PROVIDER.replace("TEST_KEY", "MY_LLM_KEY_2"))
+            .is_err_and(|e| !e.to_string().contains("looks like a key"))
+    );
+}
