@@ -44,15 +44,7 @@ impl App {
                 "runs a previous process left running were marked failed (the server stopped while they ran)"
             );
         }
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .proxy(provider_proxies(&config))
-            .connect_timeout(config.provider_connect_timeout)
-            // Enough kept-alive connections per provider for steady traffic; after a burst of
-            // runs the rest close instead of holding their buffers (and the memory they pin).
-            .pool_max_idle_per_host(IDLE_PROVIDER_CONNECTIONS)
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .build()
+        let http = crate::provider::http_client(&config)
             .map_err(|e| ServerError::HttpClient(e.to_string()))?;
         let upstream = match &config.upstream {
             None => None,
@@ -163,33 +155,6 @@ fn is_fatal_accept_error(error: &std::io::Error) -> bool {
         std::io::ErrorKind::InvalidInput | std::io::ErrorKind::PermissionDenied
     )
 }
-
-/// The proxy of each outbound call of the shared client: a provider's URL takes its route (its
-/// `proxy` key, direct for local addresses, else the environment's proxy); any other URL (a web
-/// search backend) is resolved the same way from the environment.
-fn provider_proxies(config: &Config) -> reqwest::Proxy {
-    // The client asks per destination (scheme, host and port, no path): providers are matched
-    // by origin.
-    let origin = |url: &url::Url| url.origin().ascii_serialization();
-    let routes: Vec<(String, crate::config::Route)> = config
-        .providers
-        .iter()
-        .filter_map(|p| Some((origin(&url::Url::parse(&p.base_url).ok()?), p.route.clone())))
-        .collect();
-    reqwest::Proxy::custom(move |url| {
-        let destination = origin(url);
-        let route = match routes.iter().find(|(o, _)| *o == destination) {
-            Some((_, route)) => route.clone(),
-            None => {
-                crate::config::Route::resolve(url.as_str(), None, &|name| std::env::var(name).ok())
-            }
-        };
-        route.proxy().map(str::to_owned)
-    })
-}
-
-/// Idle connections kept open per provider host.
-const IDLE_PROVIDER_CONNECTIONS: usize = 32;
 
 /// How often an idle server checks whether a burst of runs left freed memory to return.
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);

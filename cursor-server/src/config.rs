@@ -386,6 +386,27 @@ impl Config {
         Config::from_toml(&text, path, &|name| std::env::var(name).ok())
     }
 
+    /// Only the database URL of the file at `path` (with its environment override and default):
+    /// what `gc` needs, without provider keys.
+    pub fn load_database_url(path: &Path) -> Result<String, ConfigError> {
+        if let Ok(url) = std::env::var(ENV_DATABASE_URL) {
+            return Ok(url);
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(table
+            .get("database_url")
+            .and_then(toml::Value::as_str)
+            .unwrap_or(DEFAULT_DATABASE_URL)
+            .to_owned())
+    }
+
     /// Parses and validates `text`; `env` looks up environment variables (injectable for tests).
     pub fn from_toml(
         text: &str,

@@ -17,10 +17,10 @@ use tracing_subscriber::EnvFilter;
 )]
 struct Args {
     /// Path of the TOML configuration file.
-    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH, env = "CURSOR_BYOK_CONFIG")]
     config: PathBuf,
     /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
-    #[arg(long, default_value = "info", env = "CURSOR_BYOK_LOG")]
+    #[arg(long, global = true, default_value = "info", env = "CURSOR_BYOK_LOG")]
     log_level: String,
     #[command(subcommand)]
     command: Option<Command>,
@@ -29,8 +29,12 @@ struct Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Delete stored blobs that no conversation references any more, then exit. Blobs younger than
-    /// an hour are kept, so it is safe while the server runs.
+    /// an hour are kept, so it is safe while the server runs. Needs only the database setting.
     Gc,
+    /// Check the configuration (every problem at once), show each provider's URL and route
+    /// (direct or which proxy), and probe each model with a minimal request. Exit status 0: all
+    /// is well; 1: something needs fixing (each failure says what).
+    Check,
     /// Compare the schema this server was built from with a Cursor install (or a schema directory or
     /// bundle; default: the standard places, CURSOR_APP_DIR first) and say in one line whether a rebuild is
     /// needed. Exit status 0: no rebuild needed, 1: rebuild needed, 2: the install could not be read.
@@ -57,8 +61,15 @@ fn schema_check(path: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-async fn collect_garbage(config: &Config) -> ExitCode {
-    let store = match Store::open(&config.database_url).await {
+async fn collect_garbage(config_path: &std::path::Path) -> ExitCode {
+    let database_url = match Config::load_database_url(config_path) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("cursor-server gc: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let store = match Store::open(&database_url).await {
         Ok(store) => store,
         Err(e) => {
             eprintln!("cursor-server gc: {e}");
@@ -94,6 +105,9 @@ async fn main() -> ExitCode {
         return schema_check(path.as_deref());
     }
 
+    if let Some(Command::Gc) = args.command {
+        return collect_garbage(&args.config).await;
+    }
     let config = match Config::load(&args.config) {
         Ok(config) => config,
         Err(e) => {
@@ -101,8 +115,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Gc) = args.command {
-        return collect_garbage(&config).await;
+    if let Some(Command::Check) = args.command {
+        println!("configuration {}: valid", args.config.display());
+        return if cursor_server::ops::check::run(&config).await {
+            println!("all is well");
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");

@@ -286,3 +286,114 @@ async fn a_providers_own_proxy_is_used_and_named_when_it_fails() {
     );
     server.stop().await;
 }
+
+/// `cursor-server check --config <file>` run as a user runs it: its exit status and what it printed.
+async fn check(provider_base_url: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cursor-byok.toml");
+    let text = fixtures::config_text(
+        provider_base_url,
+        &dir.path().join("test.db"),
+        "",
+        "openai-chat",
+    );
+    std::fs::write(&config, text).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("check")
+        .arg("--config")
+        .arg(&config)
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy")
+        .output()
+        .await
+        .expect("cursor-server check runs");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), printed)
+}
+
+#[tokio::test]
+async fn check_passes_against_a_working_provider_and_explains_each_failure() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::Status {
+        status: 200,
+        body: r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"OK"},"finish_reason":"stop"}]}"#.into(),
+    });
+    let (ok, printed) = check(&provider.base_url()).await;
+    assert!(ok, "{printed}");
+    assert!(
+        printed.contains("/chat/completions"),
+        "the resolved URL: {printed}"
+    );
+    assert!(printed.contains("direct"), "the route: {printed}");
+    assert!(printed.contains(": ok ("), "{printed}");
+    let probe = &provider.requests()[0];
+    assert_eq!(probe["model"], "upstream-test-model");
+
+    let dead = unreachable_addr().await;
+    let (ok, printed) = check(&format!("http://{dead}/v1")).await;
+    assert!(!ok, "{printed}");
+    assert!(
+        printed.contains("connection refused") && printed.contains(&dead.to_string()),
+        "{printed}"
+    );
+
+    for (status, body, cause) in [
+        (
+            401,
+            r#"{"error":{"message":"Incorrect API key"}}"#,
+            "API key was refused",
+        ),
+        (404, "Not Found", "base_url should end"),
+        (
+            404,
+            r#"{"error":{"message":"The model `upstream-test-model` does not exist"}}"#,
+            "does not know the model id",
+        ),
+    ] {
+        provider.push(Reply::Status {
+            status,
+            body: body.into(),
+        });
+        let (ok, printed) = check(&provider.base_url()).await;
+        assert!(!ok, "{printed}");
+        assert!(printed.contains(cause), "HTTP {status}: {printed}");
+    }
+}
+
+#[tokio::test]
+async fn gc_needs_no_provider_keys_and_takes_options_after_the_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cursor-byok.toml");
+    let text = fixtures::config_text(
+        "http://127.0.0.1:9/v1",
+        &dir.path().join("gc.db"),
+        "",
+        "openai-chat",
+    )
+    .replace(
+        &format!("api_key = \"{}\"", fixtures::API_KEY),
+        "api_key_env = \"A_VARIABLE_THAT_IS_NOT_SET\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .args(["gc", "--config"])
+        .arg(&config)
+        .env_remove("A_VARIABLE_THAT_IS_NOT_SET")
+        .output()
+        .await
+        .expect("cursor-server gc runs");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(printed.contains("deleted 0 unreachable blobs"), "{printed}");
+    assert!(dir.path().join("gc.db").exists(), "the configured database");
+}

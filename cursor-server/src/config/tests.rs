@@ -83,6 +83,17 @@ fn unknown_fields_are_rejected() {
 }
 
 #[test]
+fn the_minimal_config_needs_one_key_and_is_valid() {
+    let text = include_str!("../../cursor-byok.minimal.toml");
+    let config = Config::from_toml(text, Path::new("minimal"), &|name| {
+        (name == "OPENAI_API_KEY").then(|| "sk-x".to_owned())
+    })
+    .expect("the shipped minimal config must validate with OPENAI_API_KEY alone");
+    assert_eq!(config.providers.len(), 1);
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
 fn example_config_is_valid() {
     let text = include_str!("../../cursor-byok.example.toml");
     let config = Config::from_toml(text, Path::new("example"), &|name| {

@@ -15,7 +15,7 @@ use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ProviderConfig, ProviderKind, Secret};
+use crate::config::{Config, ProviderConfig, ProviderKind, Route, Secret};
 pub use crate::store::runs::FailedAttempt;
 pub use event::{FinishReason, ResponseEvent};
 
@@ -102,6 +102,45 @@ pub struct CallLimits {
     pub retry_base_delay: Duration,
 }
 
+/// The one HTTP client every provider call (and web search) shares: connection pooling, TLS
+/// sessions, and each provider's route (its proxy, or direct).
+pub fn http_client(config: &Config) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .proxy(provider_proxies(config))
+        .connect_timeout(config.provider_connect_timeout)
+        // Enough kept-alive connections per provider for steady traffic; after a burst of
+        // runs the rest close instead of holding their buffers (and the memory they pin).
+        .pool_max_idle_per_host(IDLE_PROVIDER_CONNECTIONS)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+}
+
+/// Idle connections kept open per provider host.
+const IDLE_PROVIDER_CONNECTIONS: usize = 32;
+
+/// The proxy of each outbound call of the shared client: a provider's URL takes its route (its
+/// `proxy` key, direct for local addresses, else the environment's proxy); any other URL (a web
+/// search backend) is resolved the same way from the environment.
+fn provider_proxies(config: &Config) -> reqwest::Proxy {
+    // The client asks per destination (scheme, host and port, no path): providers are matched
+    // by origin.
+    let origin = |url: &url::Url| url.origin().ascii_serialization();
+    let routes: Vec<(String, Route)> = config
+        .providers
+        .iter()
+        .filter_map(|p| Some((origin(&url::Url::parse(&p.base_url).ok()?), p.route.clone())))
+        .collect();
+    reqwest::Proxy::custom(move |url| {
+        let destination = origin(url);
+        let route = match routes.iter().find(|(o, _)| *o == destination) {
+            Some((_, route)) => route.clone(),
+            None => Route::resolve(url.as_str(), None, &|name| std::env::var(name).ok()),
+        };
+        route.proxy().map(str::to_owned)
+    })
+}
+
 /// Longest `retry-after` honoured; beyond it the error goes to the user instead.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
@@ -158,6 +197,30 @@ impl RequestBody {
     }
 }
 
+/// The path after `base_url` each kind of endpoint is called at.
+pub fn endpoint_path(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::OpenAiChat => "/chat/completions",
+        ProviderKind::OpenAiResponses => "/responses",
+        ProviderKind::Anthropic => "/messages",
+    }
+}
+
+/// Sets the provider's credentials on `request` the way its kind expects them.
+pub fn authorize(
+    request: reqwest::RequestBuilder,
+    provider: &ProviderConfig,
+) -> reqwest::RequestBuilder {
+    match provider.kind {
+        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
+            request.bearer_auth(provider.api_key.expose())
+        }
+        ProviderKind::Anthropic => request
+            .header("x-api-key", provider.api_key.expose())
+            .header("anthropic-version", anthropic::API_VERSION),
+    }
+}
+
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
 /// and the HTTP connection is dropped, which the provider observes as a disconnect).
@@ -169,19 +232,13 @@ pub fn call(
     cancel: CancellationToken,
 ) -> EventReceiver {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let (path, parser): (&str, Box<dyn StreamParser>) = match provider.kind {
-        ProviderKind::OpenAiChat => (
-            "/chat/completions",
-            Box::new(openai_chat::ChatStreamParser::new(&provider.name)),
-        ),
-        ProviderKind::OpenAiResponses => (
-            "/responses",
-            Box::new(openai_responses::ResponsesStreamParser::new(&provider.name)),
-        ),
-        ProviderKind::Anthropic => (
-            "/messages",
-            Box::new(anthropic::AnthropicStreamParser::new(&provider.name)),
-        ),
+    let path = endpoint_path(provider.kind);
+    let parser: Box<dyn StreamParser> = match provider.kind {
+        ProviderKind::OpenAiChat => Box::new(openai_chat::ChatStreamParser::new(&provider.name)),
+        ProviderKind::OpenAiResponses => {
+            Box::new(openai_responses::ResponsesStreamParser::new(&provider.name))
+        }
+        ProviderKind::Anthropic => Box::new(anthropic::AnthropicStreamParser::new(&provider.name)),
     };
     let call = HttpCall {
         http: http.clone(),

@@ -1,0 +1,201 @@
+//! `cursor-server check`: the pre-flight a person runs before pointing Cursor at the server. The
+//! configuration's every problem and warning; each provider's resolved URL and route (direct or
+//! which proxy); each model probed with a minimal request, a failure explained in a person's words
+//! (the key, the path, the model id, the address or the proxy). The probe is also what the console
+//! calls to test a provider.
+
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
+use crate::provider;
+
+/// How a model answered its probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// It answered; the call took this long.
+    Ok { millis: u64 },
+    /// It could not be used, and why, in words.
+    Failed { cause: String },
+}
+
+impl Probe {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Probe::Ok { .. })
+    }
+}
+
+/// How long one probe may take, connection included.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sends `model` the smallest request its endpoint accepts and says what came of it.
+pub async fn probe(
+    http: &reqwest::Client,
+    provider: &ProviderConfig,
+    model: &ModelConfig,
+) -> Probe {
+    let url = format!(
+        "{}{}",
+        provider.base_url,
+        provider::endpoint_path(provider.kind)
+    );
+    let body = minimal_request(provider.kind, &model.upstream_id);
+    let request = provider::authorize(http.post(&url).json(&body), provider);
+    let started = Instant::now();
+    match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
+        Err(_) => Probe::Failed {
+            cause: format!(
+                "no answer within {} s from {url} ({}): is the server up, and is it the right port?",
+                PROBE_TIMEOUT.as_secs(),
+                provider.route.shown()
+            ),
+        },
+        Ok(Err(error)) => Probe::Failed {
+            cause: unreachable(&error, provider),
+        },
+        Ok(Ok(response)) if response.status().is_success() => Probe::Ok {
+            millis: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        },
+        Ok(Ok(response)) => {
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            Probe::Failed {
+                cause: refused(status, &text, &url, provider, model),
+            }
+        }
+    }
+}
+
+fn minimal_request(kind: ProviderKind, model: &str) -> serde_json::Value {
+    let messages = serde_json::json!([{"role": "user", "content": "Reply with OK."}]);
+    match kind {
+        ProviderKind::OpenAiChat => {
+            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16, "stream": false})
+        }
+        ProviderKind::OpenAiResponses => {
+            serde_json::json!({"model": model, "input": "Reply with OK.", "max_output_tokens": 16, "stream": false})
+        }
+        ProviderKind::Anthropic => {
+            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16})
+        }
+    }
+}
+
+/// A connection that failed, in words: the address, the name, or the proxy.
+fn unreachable(error: &reqwest::Error, provider: &ProviderConfig) -> String {
+    let host = url::Url::parse(&provider.base_url)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+        .unwrap_or_else(|| provider.base_url.clone());
+    let route = provider.route.shown();
+    let detail = std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+        .to_ascii_lowercase();
+    let through_proxy = provider.route.proxy().is_some();
+    if detail.contains("refused") {
+        if through_proxy {
+            format!(
+                "connection refused ({route}): the proxy is not listening, or it refused {host}"
+            )
+        } else {
+            format!(
+                "connection refused: nothing listens at {host}; check base_url's address and port, and that the server is running"
+            )
+        }
+    } else if detail.contains("dns") || detail.contains("resolve") || detail.contains("lookup") {
+        format!("the host in base_url ({host}) could not be found ({route}): check its spelling")
+    } else if detail.contains("certificate") || detail.contains("tls") {
+        format!("the TLS connection to {host} failed ({route}): {detail}")
+    } else {
+        format!("{host} could not be reached ({route}): {detail}")
+    }
+}
+
+/// A provider's refusal, in words.
+fn refused(
+    status: u16,
+    body: &str,
+    url: &str,
+    provider: &ProviderConfig,
+    model: &ModelConfig,
+) -> String {
+    let said = provider_message(body);
+    match status {
+        401 => format!(
+            "HTTP 401: the API key was refused; check provider {:?}'s api_key or api_key_env ({said})",
+            provider.name
+        ),
+        403 => format!(
+            "HTTP 403: the key may not use model {:?} ({said})",
+            model.upstream_id
+        ),
+        404 if said.to_ascii_lowercase().contains("model") => format!(
+            "HTTP 404: the provider does not know the model id {:?}; check upstream_id (or id) ({said})",
+            model.upstream_id
+        ),
+        404 => format!(
+            "HTTP 404 at {url}: no such path; base_url should end where the API's version does (for example http://127.0.0.1:8080/v1), without {}",
+            provider::endpoint_path(provider.kind)
+        ),
+        429 => format!("HTTP 429: rate limited or out of quota ({said})"),
+        _ => format!("HTTP {status}: {said}"),
+    }
+}
+
+/// The provider's own error message from a JSON error body, else the body's start.
+fn provider_message(body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error"))
+            .and_then(serde_json::Value::as_str)
+    });
+    match message {
+        Some(message) => message.to_owned(),
+        None => body.chars().take(200).collect(),
+    }
+}
+
+/// Runs the whole check and prints it; `true` when all is well.
+pub async fn run(config: &Config) -> bool {
+    for warning in &config.warnings {
+        println!("warning: {warning}");
+    }
+    let http = match provider::http_client(config) {
+        Ok(http) => http,
+        Err(e) => {
+            println!("the HTTP client could not be built: {e}");
+            return false;
+        }
+    };
+    let mut all_ok = true;
+    for provider_config in &config.providers {
+        println!(
+            "provider {:?} ({}): {}{}, {}",
+            provider_config.name,
+            kind_name(provider_config.kind),
+            provider_config.base_url,
+            provider::endpoint_path(provider_config.kind),
+            provider_config.route.shown()
+        );
+        for model in &provider_config.models {
+            let result = probe(&http, provider_config, model).await;
+            match &result {
+                Probe::Ok { millis } => println!("  model {:?}: ok ({millis} ms)", model.id),
+                Probe::Failed { cause } => println!("  model {:?}: FAILED: {cause}", model.id),
+            }
+            all_ok &= result.is_ok();
+        }
+    }
+    all_ok
+}
+
+fn kind_name(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::OpenAiChat => "openai-chat",
+        ProviderKind::OpenAiResponses => "openai-responses",
+        ProviderKind::Anthropic => "anthropic",
+    }
+}
