@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cursor_server::app::App;
-use cursor_server::config::{Config, DEFAULT_CONFIG_PATH};
+use cursor_server::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
 use cursor_server::cursor::projection;
 use cursor_server::store::Store;
 use tracing_subscriber::EnvFilter;
@@ -19,11 +19,37 @@ struct Args {
     /// Path of the TOML configuration file.
     #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH, env = "CURSOR_BYOK_CONFIG")]
     config: PathBuf,
-    /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
+    /// Log filter: a level (error, warn, info, debug, trace, off) or directives such as
+    /// `info,cursor_server=debug` (the server's own detail without sqlx's and h2's).
     #[arg(long, global = true, default_value = "info", env = "CURSOR_BYOK_LOG")]
     log_level: String,
+    /// Log lines as text (coloured only on a terminal, and never with NO_COLOR) or one JSON
+    /// object per line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "CURSOR_BYOK_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    /// Address to listen on, overriding the file's `listen`.
+    #[arg(long, global = true, env = "CURSOR_BYOK_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// SQLite database URL, overriding the file's `database_url`.
+    #[arg(long, global = true, env = "CURSOR_BYOK_DATABASE_URL")]
+    database_url: Option<String>,
+    /// The model used when Cursor names none (and for Auto), overriding `default_model`.
+    #[arg(long, global = true, env = "CURSOR_BYOK_DEFAULT_MODEL")]
+    default_model: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(clap::Subcommand)]
@@ -61,8 +87,103 @@ fn schema_check(path: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-async fn collect_garbage(config_path: &std::path::Path) -> ExitCode {
-    let database_url = match Config::load_database_url(config_path) {
+/// The `--log-level` filter. A word that is not a level is an error rather than a target name
+/// (`EnvFilter` would read `verbose` as "everything from a module named verbose", silencing the
+/// server).
+fn log_filter(text: &str) -> Result<EnvFilter, String> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let bare = !directive.contains(['=', ':', '[']);
+        if bare && !LEVELS.contains(&directive.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{directive:?} is not a level ({}) or a target=level directive",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    EnvFilter::try_new(text).map_err(|e| e.to_string())
+}
+
+/// Logs to stdout: text, coloured only on a terminal (and never with `NO_COLOR`), or JSON lines.
+fn init_logs(filter: EnvFilter, format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.with_ansi(colour).init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// The file's configuration with the command line's (or environment's) overrides.
+fn overridden(mut config: Config, args: &Args) -> Result<Config, ConfigError> {
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(url) = &args.database_url {
+        config.database_url.clone_from(url);
+    }
+    if let Some(model) = &args.default_model {
+        if !config.model_ids().any(|id| id == model) {
+            return Err(ConfigError::UnknownDefaultModel {
+                model: model.clone(),
+                configured: config.model_ids().collect::<Vec<_>>().join(", "),
+            });
+        }
+        config.default_model.clone_from(model);
+    }
+    Ok(config)
+}
+
+/// What the server runs with, said once at start: enough to tell from the log alone which
+/// providers, models, database, pass-through and schema a problem happened with.
+fn log_banner(config: &Config) {
+    for provider in &config.providers {
+        tracing::info!(
+            provider = %provider.name,
+            kind = ?provider.kind,
+            url = %provider.base_url,
+            route = %provider.route.shown(),
+            "provider"
+        );
+        for model in &provider.models {
+            tracing::info!(
+                provider = %provider.name,
+                model = %model.id,
+                upstream_id = %model.upstream_id,
+                vision = model.vision,
+                reasoning = model.reasoning,
+                context_window = model.context_window,
+                default = model.id == config.default_model,
+                "model"
+            );
+        }
+    }
+    tracing::info!(database = %config.database_url, "database");
+    match &config.upstream {
+        Some(upstream) => {
+            tracing::info!(target = %upstream.url, proxy = upstream.proxy.is_some(), "pass-through to Cursor's backend")
+        }
+        None => tracing::info!(
+            "pass-through is off: routes this server does not serve get unimplemented"
+        ),
+    }
+    tracing::info!(
+        fingerprint = cursor_server::cursor::proto::SCHEMA_FINGERPRINT,
+        source = cursor_server::cursor::proto::SCHEMA_SOURCE,
+        "Cursor schema"
+    );
+}
+
+async fn collect_garbage(config_path: &std::path::Path, database_url: Option<&str>) -> ExitCode {
+    let database_url = match database_url.map_or_else(
+        || Config::load_database_url(config_path),
+        |url| Ok(url.to_owned()),
+    ) {
         Ok(url) => url,
         Err(e) => {
             eprintln!("cursor-server gc: {e}");
@@ -92,23 +213,26 @@ async fn collect_garbage(config_path: &std::path::Path) -> ExitCode {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = match EnvFilter::try_new(&args.log_level) {
+    let filter = match log_filter(&args.log_level) {
         Ok(filter) => filter,
         Err(e) => {
-            eprintln!("invalid --log-level {:?}: {e}", args.log_level);
+            eprintln!(
+                "cursor-server: invalid --log-level {:?}: {e}",
+                args.log_level
+            );
             return ExitCode::FAILURE;
         }
     };
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    init_logs(filter, args.log_format);
     // Needs no configuration: it only compares schemas.
     if let Some(Command::SchemaCheck { path }) = &args.command {
         return schema_check(path.as_deref());
     }
 
     if let Some(Command::Gc) = args.command {
-        return collect_garbage(&args.config).await;
+        return collect_garbage(&args.config, args.database_url.as_deref()).await;
     }
-    let config = match Config::load(&args.config) {
+    let config = match Config::load(&args.config).and_then(|config| overridden(config, &args)) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("cursor-server: {e}");
@@ -134,11 +258,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(
-        fingerprint = cursor_server::cursor::proto::SCHEMA_FINGERPRINT,
-        source = cursor_server::cursor::proto::SCHEMA_SOURCE,
-        "Cursor schema"
-    );
+    log_banner(app.state().config.as_ref());
     match app.local_addr() {
         Ok(addr) => tracing::info!("cursor-server listening on http://{addr} (HTTP/1.1 and h2c)"),
         Err(e) => tracing::warn!("listening address unknown: {e}"),

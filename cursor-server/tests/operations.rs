@@ -397,3 +397,220 @@ async fn gc_needs_no_provider_keys_and_takes_options_after_the_subcommand() {
     assert!(printed.contains("deleted 0 unreachable blobs"), "{printed}");
     assert!(dir.path().join("gc.db").exists(), "the configured database");
 }
+
+/// The real binary started with `args` on a config for `provider_base_url`: its stdout lines as
+/// they come, and the address once it listens.
+async fn spawn_logging(
+    provider_base_url: &str,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
+    let config = dir.join("cursor-byok.toml");
+    let text = fixtures::config_text(provider_base_url, &dir.join("test.db"), "", "openai-chat");
+    std::fs::write(&config, text).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .args(args)
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cursor-server starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(line) = rx.recv().await {
+            seen.push(line.clone());
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                return addr.parse().expect("socket address");
+            }
+        }
+        panic!("cursor-server exited before listening: {seen:#?}");
+    })
+    .await
+    .expect("cursor-server listens");
+    // Hand back what came before the listening line too.
+    let (again, rest) = tokio::sync::mpsc::unbounded_channel();
+    for line in seen {
+        let _ = again.send(line);
+    }
+    tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            if again.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, addr, rest)
+}
+
+/// Lines from `logs` until one satisfies `done` (bounded by a generous deadline).
+async fn lines_until(
+    logs: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    done: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(line) = logs.recv().await {
+            let finished = done(&line);
+            lines.push(line);
+            if finished {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the awaited log line never came: {lines:#?}"));
+    lines
+}
+
+#[tokio::test]
+async fn logs_name_the_run_provider_and_model_and_each_call_only_its_own_id() {
+    let provider = FakeProvider::start().await;
+    // The first call is refused once (a retry WARN), then asks for a tool; the second answers.
+    provider.push(Reply::Status {
+        status: 503,
+        body: r#"{"error":{"message":"loading"}}"#.into(),
+    });
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_l1", "Read", r#"{"path":"a.rs"}"#)],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["done"], (12, 1, 0))));
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, addr, mut logs) = spawn_logging(&provider.base_url(), dir.path(), &[]).await;
+    let banner = lines_until(&mut logs, |_| true).await;
+    let _ = banner;
+
+    let cursor = FakeCursor::new(addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-logs",
+        &run_request_with_env("conv-logs", "go"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    session
+        .send(&exec_result(exec.id, read_success("a.rs", "x\n")))
+        .await;
+    assert!(session.finish().await.is_success());
+    let lines = lines_until(&mut logs, |line| {
+        line.contains("provider call ended") && line.contains("finish_reason=\"stop\"")
+            || line.contains("provider call ended") && line.contains("finish_reason=stop")
+    })
+    .await;
+
+    assert!(
+        lines.iter().all(|line| !line.contains('\u{1b}')),
+        "no colour codes when stdout is not a terminal"
+    );
+    let retry = lines
+        .iter()
+        .find(|line| line.contains("retrying"))
+        .expect("the retry WARN");
+    assert!(
+        retry.contains("request_id=req-logs") && retry.contains("model_call_id="),
+        "{retry}"
+    );
+    let ended: Vec<&String> = lines
+        .iter()
+        .filter(|line| line.contains("provider call ended"))
+        .collect();
+    assert_eq!(ended.len(), 2, "{lines:#?}");
+    for line in &ended {
+        assert!(
+            line.contains("provider=fake") && line.contains("model=test-model"),
+            "{line}"
+        );
+        assert_eq!(
+            line.matches("model_call_id=").count(),
+            1,
+            "only the call's own id: {line}"
+        );
+        assert_eq!(
+            line.matches("request_id=").count(),
+            1,
+            "no field twice: {line}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line_with_the_start_up_banner() {
+    let provider = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, _addr, mut logs) =
+        spawn_logging(&provider.base_url(), dir.path(), &["--log-format", "json"]).await;
+    let lines = lines_until(&mut logs, |line| line.contains("listening on")).await;
+    let parsed: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let model = parsed
+        .iter()
+        .find(|l| l["fields"]["message"] == "model")
+        .expect("a banner line per model");
+    assert_eq!(model["fields"]["model"], "test-model");
+    assert_eq!(model["fields"]["vision"], true);
+    let provider_line = parsed
+        .iter()
+        .find(|l| l["fields"]["message"] == "provider")
+        .expect("a banner line per provider");
+    assert!(
+        provider_line["fields"]["route"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("direct")),
+        "{provider_line}"
+    );
+    assert!(
+        parsed
+            .iter()
+            .any(|l| l["fields"]["message"] == "Cursor schema")
+    );
+}
+
+#[tokio::test]
+async fn help_lists_every_environment_variable_and_a_wrong_log_level_is_an_error() {
+    let help = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    for var in [
+        "CURSOR_BYOK_CONFIG",
+        "CURSOR_BYOK_LOG",
+        "CURSOR_BYOK_LOG_FORMAT",
+        "CURSOR_BYOK_LISTEN",
+        "CURSOR_BYOK_DATABASE_URL",
+        "CURSOR_BYOK_DEFAULT_MODEL",
+    ] {
+        assert!(text.contains(var), "{var} missing from --help: {text}");
+    }
+    let wrong = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .args(["--log-level", "verbose", "gc"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("\"verbose\" is not a level"));
+}

@@ -259,12 +259,17 @@ pub fn call(
         ),
     };
     let retries = Arc::clone(&call.retries);
-    tokio::spawn(async move {
+    // The task's lines (retries) carry the caller's span: the run's ids and the call's.
+    let task = async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
             _ = call.run(parser, &tx) => {}
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(
+        task,
+        tracing::Span::current(),
+    ));
     EventReceiver {
         events: rx,
         retries,

@@ -83,13 +83,14 @@ fn start(
     let request_id = request_id.to_owned();
     tokio::spawn(async move {
         // The actor runs on its own task so that even a panic marks the run finished.
-        // Every log line of the run carries its ids (conversation and model call are filled
-        // in as they become known).
+        // Every log line of the run carries its ids, provider and model (filled in once, as they
+        // become known); a provider call's own lines add its model_call_id.
         let span = tracing::info_span!(
             "run",
             request_id = %request_id,
             conversation_id = tracing::field::Empty,
-            model_call_id = tracing::field::Empty,
+            provider = tracing::field::Empty,
+            model = tracing::field::Empty,
         );
         let status = match tokio::spawn(tracing::Instrument::instrument(actor.run(), span)).await {
             Ok(status) => status.map_or("not_started", RunStatus::as_str),
@@ -143,9 +144,12 @@ impl RunActor {
         if self.recorded
             && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
         {
-            tracing::error!(request_id = %self.request_id, "recording the run's end: {e}");
+            tracing::error!("recording the run's end: {e}");
         }
-        tracing::debug!(request_id = %self.request_id, elapsed_ms = started.elapsed().as_millis() as u64, "run ended");
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "run ended"
+        );
         self.deliver_backlog().await;
         self.refuse_late_commands();
         self.recorded.then_some(outcome.status)
@@ -171,7 +175,7 @@ impl RunActor {
                                 self.settle_checkpoints().await;
                             }
                             Err(e) => {
-                                tracing::error!(request_id = %self.request_id, "checkpoint of committed state: {e}")
+                                tracing::error!("checkpoint of committed state: {e}")
                             }
                         }
                     }
@@ -199,7 +203,7 @@ impl RunActor {
                 }
             }
             RunEnd::Failed(error) => {
-                tracing::warn!(request_id = %self.request_id, "run failed: {error}");
+                tracing::warn!("run failed: {error}");
                 lifecycle::finish_error(&mut self.downlink, error).await;
                 RunOutcome {
                     status: RunStatus::Failed,
@@ -209,7 +213,7 @@ impl RunActor {
                 }
             }
             RunEnd::Canceled { reason } => {
-                tracing::info!(request_id = %self.request_id, "run canceled: {reason}");
+                tracing::info!("run canceled: {reason}");
                 lifecycle::finish_canceled(&mut self.downlink, reason).await;
                 RunOutcome {
                     status: RunStatus::Canceled,
@@ -235,7 +239,7 @@ impl RunActor {
                     let _ = sink.frames.try_send(connect::end_stream_error(&error));
                 }
                 other => {
-                    tracing::debug!(request_id = %self.request_id, "dropped after the run ended: {other:?}")
+                    tracing::debug!("dropped after the run ended: {other:?}")
                 }
             }
         }
@@ -360,7 +364,10 @@ impl RunActor {
                         reason: "the client disconnected".to_owned(),
                     });
                 }
-                tracing::info!(request_id = %self.request_id, grace_ms = grace.as_millis() as u64, "the client disconnected; waiting for it to reconnect");
+                tracing::info!(
+                    grace_ms = grace.as_millis() as u64,
+                    "the client disconnected; waiting for it to reconnect"
+                );
                 Ok(Some(Instant::now() + grace))
             }
             _ => Ok(current),
@@ -439,14 +446,18 @@ impl RunActor {
                 if !matches!(self.state, State::AwaitingRunRequest) {
                     return protocol(ProtocolError::DuplicateRunRequest);
                 }
-                tracing::Span::current()
-                    .record("conversation_id", request.conversation_id.as_str());
-                tracing::info!(request_id = %self.request_id, conversation_id = %request.conversation_id, "run_request");
+                tracing::Span::current().record(
+                    "conversation_id",
+                    tracing::field::display(&request.conversation_id),
+                );
+                tracing::info!("run_request");
                 if let Some(end) = self.act_beside_the_turn(&request.action) {
                     return Some(end);
                 }
                 if request.ask_context.is_some() {
-                    tracing::info!(request_id = %self.request_id, "the run_request has no request context (a CLI client): asking the client for it first");
+                    tracing::info!(
+                        "the run_request has no request context (a CLI client): asking the client for it first"
+                    );
                     let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
                     self.downlink.send_message(&ask).await;
                     self.state = State::AwaitingContext(request);
@@ -468,13 +479,13 @@ impl RunActor {
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec result"));
                 };
-                step_end(turn.on_exec_result(id, payload, &mut self.downlink).await)
+                LoopStep::run_end(turn.on_exec_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::ExecControl { id, control } => {
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("exec control message"));
                 };
-                step_end(turn.on_exec_control(id, control, &mut self.downlink).await)
+                LoopStep::run_end(turn.on_exec_control(id, control, &mut self.downlink).await)
             }
             ClientInput::KvResult { id, payload } => {
                 let State::Running(turn) = &mut self.state else {
@@ -482,13 +493,13 @@ impl RunActor {
                         "KV result for KV id {id}, which was never issued"
                     )));
                 };
-                step_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
+                LoopStep::run_end(turn.on_kv_result(id, payload, &mut self.downlink).await)
             }
             ClientInput::InteractionResponse { id, payload } => {
                 let State::Running(turn) = &mut self.state else {
                     return protocol(ProtocolError::BeforeRunRequest("interaction response"));
                 };
-                step_end(
+                LoopStep::run_end(
                     turn.on_interaction_response(id, payload, &mut self.downlink)
                         .await,
                 )
@@ -496,7 +507,7 @@ impl RunActor {
             ClientInput::Unsupported(what) => protocol(ProtocolError::Unsupported(what)),
             ClientInput::Invalid(error) => protocol(error),
             ClientInput::Unknown(what) => {
-                tracing::warn!(request_id = %self.request_id, "ignored {what}");
+                tracing::warn!("ignored {what}");
                 None
             }
         }
@@ -516,7 +527,7 @@ impl RunActor {
         {
             Ok((turn, step)) => {
                 self.state = State::Running(Box::new(turn));
-                step_end(Ok(step))
+                LoopStep::run_end(Ok(step))
             }
             Err(error) => {
                 if matches!(error, ServerError::NotFound(_)) {
@@ -608,14 +619,14 @@ impl RunActor {
         else {
             return;
         };
-        tracing::info!(request_id = %self.request_id, conversation_id, previous = %previous, "interrupting the conversation's running request");
+        tracing::info!(conversation_id, previous = %previous, "interrupting the conversation's running request");
         handle.supersede(&self.request_id);
         let wait = self.app.config.interrupt_wait;
         if tokio::time::timeout(wait, handle.done().cancelled())
             .await
             .is_err()
         {
-            tracing::warn!(request_id = %self.request_id, previous = %previous, "the interrupted run did not end in time; going on (the store refuses its appends)");
+            tracing::warn!(previous = %previous, "the interrupted run did not end in time; going on (the store refuses its appends)");
         }
     }
 
@@ -652,7 +663,7 @@ impl RunActor {
                         return;
                     }
                     Some(other) => {
-                        tracing::debug!(request_id = %self.request_id, "dropped after the run ended: {other:?}");
+                        tracing::debug!("dropped after the run ended: {other:?}");
                     }
                     None => return,
                 },
@@ -689,16 +700,16 @@ impl RunActor {
                             }
                         }
                         Err(e) => {
-                            tracing::warn!(request_id = %self.request_id, seqno, "append after turn_ended: {e}");
+                            tracing::warn!(seqno, "append after turn_ended: {e}");
                             return false;
                         }
                     },
                     Some(RunCommand::AttachDownlink(sink)) => self.downlink.attach(sink).await,
-                    Some(other) => tracing::debug!(request_id = %self.request_id, "ignored after turn_ended: {other:?}"),
+                    Some(other) => tracing::debug!("ignored after turn_ended: {other:?}"),
                     None => return false,
                 },
                 _ = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(request_id = %self.request_id, "the client did not store the final checkpoint's blobs in time");
+                    tracing::warn!("the client did not store the final checkpoint's blobs in time");
                     return false;
                 }
                 // A new run owns the conversation now, or the server stops: stop waiting.
@@ -725,11 +736,15 @@ impl RunActor {
         Ok(match self.inbox.push(seqno, (input, applied))? {
             Accepted::Ready(inputs) => inputs,
             Accepted::Buffered => {
-                tracing::debug!(request_id = %self.request_id, seqno, expected = self.inbox.expected(), "append buffered behind a gap");
+                tracing::debug!(
+                    seqno,
+                    expected = self.inbox.expected(),
+                    "append buffered behind a gap"
+                );
                 Vec::new()
             }
             Accepted::Duplicate((_, applied)) => {
-                tracing::debug!(request_id = %self.request_id, seqno, "duplicate append dropped");
+                tracing::debug!(seqno, "duplicate append dropped");
                 applied.done();
                 Vec::new()
             }
@@ -757,22 +772,13 @@ impl RunActor {
         match input {
             ClientInput::KvResult { id, payload } => {
                 if let Err(e) = turn.on_kv_result(id, payload, &mut self.downlink).await {
-                    tracing::warn!(request_id = %self.request_id, "KV result after turn_ended: {e}");
+                    tracing::warn!("KV result after turn_ended: {e}");
                 }
             }
             other => {
-                tracing::debug!(request_id = %self.request_id, "ignored after turn_ended: {other:?}")
+                tracing::debug!("ignored after turn_ended: {other:?}")
             }
         }
-    }
-}
-
-/// Maps a loop step to the run's end, if it is one.
-fn step_end(step: Result<LoopStep, ServerError>) -> Option<RunEnd> {
-    match step {
-        Ok(LoopStep::Continue) => None,
-        Ok(LoopStep::TurnComplete { usage }) => Some(RunEnd::Success { usage }),
-        Err(error) => Some(RunEnd::Failed(error)),
     }
 }
 

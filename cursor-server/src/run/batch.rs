@@ -112,7 +112,6 @@ impl Batch {
             }
             Err(rejected) => {
                 tracing::info!(
-                    request_id = %turn.request_id,
                     tool = %self.slots[slot].call.name,
                     "tool call rejected: {}",
                     rejected.model_text

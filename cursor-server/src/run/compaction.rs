@@ -88,8 +88,6 @@ impl Compaction {
     ) -> (Compaction, RequestBody) {
         let number = latest_compaction(&turn.history).map_or(1, |(_, n, _)| n + 1);
         tracing::info!(
-            request_id = %turn.request_id,
-            conversation_id = %turn.conversation_id(),
             through,
             of = turn.history.len(),
             number,

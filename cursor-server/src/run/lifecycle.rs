@@ -504,7 +504,7 @@ impl Checkpoints {
                     edges: Vec::new(),
                 }),
                 None => {
-                    tracing::warn!(conversation_id = %self.conversation_id, blob = %id, "an owed blob is no longer stored")
+                    tracing::warn!(blob = %id, "an owed blob is no longer stored")
                 }
             }
         }
@@ -672,7 +672,7 @@ impl Checkpoints {
         )
         .await?
         {
-            tracing::warn!(conversation_id = %self.conversation_id, "a newer run moved the head; this checkpoint is not published");
+            tracing::warn!("a newer run moved the head; this checkpoint is not published");
             return Ok(());
         }
         out.send_message(&checkpoint::update_message(state.clone()))
@@ -703,12 +703,12 @@ impl Checkpoints {
             // Reads go back to whoever asked (the importer).
             Ok(read) => Ok(Some(read)),
             Err(KvError::Late(id)) => {
-                tracing::info!(conversation_id = %self.conversation_id, kv_id = id, "late KV result ignored");
+                tracing::info!(kv_id = id, "late KV result ignored");
                 Ok(None)
             }
             Err(KvError::StoreFailed { blob, message }) => {
                 // The previous checkpoint stays current; the graph is still ours to publish later.
-                tracing::warn!(conversation_id = %self.conversation_id, %blob, "client could not store a blob: {message}");
+                tracing::warn!(%blob, "client could not store a blob: {message}");
                 Ok(None)
             }
             Err(error) => Err(ProtocolError::Kv(error.to_string()).into()),
@@ -722,7 +722,7 @@ impl Checkpoints {
             if now.duration_since(*sent) >= overdue_after
                 && let Some(message) = self.kv.resend(blob)
             {
-                tracing::info!(conversation_id = %self.conversation_id, blob = %blob.id, "resending a blob whose ACK is overdue");
+                tracing::info!(blob = %blob.id, "resending a blob whose ACK is overdue");
                 out.send_message(&message).await;
                 *sent = now;
             }

@@ -15,6 +15,7 @@ use std::time::Instant;
 use super::batch::{Batch, SearchDone};
 use super::command::{ExecControl, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
+use super::lifecycle::RunEnd;
 use super::opening::{self, First, Import};
 use super::turn::{CallEnd, ProviderCall, Turn};
 use crate::cursor::blob_sync::KvPayload;
@@ -52,6 +53,17 @@ pub enum LoopStep {
     TurnComplete {
         usage: Usage,
     },
+}
+
+impl LoopStep {
+    /// The run's end a loop step means, if it is one.
+    pub fn run_end(step: Result<LoopStep, ServerError>) -> Option<RunEnd> {
+        match step {
+            Ok(LoopStep::Continue) => None,
+            Ok(LoopStep::TurnComplete { usage }) => Some(RunEnd::Success { usage }),
+            Err(error) => Some(RunEnd::Failed(error)),
+        }
+    }
 }
 
 /// A tool call as it streams in.
@@ -396,7 +408,7 @@ impl TurnLoop {
         match self.turn.pending.match_result(id, kind) {
             Ok(Match::Active { slot }) => Ok(Some(slot)),
             Ok(Match::Late) => {
-                tracing::info!(request_id = %self.turn.request_id, id, %kind, "late answer ignored");
+                tracing::info!(id, %kind, "late answer ignored");
                 Ok(None)
             }
             Err(e) => Err(ProtocolError::Exec(e.to_string()).into()),
@@ -452,7 +464,7 @@ impl TurnLoop {
             Ok(Match::Active { slot }) => slot,
             Ok(Match::Late) => {
                 // A stream_close after a shell's exit is the normal end of that exec.
-                tracing::debug!(request_id = %self.turn.request_id, exec_id = id, ?control, "control for a finished exec");
+                tracing::debug!(exec_id = id, ?control, "control for a finished exec");
                 return Ok(LoopStep::Continue);
             }
             Err(e) => return Err(ProtocolError::Exec(e.to_string()).into()),
@@ -547,7 +559,6 @@ fn warn_unfinished(turn: &Turn, reason: &FinishReason) {
     match reason {
         FinishReason::Stop | FinishReason::ToolCalls => {}
         other => tracing::warn!(
-            request_id = %turn.request_id,
             model_call_id = %turn.model_call_id,
             "provider finished with {other:?}; the answer may be incomplete"
         ),
@@ -718,7 +729,6 @@ impl TurnLoop {
             Some(assistant) if !assistant.planned_calls.is_empty() => {
                 let unfinished = unfinished_calls(history, &assistant);
                 tracing::info!(
-                    request_id = %self.turn.request_id,
                     unfinished = unfinished.len(),
                     of = assistant.planned_calls.len(),
                     "resuming a tool batch"

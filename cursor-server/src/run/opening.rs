@@ -229,6 +229,9 @@ pub(super) async fn open(
         model,
         parameters,
     } = resolve_model(&app.config, &model_id, &input.parameters)?;
+    tracing::Span::current()
+        .record("provider", tracing::field::display(&provider.name))
+        .record("model", tracing::field::display(&model.id));
     runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let request = Request::of(&app, (&model, provider.kind), request_id, &input);
@@ -631,7 +634,11 @@ impl Import {
             .collect();
         let imported = checkpoint::import_roots(&roots);
         if !self.roots.is_empty() {
-            tracing::info!(request_id = %turn.request_id, roots = roots.len(), messages = imported.len(), "imported a conversation from the client");
+            tracing::info!(
+                roots = roots.len(),
+                messages = imported.len(),
+                "imported a conversation from the client"
+            );
         }
         turn.append(&imported).await?;
         turn.history = messages::load(&turn.app.store, turn.conversation_id()).await?;

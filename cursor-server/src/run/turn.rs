@@ -175,14 +175,9 @@ impl Turn {
         let config = &self.app.config;
         self.last_body_bytes = body.len();
         self.model_call_id = uuid::Uuid::new_v4().to_string();
-        tracing::Span::current().record("model_call_id", self.model_call_id.as_str());
         self.provider_calls += 1;
         tracing::debug!(
-            request_id = %self.request_id,
-            conversation_id = %self.conversation_id(),
             model_call_id = %self.model_call_id,
-            provider = %self.provider.name,
-            model = %self.model_id(),
             call = self.provider_calls,
             bytes = body.len(),
             purpose = purpose.as_str(),
@@ -196,18 +191,22 @@ impl Turn {
             first_event: None,
         };
         let cancel = CancellationToken::new();
-        let events = provider::call(
-            &self.app.http,
-            &self.provider,
-            body,
-            CallLimits {
-                headers_timeout: config.provider_connect_timeout,
-                idle_timeout: config.provider_idle_timeout,
-                max_attempts: config.provider_max_attempts,
-                retry_base_delay: config.provider_retry_base_delay,
-            },
-            cancel.clone(),
-        );
+        // The call's own lines (its retries) carry its model_call_id; the run's lines do not.
+        let span = tracing::info_span!("call", model_call_id = %self.model_call_id);
+        let events = span.in_scope(|| {
+            provider::call(
+                &self.app.http,
+                &self.provider,
+                body,
+                CallLimits {
+                    headers_timeout: config.provider_connect_timeout,
+                    idle_timeout: config.provider_idle_timeout,
+                    max_attempts: config.provider_max_attempts,
+                    retry_base_delay: config.provider_retry_base_delay,
+                },
+                cancel.clone(),
+            )
+        });
         ProviderCall {
             events,
             timing: Some(timing),
@@ -261,8 +260,6 @@ impl Turn {
             retries,
         };
         tracing::info!(
-            request_id = %record.request_id,
-            conversation_id = %record.conversation_id,
             model_call_id = %record.model_call_id,
             purpose = record.purpose.as_str(),
             first_event_ms = record.first_event_ms,
@@ -275,7 +272,7 @@ impl Turn {
             "provider call ended"
         );
         if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {
-            tracing::warn!(request_id = %self.request_id, "recording a provider call: {e}");
+            tracing::warn!("recording a provider call: {e}");
         }
     }
 
@@ -349,7 +346,7 @@ pub(super) fn fold_todos(history: &[CanonicalMessage]) -> Vec<Todo> {
 
 /// A new mode's system prompt and tools for this run.
 pub(super) fn switch_mode(turn: &mut Turn, to: Mode) {
-    tracing::info!(request_id = %turn.request_id, from = ?turn.mode(), ?to, "mode switched");
+    tracing::info!(from = ?turn.mode(), ?to, "mode switched");
     turn.tool_env.mode = to;
     let (system, mode_tools) = compiler::prompt_for(&turn.app.prompts, to, turn.subagent.as_ref());
     turn.system = system;
