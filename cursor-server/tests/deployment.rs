@@ -1,0 +1,133 @@
+//! The container image and the systemd unit: the Dockerfile builds in stages with the Cursor schema
+//! mounted (never copied into a layer), runs as a non-root user with the database on a volume, and
+//! sets only variables the binary reads; the unit starts the binary with a config and keeps keys in
+//! an environment file. With a Docker daemon and the base images already present, the image is
+//! built and run; otherwise that part says why it did not run (CI has no registry for images).
+
+use std::path::PathBuf;
+
+fn repo_file(path: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn help() -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("--help")
+        .output()
+        .expect("cursor-server --help");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_dockerfile_mounts_the_schema_and_runs_unprivileged_with_the_database_on_a_volume() {
+    let dockerfile = repo_file("Dockerfile");
+    let stages = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .count();
+    assert!(stages >= 2, "a build stage and a runtime stage");
+    assert!(
+        dockerfile.contains("--mount=type=bind,from=schema"),
+        "the schema is mounted from a build context"
+    );
+    let copies: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("COPY"))
+        .collect();
+    assert!(
+        copies
+            .iter()
+            .all(|l| !l.contains("proto") && !l.contains("schema")),
+        "no schema is copied into a layer: {copies:?}"
+    );
+    let ignored = repo_file(".dockerignore");
+    assert!(ignored.lines().any(|l| l.trim() == "cursor-proto/proto"));
+    assert!(
+        ignored.lines().any(|l| l.trim() == "cursor-byok.toml"),
+        "no local config with keys"
+    );
+    let user = dockerfile
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("USER "))
+        .expect("a USER line");
+    assert!(!user.contains("root"), "{user}");
+    assert!(dockerfile.contains("VOLUME [\"/data\"]"));
+    assert!(
+        dockerfile.contains("sqlite:///data/"),
+        "the database is on the volume"
+    );
+    let help = help();
+    for line in dockerfile.lines() {
+        for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("CURSOR_BYOK_") {
+                assert!(help.contains(word), "{word} is not read by cursor-server");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_systemd_unit_starts_the_server_with_a_config_and_keys_from_a_private_file() {
+    let unit = repo_file("deploy/cursor-byok.service");
+    let exec = unit
+        .lines()
+        .find(|l| l.starts_with("ExecStart="))
+        .expect("ExecStart");
+    assert!(exec.contains("cursor-server --config "), "{exec}");
+    assert!(
+        unit.contains("EnvironmentFile="),
+        "keys come from an environment file"
+    );
+    assert!(
+        !unit.contains("sk-") || unit.contains("sk-..."),
+        "no key in the unit"
+    );
+    assert!(unit.contains("WantedBy=default.target"), "a user unit");
+    for line in unit.lines().filter(|l| l.starts_with("Environment=")) {
+        let name = line["Environment=".len()..].split('=').next().unwrap();
+        assert!(
+            name == "NO_COLOR" || help().contains(name),
+            "{name} is not read by cursor-server"
+        );
+    }
+}
+
+/// Builds and runs the image when Docker can do it here without a network.
+#[test]
+fn the_image_builds_and_runs_where_docker_and_its_base_images_are_present() {
+    let docker = |args: &[&str]| {
+        std::process::Command::new("docker")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !docker(&["info"]) {
+        eprintln!("skipped: no Docker daemon here");
+        return;
+    }
+    if !docker(&["image", "inspect", "rust:1.95-bookworm"])
+        || !docker(&["image", "inspect", "debian:bookworm-slim"])
+    {
+        eprintln!("skipped: the base images are not present and may not be pulled here");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let schema = std::env::var("CURSOR_PROTO_DIR").expect("CURSOR_PROTO_DIR for the image build");
+    let tag = "cursor-byok-test:latest";
+    let built = std::process::Command::new("docker")
+        .current_dir(&root)
+        .args(["build", "--build-context"])
+        .arg(format!("schema={schema}"))
+        .args(["-t", tag, "."])
+        .status()
+        .expect("docker build");
+    assert!(built.success(), "the image builds");
+    let run = std::process::Command::new("docker")
+        .args(["run", "--rm", tag, "--help"])
+        .output()
+        .expect("docker run");
+    assert!(run.status.success());
+    assert!(String::from_utf8_lossy(&run.stdout).contains("CURSOR_BYOK_CONFIG"));
+}
