@@ -101,6 +101,7 @@ fn main() {
             reasoning_content_on_tool_calls: false,
             extra_body: Default::default(),
         },
+        pricing: None,
     };
     println!(
         "{:>8} {:>16} {:>14} {:>18} {:>18}",

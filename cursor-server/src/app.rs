@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::connections;
+use crate::console;
 use crate::cursor::handlers;
 use crate::cursor::tools::ToolKind;
 use crate::error::ServerError;
@@ -105,8 +106,9 @@ impl App {
         tokio::spawn(trim_memory_when_idle(Arc::clone(&self.state)));
         // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
         // are always answered here.
-        let router =
-            ops::router(Arc::clone(&self.state)).merge(handlers::router(Arc::clone(&self.state)));
+        let router = ops::router(Arc::clone(&self.state))
+            .merge(console::router(Arc::clone(&self.state)))
+            .merge(handlers::router(Arc::clone(&self.state)));
         let shutdown = self.state.shutdown.clone();
         let limits = self.state.config.connections;
         // Every connection's task is tracked: shutdown waits for their in-flight requests.

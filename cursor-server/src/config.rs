@@ -173,6 +173,41 @@ pub struct ModelConfig {
     /// `openai-chat` (many compatible servers run text-only models, which reject image parts).
     pub vision: bool,
     pub quirks: Quirks,
+    /// Prices for the console's cost figures (`[providers.models.pricing]`); `None`: unknown.
+    pub pricing: Option<Pricing>,
+}
+
+/// A model's prices in US dollars per million tokens, per usage bucket. A bucket without a price
+/// makes the cost of any usage with tokens in it unknown (never zero): set `reasoning = 0` where
+/// reasoning tokens are billed inside `output` (OpenAI, Anthropic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pricing {
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+    pub cache_read: Option<f64>,
+    pub cache_write: Option<f64>,
+    pub reasoning: Option<f64>,
+}
+
+impl Pricing {
+    /// What `usage` costs in US dollars, or `None` when a bucket with tokens has no price.
+    pub fn cost(&self, usage: &crate::model::usage::Usage) -> Option<f64> {
+        let buckets = [
+            (usage.input_tokens, self.input),
+            (usage.output_tokens, self.output),
+            (usage.cache_read_tokens, self.cache_read),
+            (usage.cache_write_tokens, self.cache_write),
+            (usage.reasoning_tokens, self.reasoning),
+        ];
+        buckets.iter().try_fold(0.0, |sum, (tokens, price)| {
+            match (tokens.unwrap_or(0), price) {
+                (0, _) => Some(sum),
+                (tokens, Some(price)) => Some(sum + tokens as f64 * price / 1_000_000.0),
+                (_, None) => None,
+            }
+        })
+    }
 }
 
 impl ModelConfig {
@@ -347,6 +382,9 @@ pub struct Config {
     pub max_runs: usize,
     /// Runs opened by BidiAppend whose RunSSE has not come (yet); past it, `resource_exhausted`.
     pub max_unattached_runs: usize,
+    /// The console's and `/api/`'s token: required when set; without it they answer only on a
+    /// loopback listener.
+    pub console_token: Option<Secret>,
     /// What is valid but probably not what the user meant, said once at start-up (and by `check`).
     pub warnings: Vec<String>,
 }

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod config;
 pub mod connections;
+pub mod console;
 pub mod cursor;
 pub mod error;
 pub mod model;

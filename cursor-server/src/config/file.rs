@@ -44,6 +44,8 @@ pub(super) struct FileConfig {
     h2_ping_timeout_secs: Option<u64>,
     max_runs: Option<usize>,
     max_unattached_runs: Option<usize>,
+    console_token: Option<String>,
+    console_token_env: Option<String>,
     #[serde(default)]
     providers: Vec<FileProvider>,
 }
@@ -76,6 +78,7 @@ struct FileModel {
     vision: Option<bool>,
     #[serde(default)]
     quirks: FileQuirks,
+    pricing: Option<Pricing>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -259,6 +262,13 @@ impl FileConfig {
                 self.max_unattached_runs,
                 DEFAULT_MAX_UNATTACHED_RUNS,
                 "max_unattached_runs",
+            )
+            .report(&mut problems),
+            console_token: resolve_key(
+                "console_token",
+                self.console_token,
+                self.console_token_env,
+                env,
             )
             .report(&mut problems),
             warnings,
@@ -637,6 +647,7 @@ impl FileModel {
                     .unwrap_or(model.reasoning),
                 extra_body,
             },
+            pricing: model.pricing,
             id: model.id,
         })
     }

@@ -237,6 +237,7 @@ mod tests {
                 reasoning_content_on_tool_calls: false,
                 extra_body: serde_json::Map::new(),
             },
+            pricing: None,
         }
     }
 

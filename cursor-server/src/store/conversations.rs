@@ -5,6 +5,7 @@ use sqlx::{Row, SqliteConnection};
 
 use super::{QueryContext, Store, StoreError, now_ms};
 use crate::model::conversation::BlobId;
+use crate::model::message::CanonicalMessage;
 
 /// Creates the conversation row if it does not exist yet.
 pub async fn ensure(conn: &mut SqliteConnection, conversation_id: &str) -> Result<(), StoreError> {
@@ -125,4 +126,67 @@ pub async fn graph_tops(store: &Store) -> Result<Vec<BlobId>, StoreError> {
         .iter()
         .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("id")))
         .collect())
+}
+
+/// A conversation as the console lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConversationSummary {
+    pub id: String,
+    /// The first user message's text (its start), if it has one.
+    pub title: Option<String>,
+    pub runs: u64,
+    pub messages: u64,
+    pub last_activity_ms: i64,
+}
+
+/// Conversations, most recently active first (`limit` at most, before `before_ms` if given).
+pub async fn list(
+    store: &Store,
+    before_ms: Option<i64>,
+    limit: u32,
+) -> Result<Vec<ConversationSummary>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT c.id,
+            (SELECT m.body FROM messages m WHERE m.conversation_id = c.id AND m.origin = 'user'
+              ORDER BY m.seq LIMIT 1) AS first_user,
+            (SELECT COUNT(*) FROM runs r WHERE r.conversation_id = c.id) AS runs,
+            (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS messages,
+            MAX(c.created_at_ms,
+                COALESCE((SELECT MAX(r.started_at_ms) FROM runs r WHERE r.conversation_id = c.id), 0))
+              AS last_activity_ms
+         FROM conversations c
+         WHERE (?1 IS NULL OR last_activity_ms < ?1)
+         ORDER BY last_activity_ms DESC, c.id LIMIT ?2",
+    )
+    .bind(before_ms)
+    .bind(i64::from(limit))
+    .fetch_all(store.pool())
+    .await
+    .context("listing conversations")?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let first: Option<String> = row.get("first_user");
+            ConversationSummary {
+                id: row.get("id"),
+                title: first.as_deref().and_then(title_of),
+                runs: row.get::<i64, _>("runs").max(0) as u64,
+                messages: row.get::<i64, _>("messages").max(0) as u64,
+                last_activity_ms: row.get("last_activity_ms"),
+            }
+        })
+        .collect())
+}
+
+/// The first non-empty line of a stored user message's text (80 characters at most).
+fn title_of(body: &str) -> Option<String> {
+    let Ok(CanonicalMessage::User(message)) = serde_json::from_str(body) else {
+        return None;
+    };
+    let line = message
+        .text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())?;
+    Some(line.chars().take(80).collect())
 }

@@ -24,7 +24,7 @@ impl RunStatus {
         }
     }
 
-    fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         match text {
             "running" => Some(RunStatus::Running),
             "succeeded" => Some(RunStatus::Succeeded),
@@ -331,4 +331,163 @@ pub async fn provider_calls(
             })
         })
         .collect()
+}
+
+/// Which runs a listing shows, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// One run only.
+    pub request_id: Option<String>,
+    pub status: Option<RunStatus>,
+    pub model_id: Option<String>,
+    pub conversation_id: Option<String>,
+    /// Only runs started at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only runs started before this time: the previous page's last `started_at_ms`.
+    pub before_ms: Option<i64>,
+    pub limit: u32,
+}
+
+/// A run as a listing shows it: its record, when it started and ended, and its time to first token
+/// (request → first streamed event of its first provider call).
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub record: RunRecord,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+    pub first_token_ms: Option<i64>,
+}
+
+/// Runs matching `filter`, newest first (`filter.limit` of them at most).
+pub async fn list(store: &Store, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT r.*,
+            (SELECT c.started_at_ms + c.first_event_ms - r.started_at_ms FROM provider_calls c
+              WHERE c.request_id = r.request_id AND c.first_event_ms IS NOT NULL
+              ORDER BY c.started_at_ms, c.rowid LIMIT 1) AS first_token_ms
+         FROM runs r
+         WHERE (?1 IS NULL OR r.status = ?1)
+           AND (?2 IS NULL OR r.model_id = ?2)
+           AND (?3 IS NULL OR r.conversation_id = ?3)
+           AND (?4 IS NULL OR r.started_at_ms >= ?4)
+           AND (?5 IS NULL OR r.started_at_ms < ?5)
+           AND (?7 IS NULL OR r.request_id = ?7)
+         ORDER BY r.started_at_ms DESC, r.request_id DESC
+         LIMIT ?6",
+    )
+    .bind(filter.status.map(RunStatus::as_str))
+    .bind(filter.model_id.as_deref())
+    .bind(filter.conversation_id.as_deref())
+    .bind(filter.since_ms)
+    .bind(filter.before_ms)
+    .bind(i64::from(filter.limit))
+    .bind(filter.request_id.as_deref())
+    .fetch_all(store.pool())
+    .await
+    .context("listing runs")?;
+    rows.iter().map(summary_of).collect()
+}
+
+fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
+    let request_id: String = row.get("request_id");
+    let status_text: String = row.get("status");
+    let status = RunStatus::parse(&status_text).ok_or_else(|| StoreError::CorruptRun {
+        request_id: request_id.clone(),
+        status: status_text.clone(),
+    })?;
+    let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
+    let code: Option<String> = row.get("error_code");
+    let message: Option<String> = row.get("error_message");
+    Ok(RunSummary {
+        record: RunRecord {
+            request_id,
+            conversation_id: row.get("conversation_id"),
+            model_id: row.get("model_id"),
+            outcome: RunOutcome {
+                status,
+                provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
+                usage: Usage {
+                    input_tokens: tokens("input_tokens"),
+                    output_tokens: tokens("output_tokens"),
+                    cache_read_tokens: tokens("cache_read_tokens"),
+                    cache_write_tokens: tokens("cache_write_tokens"),
+                    reasoning_tokens: tokens("reasoning_tokens"),
+                },
+                error: code.zip(message),
+            },
+        },
+        started_at_ms: row.get("started_at_ms"),
+        finished_at_ms: row.get("finished_at_ms"),
+        first_token_ms: row.get("first_token_ms"),
+    })
+}
+
+/// Tokens of the provider calls of one day, provider and model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageRow {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    pub provider: String,
+    pub model_id: String,
+    pub calls: u64,
+    pub usage: Usage,
+}
+
+/// Usage per day, provider and model since `since_ms`, oldest day first.
+pub async fn usage_by_day(store: &Store, since_ms: i64) -> Result<Vec<UsageRow>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT date(started_at_ms / 1000, 'unixepoch') AS day, provider, model_id,
+                COUNT(*) AS calls,
+                SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,
+                SUM(cache_read_tokens) AS cache_read_tokens,
+                SUM(cache_write_tokens) AS cache_write_tokens,
+                SUM(reasoning_tokens) AS reasoning_tokens
+         FROM provider_calls WHERE started_at_ms >= ?
+         GROUP BY day, provider, model_id ORDER BY day, provider, model_id",
+    )
+    .bind(since_ms)
+    .fetch_all(store.pool())
+    .await
+    .context("summing usage")?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
+            UsageRow {
+                day: row.get("day"),
+                provider: row.get("provider"),
+                model_id: row.get("model_id"),
+                calls: row.get::<i64, _>("calls").max(0) as u64,
+                usage: Usage {
+                    input_tokens: tokens("input_tokens"),
+                    output_tokens: tokens("output_tokens"),
+                    cache_read_tokens: tokens("cache_read_tokens"),
+                    cache_write_tokens: tokens("cache_write_tokens"),
+                    reasoning_tokens: tokens("reasoning_tokens"),
+                },
+            }
+        })
+        .collect())
+}
+
+/// Each model's newest provider call: when, and whether it failed (for the providers' overview).
+pub async fn last_calls(store: &Store) -> Result<Vec<(String, i64, Option<String>)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT model_id, started_at_ms, error FROM provider_calls p
+         WHERE rowid = (SELECT rowid FROM provider_calls q WHERE q.model_id = p.model_id
+                        ORDER BY started_at_ms DESC, rowid DESC LIMIT 1)",
+    )
+    .fetch_all(store.pool())
+    .await
+    .context("reading the newest provider calls")?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            (
+                row.get("model_id"),
+                row.get("started_at_ms"),
+                row.get("error"),
+            )
+        })
+        .collect())
 }

@@ -25,6 +25,7 @@ fn model(reasoning: bool) -> ModelConfig {
             reasoning_content_on_tool_calls: reasoning,
             extra_body: Map::new(),
         },
+        pricing: None,
     }
 }
 

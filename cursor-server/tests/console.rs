@@ -1,0 +1,171 @@
+//! The console's JSON API after a real tool turn through the fake provider: the run with its
+//! provider calls, tokens and cost; the conversation with its title and stored history; usage per
+//! day with cost (unknown, never zero, without a price); the providers without their keys; and the
+//! token that guards it all when set.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use fake_cursor::{FakeCursor, Session};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, read_success, run_request_with_env};
+use serde_json::Value;
+
+const PRICING: &str = "\n[providers.models.pricing]\ninput = 2.0\noutput = 8.0\ncache_read = 0.5\ncache_write = 0.0\nreasoning = 0.0\n";
+
+async fn get(server: &TestServer, path: &str) -> Value {
+    let response = reqwest::get(format!("http://{}{path}", server.addr))
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200, "{path}");
+    response.json().await.expect("JSON")
+}
+
+/// A server (with prices for its model) that has completed one tool turn.
+async fn after_a_tool_turn(pricing: &str) -> (FakeProvider, TestServer) {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_c1", "Read", r#"{"path":"src/lib.rs"}"#)],
+        (1_000, 100, 0),
+    )));
+    provider.push(Reply::sse(text_events(
+        &["It is empty."],
+        (1_200, 50, 1_000),
+    )));
+    let pricing = pricing.to_owned();
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", move |text| {
+        format!("{text}{pricing}")
+    })
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-console",
+        &run_request_with_env("conv-console", "What is in src/lib.rs?\nLook closely."),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    session
+        .send(&exec_result(exec.id, read_success("src/lib.rs", "\n")))
+        .await;
+    assert!(session.finish().await.is_success());
+    (provider, server)
+}
+
+#[tokio::test]
+async fn a_tool_turn_shows_in_runs_conversations_usage_and_providers() {
+    let (_provider, server) = after_a_tool_turn(PRICING).await;
+
+    // The run's record is written as it ends, after its stream closed: wait for it.
+    let mut runs = Value::Null;
+    for _ in 0..1500 {
+        runs = get(&server, "/api/runs").await;
+        if runs["runs"][0]["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let run = &runs["runs"][0];
+    assert_eq!(run["request_id"], "req-console", "{runs}");
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["conversation_id"], "conv-console");
+    assert_eq!(run["provider_call_count"], 2);
+    assert_eq!(run["usage"]["input"], 2_200);
+    assert_eq!(run["usage"]["output"], 150);
+    assert_eq!(run["usage"]["cache_read"], 1_000);
+    // 2,200 × $2 + 150 × $8 + 1,000 × $0.5, per million.
+    let cost = run["cost_usd"].as_f64().expect("a cost");
+    assert!((cost - 0.0061).abs() < 1e-9, "{cost}");
+    assert!(run["first_token_ms"].as_i64().is_some(), "{run}");
+
+    let detail = get(&server, "/api/runs/req-console").await;
+    let calls = detail["provider_calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0]["finish_reason"], "tool_calls");
+    assert_eq!(calls[1]["finish_reason"], "stop");
+    assert_eq!(calls[0]["attempts"], 1);
+
+    let filtered = get(&server, "/api/runs?status=failed").await;
+    assert_eq!(filtered["runs"].as_array().map(Vec::len), Some(0));
+    let by_conversation = get(&server, "/api/runs?conversation=conv-console").await;
+    assert_eq!(by_conversation["runs"].as_array().map(Vec::len), Some(1));
+
+    let conversations = get(&server, "/api/conversations").await;
+    let listed = &conversations["conversations"][0];
+    assert_eq!(listed["id"], "conv-console");
+    assert_eq!(listed["title"], "What is in src/lib.rs?");
+    assert_eq!(listed["runs"], 1);
+    let conversation = get(&server, "/api/conversations/conv-console").await;
+    let history = conversation["history"].as_array().expect("history");
+    let roles: Vec<&str> = history.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert!(
+        roles.contains(&"tool_call") && roles.contains(&"tool_result"),
+        "{roles:?}"
+    );
+    assert!(conversation["head"]["revision"].as_i64().is_some());
+
+    let usage = get(&server, "/api/usage").await;
+    let row = &usage["rows"][0];
+    assert_eq!(row["calls"], 2);
+    assert_eq!(row["usage"]["input"], 2_200);
+    let hit = row["cache_hit_rate"].as_f64().expect("a hit rate");
+    assert!((hit - 1_000.0 / 3_200.0).abs() < 1e-9, "{hit}");
+
+    let providers = get(&server, "/api/providers").await;
+    let text = providers.to_string();
+    assert!(!text.contains(fixtures::API_KEY), "the key is never shown");
+    assert_eq!(providers["providers"][0]["api_key"], "***");
+    let model = &providers["providers"][0]["models"][0];
+    assert_eq!(model["last_call"]["ok"], true);
+    assert_eq!(model["priced"], true);
+}
+
+#[tokio::test]
+async fn without_a_price_the_cost_is_unknown_not_zero() {
+    let (_provider, server) = after_a_tool_turn("").await;
+    let usage = get(&server, "/api/usage").await;
+    assert_eq!(usage["rows"][0]["cost_usd"], Value::Null, "{usage}");
+    let missing = reqwest::get(format!("http://{}/api/runs/req-nothing", server.addr))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let bad = reqwest::get(format!("http://{}/api/runs?status=sideways", server.addr))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test]
+async fn with_a_console_token_the_api_needs_it() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "console_token = \"let-me-in\"",
+    )
+    .await;
+    let url = format!("http://{}/api/runs", server.addr);
+    let client = reqwest::Client::new();
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 401);
+    let wrong = client.get(&url).bearer_auth("guess").send().await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    let bearer = client
+        .get(&url)
+        .bearer_auth("let-me-in")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bearer.status(), 200);
+    let cookie = client
+        .get(&url)
+        .header("cookie", "other=1; cursor_byok_console=let-me-in")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cookie.status(), 200);
+}
