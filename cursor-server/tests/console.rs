@@ -89,6 +89,18 @@ async fn a_tool_turn_shows_in_runs_conversations_usage_and_providers() {
     assert_eq!(calls[0]["finish_reason"], "tool_calls");
     assert_eq!(calls[1]["finish_reason"], "stop");
     assert_eq!(calls[0]["attempts"], 1);
+    assert_eq!(detail["mode"], "agent");
+    assert_eq!(detail["transport"], "run_sse");
+    let tools = detail["tool_calls"].as_array().expect("tool calls");
+    assert_eq!(tools.len(), 1, "{detail}");
+    assert_eq!(tools[0]["tool"], "Read");
+    assert_eq!(tools[0]["outcome"], "success");
+    assert!(
+        tools[0]["arguments"]
+            .as_str()
+            .is_some_and(|a| a.contains("src/lib.rs"))
+    );
+    assert!(tools[0]["duration_ms"].as_i64().is_some_and(|d| d >= 0));
 
     let filtered = get(&server, "/api/runs?status=failed").await;
     assert_eq!(filtered["runs"].as_array().map(Vec::len), Some(0));

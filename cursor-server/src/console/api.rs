@@ -123,8 +123,23 @@ pub async fn run(
             })
         })
         .collect();
+    let tools: Vec<Value> = runs::tool_executions(&state.store, &request_id)
+        .await?
+        .iter()
+        .map(|tool| {
+            json!({
+                "call_id": tool.call_id,
+                "tool": tool.tool,
+                "arguments": tool.summary,
+                "started_at_ms": tool.started_at_ms,
+                "duration_ms": tool.duration_ms,
+                "outcome": tool.outcome,
+            })
+        })
+        .collect();
     let mut run = run_json(&state.config, summary);
     run["provider_calls"] = Value::Array(calls);
+    run["tool_calls"] = Value::Array(tools);
     Ok(Json(run))
 }
 
@@ -134,6 +149,8 @@ fn run_json(config: &Config, run: &RunSummary) -> Value {
         "request_id": record.request_id,
         "conversation_id": record.conversation_id,
         "model": record.model_id,
+        "mode": run.mode,
+        "transport": run.transport,
         "status": record.outcome.status.as_str(),
         "started_at_ms": run.started_at_ms,
         "finished_at_ms": run.finished_at_ms,

@@ -18,8 +18,9 @@ use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::exec::ExecPayload;
 use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
+use crate::model::conversation::Mode;
 use crate::model::usage::Usage;
-use crate::ops::metrics;
+use crate::ops::metrics::{self, Transport};
 use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
 
@@ -46,6 +47,7 @@ pub struct RunActor {
     state: State,
     /// Set once the run is recorded in the store (a run_request was accepted).
     recorded: bool,
+    transport: Transport,
 }
 
 /// The run for `request_id`, its actor started if this is the first message for it (RunSSE or
@@ -77,7 +79,8 @@ fn start(
         Lookup::New(handle, commands) => (handle, commands),
     };
     let control = Arc::clone(handle.control());
-    let actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, control);
+    let mut actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, control);
+    actor.transport = transport;
     let done = handle.done().clone();
     let app = Arc::clone(app);
     let request_id = request_id.to_owned();
@@ -123,6 +126,7 @@ impl RunActor {
             downlink,
             state: State::AwaitingRunRequest,
             recorded: false,
+            transport: Transport::RunSse,
         }
     }
 
@@ -130,9 +134,9 @@ impl RunActor {
     pub async fn run(mut self) -> Option<RunStatus> {
         let started = Instant::now();
         let end = self.drive().await;
-        let (provider_calls, usage) = match &self.state {
-            State::Running(turn) => (turn.provider_calls(), turn.usage()),
-            State::AwaitingRunRequest | State::AwaitingContext(_) => (0, Usage::default()),
+        let (provider_calls, usage, mode) = match &self.state {
+            State::Running(turn) => (turn.provider_calls(), turn.usage(), Some(turn.mode())),
+            State::AwaitingRunRequest | State::AwaitingContext(_) => (0, Usage::default(), None),
         };
         self.wind_down(&end).await;
         // Dropping the turn cancels its provider call before the client hears the ending.
@@ -141,8 +145,9 @@ impl RunActor {
         // whether it beats the end-of-stream frame or not.
         self.control.close_input();
         let outcome = self.announce_end(&end, provider_calls, usage).await;
+        let kind = (mode.map(Mode::as_str), self.transport.as_str());
         if self.recorded
-            && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome).await
+            && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome, kind).await
         {
             tracing::error!("recording the run's end: {e}");
         }
@@ -546,20 +551,15 @@ impl RunActor {
         let request_id = &self.request_id;
         match action {
             RunAction::CancelSubagent { subagent_id } => {
-                let run = self.app.runs.conversation_run(subagent_id);
+                let running = self.app.runs.stop_conversation(subagent_id, request_id);
                 tracing::info!(
-                    request_id,
                     subagent_id,
-                    running = run.is_some(),
+                    running,
                     "the user canceled a subagent; its run (if running here) is stopped"
                 );
-                if let Some((_, handle)) = run {
-                    handle.supersede(request_id);
-                }
             }
             RunAction::MoveToBackground { tool_call_id, kind } => {
                 tracing::info!(
-                    request_id,
                     tool_call_id,
                     ?kind,
                     "the user moved a call to the background; the client reports it on the call's stream and the turn goes on"

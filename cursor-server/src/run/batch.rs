@@ -24,7 +24,7 @@ use crate::ops::metrics;
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
 use crate::store::blobs::{self, Edge};
-use crate::store::messages;
+use crate::store::{messages, now_ms, runs};
 
 /// A finished server-side search for the call in `slot`.
 #[derive(Debug)]
@@ -41,6 +41,8 @@ struct Slot {
     index: u32,
     /// The running call; `None` before it starts and once it has its outcome.
     run: Option<ToolRun>,
+    /// When the batch took the call (for its record's duration).
+    started_at_ms: i64,
 }
 
 /// How one call ended: its final card (when one was drawn), what the model reads, and the typed
@@ -79,6 +81,7 @@ impl Batch {
                     call,
                     index,
                     run: None,
+                    started_at_ms: now_ms(),
                 })
                 .collect(),
             finished: 0,
@@ -302,6 +305,18 @@ impl Batch {
         let entry = &mut self.slots[slot];
         let outcome = if ending.is_error { "error" } else { "success" };
         metrics::tool_exec(&entry.call.name, outcome);
+        let execution = runs::ToolExecution {
+            request_id: turn.request_id.clone(),
+            call_id: entry.call.call_id.clone(),
+            tool: entry.call.name.clone(),
+            summary: runs::summarize_arguments(&entry.call.arguments),
+            started_at_ms: entry.started_at_ms,
+            duration_ms: now_ms() - entry.started_at_ms,
+            outcome,
+        };
+        if let Err(e) = runs::record_tool(&turn.app.store, &execution).await {
+            tracing::warn!(call_id = %execution.call_id, "recording a tool call: {e}");
+        }
         let run = entry.run.take();
         let switched_to = match (&run, &ending.outcome) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),

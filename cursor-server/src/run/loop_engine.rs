@@ -27,6 +27,7 @@ use crate::cursor::tools::ToolKind;
 use crate::cursor::tools::edit::FieldStreamer;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
+use crate::model::conversation::Mode;
 use crate::model::message::latest_compaction;
 use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay, ThinkingSpan};
 use crate::model::tool::ToolCall;
@@ -278,6 +279,11 @@ impl TurnLoop {
 
     pub fn provider_calls(&self) -> u32 {
         self.turn.provider_calls
+    }
+
+    /// The mode the turn is in now (it may have switched).
+    pub fn mode(&self) -> Mode {
+        self.turn.mode()
     }
 
     /// Usage summed over completed provider calls so far.

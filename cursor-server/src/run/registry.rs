@@ -278,6 +278,18 @@ impl RunRegistry {
             .map(|handle| (owner.clone(), handle))
     }
 
+    /// Stops the run working on `conversation_id` (a subagent the user canceled) for `by`;
+    /// whether one was running.
+    pub fn stop_conversation(&self, conversation_id: &str, by: &str) -> bool {
+        match self.conversation_run(conversation_id) {
+            Some((_, handle)) => {
+                handle.supersede(by);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// How many runs are active, and how many have finished since the registry started.
     pub fn counts(&self) -> (usize, u64) {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);

@@ -99,10 +99,12 @@ pub async fn reconcile_interrupted(store: &Store) -> Result<u64, StoreError> {
     Ok(done.rows_affected())
 }
 
+/// Records how the run ended, with the mode it ended in and the transport it came over.
 pub async fn finish(
     store: &Store,
     request_id: &str,
     outcome: &RunOutcome,
+    (mode, transport): (Option<&str>, &str),
 ) -> Result<(), StoreError> {
     let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
     let (code, message) = match &outcome.error {
@@ -112,7 +114,7 @@ pub async fn finish(
     sqlx::query(
         "UPDATE runs SET status = ?, provider_calls = ?, input_tokens = ?, output_tokens = ?,
              cache_read_tokens = ?, cache_write_tokens = ?, reasoning_tokens = ?,
-             error_code = ?, error_message = ?, finished_at_ms = ?
+             error_code = ?, error_message = ?, finished_at_ms = ?, mode = ?, transport = ?
          WHERE request_id = ?",
     )
     .bind(outcome.status.as_str())
@@ -125,6 +127,8 @@ pub async fn finish(
     .bind(code)
     .bind(message)
     .bind(now_ms())
+    .bind(mode)
+    .bind(transport)
     .bind(request_id)
     .execute(store.writer())
     .await
@@ -356,6 +360,9 @@ pub struct RunSummary {
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
     pub first_token_ms: Option<i64>,
+    /// The mode the run ended in, and its transport (`run_sse`, `http2_run`), once it ended.
+    pub mode: Option<String>,
+    pub transport: Option<String>,
 }
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
@@ -419,6 +426,8 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
         started_at_ms: row.get("started_at_ms"),
         finished_at_ms: row.get("finished_at_ms"),
         first_token_ms: row.get("first_token_ms"),
+        mode: row.get("mode"),
+        transport: row.get("transport"),
     })
 }
 
@@ -488,6 +497,82 @@ pub async fn last_calls(store: &Store) -> Result<Vec<(String, i64, Option<String
                 row.get("started_at_ms"),
                 row.get("error"),
             )
+        })
+        .collect())
+}
+
+/// One tool call of a run, as the console lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolExecution {
+    pub request_id: String,
+    pub call_id: String,
+    pub tool: String,
+    /// The arguments, shortened (see `summarize_arguments`).
+    pub summary: String,
+    pub started_at_ms: i64,
+    pub duration_ms: i64,
+    /// `success` or `error`.
+    pub outcome: &'static str,
+}
+
+/// How much of a call's arguments a listing keeps.
+const SUMMARY_CHARS: usize = 160;
+
+/// A call's arguments shortened for a listing: the JSON text up to `SUMMARY_CHARS` characters.
+pub fn summarize_arguments(arguments: &str) -> String {
+    let mut summary: String = arguments.chars().take(SUMMARY_CHARS).collect();
+    if arguments.chars().nth(SUMMARY_CHARS).is_some() {
+        summary.push('…');
+    }
+    summary
+}
+
+/// Records a finished tool call (once per call; a repeat of the same call id is ignored).
+pub async fn record_tool(store: &Store, execution: &ToolExecution) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT OR IGNORE INTO tool_executions
+             (request_id, call_id, tool, summary, started_at_ms, duration_ms, outcome)
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&execution.request_id)
+    .bind(&execution.call_id)
+    .bind(&execution.tool)
+    .bind(&execution.summary)
+    .bind(execution.started_at_ms)
+    .bind(execution.duration_ms)
+    .bind(execution.outcome)
+    .execute(store.writer())
+    .await
+    .context("recording a tool call")?;
+    Ok(())
+}
+
+/// A run's tool calls in the order they started.
+pub async fn tool_executions(
+    store: &Store,
+    request_id: &str,
+) -> Result<Vec<ToolExecution>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM tool_executions WHERE request_id = ? ORDER BY started_at_ms, call_id",
+    )
+    .bind(request_id)
+    .fetch_all(store.pool())
+    .await
+    .context("reading tool calls")?;
+    Ok(rows
+        .iter()
+        .map(|row| ToolExecution {
+            request_id: row.get("request_id"),
+            call_id: row.get("call_id"),
+            tool: row.get("tool"),
+            summary: row.get("summary"),
+            started_at_ms: row.get("started_at_ms"),
+            duration_ms: row.get("duration_ms"),
+            outcome: if row.get::<String, _>("outcome") == "error" {
+                "error"
+            } else {
+                "success"
+            },
         })
         .collect())
 }
