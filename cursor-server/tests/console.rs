@@ -181,3 +181,73 @@ async fn with_a_console_token_the_api_needs_it() {
         .unwrap();
     assert_eq!(cookie.status(), 200);
 }
+
+async fn page(server: &TestServer, path: &str) -> String {
+    let response = reqwest::get(format!("http://{}{path}", server.addr))
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200, "{path}");
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.to_str().unwrap().starts_with("text/html")),
+        "{path}"
+    );
+    response.text().await.expect("HTML")
+}
+
+#[tokio::test]
+async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
+    let (_provider, server) = after_a_tool_turn(PRICING).await;
+    for _ in 0..1500 {
+        let runs = get(&server, "/api/runs").await;
+        if runs["runs"][0]["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let overview = page(&server, "/console").await;
+    assert!(
+        overview.contains("test-model") && overview.contains("ok "),
+        "{overview}"
+    );
+
+    let runs = page(&server, "/console/runs").await;
+    assert!(runs.contains("/console/runs/req-console"), "{runs}");
+    assert!(
+        runs.contains("succeeded") && runs.contains("$0.0061"),
+        "{runs}"
+    );
+    let failed = page(&server, "/console/runs?status=failed").await;
+    assert!(
+        !failed.contains("/console/runs/req-console"),
+        "the filter applies"
+    );
+
+    let run = page(&server, "/console/runs/req-console").await;
+    assert_eq!(run.matches("<tr class=\"call\">").count(), 2, "{run}");
+    assert_eq!(run.matches("<tr class=\"tool\">").count(), 1, "{run}");
+    assert!(
+        run.contains("src/lib.rs") && run.contains("tool_calls"),
+        "{run}"
+    );
+
+    let conversations = page(&server, "/console/conversations").await;
+    assert!(
+        conversations.contains("What is in src/lib.rs?"),
+        "{conversations}"
+    );
+    let conversation = page(&server, "/console/conversations/conv-console").await;
+    assert!(
+        conversation.contains("Read({&quot;path&quot;:&quot;src/lib.rs&quot;})"),
+        "{conversation}"
+    );
+    assert!(conversation.contains("It is empty."), "{conversation}");
+
+    let usage = page(&server, "/console/usage").await;
+    assert!(
+        usage.contains("<svg") && usage.contains("<tr class=\"usage\">"),
+        "{usage}"
+    );
+}

@@ -23,7 +23,7 @@ const PAGE: u32 = 50;
 const MAX_PAGE: u32 = 500;
 
 /// A console API failure: a bad query or the store's error, as JSON with a status.
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
@@ -38,17 +38,17 @@ impl IntoResponse for ApiError {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunQuery {
-    status: Option<String>,
-    model: Option<String>,
-    conversation: Option<String>,
+    pub status: Option<String>,
+    pub model: Option<String>,
+    pub conversation: Option<String>,
     /// Runs started at or after this time (ms since the epoch).
-    since: Option<i64>,
+    pub since: Option<i64>,
     /// The previous page's `next` cursor.
-    before: Option<i64>,
-    limit: Option<u32>,
+    pub before: Option<i64>,
+    pub limit: Option<u32>,
 }
 
 pub async fn runs(
@@ -183,11 +183,11 @@ fn pricing(config: &Config, model_id: &str) -> Option<Pricing> {
         .and_then(|m| m.pricing)
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PageQuery {
-    before: Option<i64>,
-    limit: Option<u32>,
+    pub before: Option<i64>,
+    pub limit: Option<u32>,
 }
 
 pub async fn conversations(
@@ -246,11 +246,11 @@ pub async fn conversation(
     })))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
     /// Days back from today (UTC), default 30.
-    days: Option<u32>,
+    pub days: Option<u32>,
 }
 
 /// Usage per day, provider and model: the five token buckets, the cache hit rate (cache reads

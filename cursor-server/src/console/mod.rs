@@ -1,9 +1,12 @@
-//! The console's routes: the JSON API under `/api/` (the console's pages read the same queries).
+//! The console's routes: its pages under `/console` and the JSON API under `/api/` (each page
+//! renders its API handler's answer).
 //! Who may call them: on a loopback listener anyone on this machine unless `console_token` is set;
 //! on any other listener only with the token (a bearer header or the console's cookie). Never
 //! passed through to Cursor's backend.
 
 pub mod api;
+pub mod charts;
+pub mod pages;
 
 use std::sync::Arc;
 
@@ -21,6 +24,12 @@ pub const COOKIE: &str = "cursor_byok_console";
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
+        .route("/console", get(pages::overview))
+        .route("/console/runs", get(pages::runs))
+        .route("/console/runs/{request_id}", get(pages::run))
+        .route("/console/conversations", get(pages::conversations))
+        .route("/console/conversations/{id}", get(pages::conversation))
+        .route("/console/usage", get(pages::usage))
         .route("/api/runs", get(api::runs))
         .route("/api/runs/{request_id}", get(api::run))
         .route("/api/conversations", get(api::conversations))
