@@ -251,3 +251,235 @@ async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
         "{usage}"
     );
 }
+
+/// A headless Chromium driven through chromedriver, or `None` (with the reason printed) where the
+/// machine has neither — unless `CURSOR_BYOK_BROWSER_TESTS=1` (as `.ci/run` sets), which makes
+/// their absence a failure.
+struct Browser {
+    client: fantoccini::Client,
+    driver: tokio::process::Child,
+    driver_url: String,
+}
+
+impl Browser {
+    async fn start() -> Option<Browser> {
+        let required = std::env::var("CURSOR_BYOK_BROWSER_TESTS").is_ok_and(|v| v == "1");
+        let found = |name: &str| {
+            std::env::var_os("PATH").is_some_and(|paths| {
+                std::env::split_paths(&paths).any(|dir| dir.join(name).is_file())
+            })
+        };
+        if !found("chromedriver") || !found("chromium") {
+            assert!(!required, "chromium and chromedriver are required here");
+            eprintln!("skipped: chromium or chromedriver is not installed");
+            return None;
+        }
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let driver = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver starts");
+        let driver_url = format!("http://127.0.0.1:{port}");
+        // Wait for chromedriver to answer (bounded), not for a guessed delay.
+        let ready = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            loop {
+                if reqwest::get(format!("{driver_url}/status")).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(ready.is_ok(), "chromedriver answers");
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".to_owned(),
+            serde_json::json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                "--disable-dev-shm-usage", "--window-size=1280,900"]}),
+        );
+        capabilities.insert(
+            "goog:loggingPrefs".to_owned(),
+            serde_json::json!({"browser": "ALL"}),
+        );
+        let client = fantoccini::ClientBuilder::rustls()
+            .expect("a WebDriver client")
+            .capabilities(capabilities)
+            .connect(&driver_url)
+            .await
+            .expect("a Chromium session");
+        Some(Browser {
+            client,
+            driver,
+            driver_url,
+        })
+    }
+
+    /// Opens `url`, checks the browser logged no error, and saves a screenshot as `name` when
+    /// `CURSOR_BYOK_SCREENSHOTS` names a directory (how docs/console/ is made).
+    async fn open(&self, url: &str, name: &str) {
+        self.client.goto(url).await.expect("page loads");
+        let errors = self.console_errors().await;
+        assert!(errors.is_empty(), "{url}: console errors {errors:#?}");
+        if let Ok(dir) = std::env::var("CURSOR_BYOK_SCREENSHOTS") {
+            let png = self.client.screenshot().await.expect("screenshot");
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.png")), png)
+                .expect("screenshot written");
+        }
+    }
+
+    /// The browser's log entries of level SEVERE since the last call (chromedriver's log API).
+    async fn console_errors(&self) -> Vec<String> {
+        let session = self
+            .client
+            .session_id()
+            .await
+            .unwrap()
+            .expect("a session id");
+        let logs: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/session/{session}/se/log", self.driver_url))
+            .json(&serde_json::json!({"type": "browser"}))
+            .send()
+            .await
+            .expect("log request")
+            .json()
+            .await
+            .expect("log JSON");
+        logs["value"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .map(|entry| entry["message"].to_string())
+            .collect()
+    }
+
+    async fn count(&self, css: &str) -> usize {
+        self.client
+            .find_all(fantoccini::Locator::Css(css))
+            .await
+            .expect("query")
+            .len()
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.close().await;
+        let _ = self.driver.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn in_a_real_browser_every_page_loads_clean_shows_the_turn_and_filters_work() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let (provider, server) = after_a_tool_turn(PRICING).await;
+    for _ in 0..1500 {
+        if get(&server, "/api/runs").await["runs"][0]["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let base = format!("http://{}", server.addr);
+
+    browser.open(&format!("{base}/console"), "overview").await;
+    assert!(
+        browser
+            .client
+            .source()
+            .await
+            .unwrap()
+            .contains("test-model")
+    );
+
+    browser.open(&format!("{base}/console/runs"), "runs").await;
+    assert_eq!(browser.count("tr.run").await, 1);
+    // The status filter, through the page's own form.
+    let form = browser
+        .client
+        .form(fantoccini::Locator::Css("form"))
+        .await
+        .expect("the filter form");
+    form.set_by_name("status", "failed").await.expect("status");
+    form.submit().await.expect("submitted");
+    let filtered = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !browser
+            .client
+            .current_url()
+            .await
+            .is_ok_and(|url| url.as_str().contains("status=failed"))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(filtered.is_ok(), "the form navigates to the filtered list");
+    assert_eq!(browser.count("tr.run").await, 0, "no failed runs");
+    assert!(browser.console_errors().await.is_empty());
+
+    browser
+        .open(&format!("{base}/console/runs/req-console"), "run")
+        .await;
+    assert_eq!(browser.count("tr.call").await, 2);
+    assert_eq!(browser.count("tr.tool").await, 1);
+
+    browser
+        .open(&format!("{base}/console/conversations"), "conversations")
+        .await;
+    assert_eq!(browser.count("tr.conversation").await, 1);
+    browser
+        .open(
+            &format!("{base}/console/conversations/conv-console"),
+            "conversation",
+        )
+        .await;
+    assert!(browser.count("div.message").await >= 4);
+
+    browser
+        .open(&format!("{base}/console/usage"), "usage")
+        .await;
+    assert_eq!(browser.count("svg.chart").await, 1);
+    assert_eq!(browser.count("tr.usage").await, 1);
+
+    // Live: a run in progress shows on the overview without a reload.
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    provider.push(Reply::Held {
+        before: vec![],
+        after: text_events(&["late"], (1, 1, 0)),
+        release: std::sync::Arc::clone(&release),
+    });
+    browser.open(&format!("{base}/console"), "overview").await;
+    let cursor = FakeCursor::new(server.addr);
+    let session = Session::start(
+        &cursor,
+        "req-live",
+        &run_request_with_env("conv-live", "slow one"),
+    )
+    .await;
+    let shown = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let active = browser
+                .client
+                .find(fantoccini::Locator::Id("active"))
+                .await
+                .expect("the counter")
+                .text()
+                .await
+                .expect("its text");
+            if active == "1" {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(shown.is_ok(), "the running run appears without a reload");
+    release.notify_one();
+    assert!(session.finish().await.is_success());
+    browser.close().await;
+}

@@ -48,7 +48,7 @@ pub fn tokens_per_day(rows: &[Value]) -> String {
         .max(1) as f64;
     let plot = HEIGHT - 2.0 * MARGIN;
     let step = (WIDTH - 2.0 * MARGIN) / days.len() as f64;
-    let bar = (step * 0.7).max(1.0);
+    let bar = (step * 0.7).clamp(1.0, 40.0);
     const COLOURS: [(&str, &str); 3] = [
         ("input", "#4a7bd0"),
         ("cache read", "#9ab8ea"),

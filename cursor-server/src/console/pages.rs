@@ -70,7 +70,7 @@ form{margin:8px 0}.muted{color:#777}";
 
 fn page(title: &str, body: &str) -> Response {
     let html = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · cursor-byok</title>\
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\"><title>{title} · cursor-byok</title>\
          <style>{STYLE}</style></head><body><nav><a href=\"/console\">Overview</a>\
          <a href=\"/console/runs\">Runs</a><a href=\"/console/conversations\">Conversations</a>\
          <a href=\"/console/usage\">Usage</a></nav><main><h1>{title}</h1>{body}</main></body></html>",
@@ -137,7 +137,7 @@ pub async fn runs(
     let mut body = format!(
         "<form method=\"get\">status <select name=\"status\">{}</select> model \
          <input name=\"model\" value=\"{}\"> conversation <input name=\"conversation\" value=\"{}\"> \
-         <button>Filter</button></form><table><tr><th>started</th><th>run</th><th>conversation</th>\
+         <button type=\"submit\">Filter</button></form><table><tr><th>started</th><th>run</th><th>conversation</th>\
          <th>model</th><th>mode</th><th>transport</th><th>status</th><th>first token</th>\
          <th>duration</th><th>tokens in/out</th><th>cost</th><th>error</th></tr>",
         ["", "running", "succeeded", "failed", "canceled"]
