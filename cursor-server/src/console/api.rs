@@ -282,6 +282,36 @@ pub async fn usage(
     Ok(Json(json!({"days": days, "rows": rows})))
 }
 
+/// `GET /api/live`: server-sent events, one `runs` event with the active request ids now and
+/// again whenever a run starts or ends (a comment every 15 s keeps proxies from closing it).
+pub async fn live(State(state): State<Arc<AppState>>) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let changes = state.runs.watch();
+    let shutdown = state.shutdown.clone();
+    let events = futures_util::stream::unfold((changes, true), move |(mut changes, first)| {
+        let state = Arc::clone(&state);
+        let shutdown = shutdown.clone();
+        async move {
+            if !first {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    changed = changes.changed() => changed.ok()?,
+                }
+            }
+            let mut active = state.runs.active_ids();
+            active.sort();
+            let event = Event::default()
+                .event("runs")
+                .json_data(json!({"active": active}))
+                .ok()?;
+            Some((Ok::<_, std::convert::Infallible>(event), (changes, false)))
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response()
+}
+
 /// Each provider (URL and route, never its key) and model, with its newest call's outcome.
 pub async fn providers(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let last = runs::last_calls(&state.store).await?;

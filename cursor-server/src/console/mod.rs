@@ -36,6 +36,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/conversations/{id}", get(api::conversation))
         .route("/api/usage", get(api::usage))
         .route("/api/providers", get(api::providers))
+        .route("/api/live", get(api::live))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
         .with_state(state)
 }

@@ -122,9 +122,14 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
         }
     }
     body.push_str("</table>");
+    // Live: the server says when a run starts or ends (no polling).
     body.push_str(
-        "<script>setInterval(async()=>{try{const r=await fetch('/api/runs?status=running');\
-         const j=await r.json();document.getElementById('active').textContent=j.runs.length}catch(e){}},2000)</script>",
+        "<p>In progress: <span id=\"running\"></span></p><script>\
+         const live=new EventSource('/api/live');live.addEventListener('runs',e=>{\
+         const runs=JSON.parse(e.data).active;document.getElementById('active').textContent=runs.length;\
+         const list=document.getElementById('running');list.replaceChildren();for(const id of runs){\
+         const a=document.createElement('a');a.href='/console/runs/'+encodeURIComponent(id);\
+         a.textContent=id+' ';list.append(a)}});</script>",
     );
     Ok(page("Overview", &body))
 }

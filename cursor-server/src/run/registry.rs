@@ -125,6 +125,9 @@ pub struct RunRegistry {
     /// client, or anyone, appending to made-up request ids would otherwise open runs without end).
     max_runs: usize,
     max_unattached: usize,
+    /// Counts every run that started or ended, so a watcher (the console's live list) wakes on
+    /// each change instead of polling.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for RunRegistry {
@@ -191,6 +194,7 @@ impl RunRegistry {
             inner: Mutex::default(),
             max_runs,
             max_unattached,
+            changes: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -245,6 +249,7 @@ impl RunRegistry {
             done: CancellationToken::new(),
         };
         inner.active.insert(request_id.to_owned(), handle.clone());
+        self.changes.send_modify(|n| *n += 1);
         Ok(Lookup::New(handle, rx))
     }
 
@@ -291,6 +296,17 @@ impl RunRegistry {
     }
 
     /// How many runs are active, and how many have finished since the registry started.
+    /// Wakes on every run that starts or ends.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// The request ids of the runs active now.
+    pub fn active_ids(&self) -> Vec<String> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.active.keys().cloned().collect()
+    }
+
     pub fn counts(&self) -> (usize, u64) {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         (inner.active.len(), inner.finished_total)
@@ -301,6 +317,7 @@ impl RunRegistry {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.active.remove(request_id);
         inner.unattached.remove(request_id);
+        self.changes.send_modify(|n| *n += 1);
         // A finished run owns nothing (a run that took its conversation over already replaced it).
         inner
             .conversation_owner
