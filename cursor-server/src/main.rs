@@ -108,13 +108,23 @@ fn log_filter(text: &str) -> Result<EnvFilter, String> {
 fn init_logs(filter: EnvFilter, format: LogFormat) {
     use std::io::IsTerminal as _;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    use tracing_subscriber::prelude::*;
+    // Beside the output, the console's logs page keeps the last warnings and errors.
+    let logs = tracing_subscriber::registry()
+        .with(filter)
+        .with(cursor_server::console::logs::layer());
     match format {
-        LogFormat::Text => logs.with_ansi(colour).init(),
+        LogFormat::Text => logs
+            .with(tracing_subscriber::fmt::layer().with_ansi(colour))
+            .init(),
+        // Every span's fields (the run's ids, the call's model_call_id) on each line.
         LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(false)
+                    .with_span_list(true),
+            )
             .init(),
     }
 }

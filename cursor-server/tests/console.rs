@@ -445,6 +445,15 @@ async fn in_a_real_browser_every_page_loads_clean_shows_the_turn_and_filters_wor
         .await;
     assert_eq!(browser.count("svg.chart").await, 1);
     assert_eq!(browser.count("tr.usage").await, 1);
+    browser.open(&format!("{base}/console/logs"), "logs").await;
+    assert!(
+        browser
+            .client
+            .source()
+            .await
+            .unwrap()
+            .contains("warnings and errors")
+    );
 
     // Live: a run in progress shows on the overview without a reload.
     let release = std::sync::Arc::new(tokio::sync::Notify::new());

@@ -552,6 +552,21 @@ async fn logs_name_the_run_provider_and_model_and_each_call_only_its_own_id() {
             "no field twice: {line}"
         );
     }
+    // The console's logs page keeps the warning.
+    let logs: serde_json::Value = reqwest::get(format!("http://{addr}/api/logs"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        logs["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["level"] == "WARN" && e["message"].as_str().unwrap().contains("retrying")),
+        "{logs}"
+    );
 }
 
 #[tokio::test]

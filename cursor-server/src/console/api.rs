@@ -282,6 +282,11 @@ pub async fn usage(
     Ok(Json(json!({"days": days, "rows": rows})))
 }
 
+/// The last warnings and errors the server logged, newest first.
+pub async fn logs() -> Json<Value> {
+    Json(json!({"entries": super::logs::recent()}))
+}
+
 /// `GET /api/live`: server-sent events, one `runs` event with the active request ids now and
 /// again whenever a run starts or ends (a comment every 15 s keeps proxies from closing it).
 pub async fn live(State(state): State<Arc<AppState>>) -> Response {

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod charts;
+pub mod logs;
 pub mod pages;
 
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/console/conversations", get(pages::conversations))
         .route("/console/conversations/{id}", get(pages::conversation))
         .route("/console/usage", get(pages::usage))
+        .route("/console/logs", get(pages::logs))
+        .route("/api/logs", get(api::logs))
         .route("/api/runs", get(api::runs))
         .route("/api/runs/{request_id}", get(api::run))
         .route("/api/conversations", get(api::conversations))

@@ -73,7 +73,7 @@ fn page(title: &str, body: &str) -> Response {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\"><title>{title} · cursor-byok</title>\
          <style>{STYLE}</style></head><body><nav><a href=\"/console\">Overview</a>\
          <a href=\"/console/runs\">Runs</a><a href=\"/console/conversations\">Conversations</a>\
-         <a href=\"/console/usage\">Usage</a></nav><main><h1>{title}</h1>{body}</main></body></html>",
+         <a href=\"/console/usage\">Usage</a><a href=\"/console/logs\">Logs</a></nav><main><h1>{title}</h1>{body}</main></body></html>",
         title = esc(title)
     );
     ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
@@ -372,6 +372,32 @@ pub async fn usage(
     }
     body.push_str("</table>");
     Ok(page("Usage and cost", &body))
+}
+
+/// The last warnings and errors, newest first.
+pub async fn logs() -> Response {
+    let found = api::logs().await.0;
+    let mut body = String::from(
+        "<p class=\"muted\">The last 500 warnings and errors since the server started.</p>\
+         <table><tr><th>time</th><th>level</th><th>where</th><th>message</th></tr>",
+    );
+    for entry in found["entries"].as_array().into_iter().flatten() {
+        let _ = write!(
+            body,
+            "<tr class=\"log\"><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
+            time(&entry["at_ms"]),
+            if entry["level"] == "ERROR" {
+                "failed"
+            } else {
+                "canceled"
+            },
+            show(&entry["level"]),
+            show(&entry["target"]),
+            show(&entry["message"]),
+        );
+    }
+    body.push_str("</table>");
+    page("Logs", &body)
 }
 
 #[cfg(test)]
