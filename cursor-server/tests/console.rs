@@ -503,3 +503,167 @@ async fn in_a_real_browser_every_page_loads_clean_shows_the_turn_and_filters_wor
     assert!(session.finish().await.is_success());
     browser.close().await;
 }
+
+/// An `application/x-www-form-urlencoded` body, as a browser submits a form.
+fn form_body(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// The value of the hidden `csrf` input on `html`.
+fn csrf_of(html: &str) -> String {
+    html.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF token on the page")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_probe_needs_the_pages_csrf_token_and_shows_the_outcome_and_history_exports_as_markdown()
+{
+    let (provider, server) = after_a_tool_turn(PRICING).await;
+    let overview = page(&server, "/console").await;
+    let csrf = csrf_of(&overview);
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/console/probe", server.addr);
+    let forged = client
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("model", fixtures::MODEL),
+            ("csrf", "guessed"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    provider.push(Reply::Status {
+        status: 200,
+        body: r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"OK"}}]}"#.into(),
+    });
+    let probed = client
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("model", fixtures::MODEL),
+            ("csrf", csrf.as_str()),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(probed.status(), 200);
+    let text = probed.text().await.unwrap();
+    assert!(text.contains("ok: answered in"), "{text}");
+    provider.push(Reply::Status {
+        status: 401,
+        body: r#"{"error":{"message":"Incorrect API key"}}"#.into(),
+    });
+    let refused = client
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("model", fixtures::MODEL),
+            ("csrf", csrf.as_str()),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(refused.contains("API key was refused"), "{refused}");
+
+    let markdown = reqwest::get(format!(
+        "http://{}/api/conversations/conv-console/markdown",
+        server.addr
+    ))
+    .await
+    .unwrap();
+    assert_eq!(markdown.status(), 200);
+    let markdown = markdown.text().await.unwrap();
+    for part in [
+        "# Conversation conv-console",
+        "## User",
+        "What is in src/lib.rs?",
+        "## Tool call",
+        "`Read`",
+        "## Assistant",
+        "It is empty.",
+    ] {
+        assert!(markdown.contains(part), "{part} missing: {markdown}");
+    }
+}
+
+#[tokio::test]
+async fn logging_in_with_the_token_sets_the_cookie_the_pages_accept() {
+    let provider = FakeProvider::start().await;
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "console_token = \"let-me-in\"",
+    )
+    .await;
+    let base = format!("http://{}", server.addr);
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    assert_eq!(
+        client
+            .get(format!("{base}/console"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let form = client
+        .get(format!("{base}/console/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&form);
+    let wrong = client
+        .post(format!("{base}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("token", "guess"), ("csrf", csrf.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = client
+        .post(format!("{base}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("token", "let-me-in"),
+            ("csrf", csrf.as_str()),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 303);
+    let cookie = right
+        .headers()
+        .get("set-cookie")
+        .expect("a cookie")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    let overview = client
+        .get(format!("{base}/console"))
+        .header("cookie", pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(overview.status(), 200);
+}

@@ -4,6 +4,7 @@
 //! on any other listener only with the token (a bearer header or the console's cookie). Never
 //! passed through to Cursor's backend.
 
+pub mod actions;
 pub mod api;
 pub mod charts;
 pub mod logs;
@@ -16,7 +17,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 
 use crate::state::AppState;
 
@@ -40,7 +41,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/usage", get(api::usage))
         .route("/api/providers", get(api::providers))
         .route("/api/live", get(api::live))
+        .route("/api/conversations/{id}/markdown", get(actions::markdown))
+        .route("/console/probe", post(actions::probe))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
+        // Logging in is how a browser gets past the guard.
+        .route(
+            "/console/login",
+            get(actions::login_form).post(actions::login),
+        )
         .with_state(state)
 }
 

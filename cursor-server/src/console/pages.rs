@@ -86,7 +86,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
     let mut body = format!(
         "<p>cursor-server {} · schema {} · <span id=\"active\">{active}</span> runs in progress, \
          {finished} finished since start</p><h2>Providers</h2><table><tr><th>provider</th>\
-         <th>model</th><th>route</th><th>flags</th><th>last call</th></tr>",
+         <th>model</th><th>route</th><th>flags</th><th>last call</th><th></th></tr>",
         env!("CARGO_PKG_VERSION"),
         esc(crate::cursor::proto::SCHEMA_FINGERPRINT),
     );
@@ -99,7 +99,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
             };
             let _ = write!(
                 body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{}{}</td><td>{last}</td></tr>",
+                "<tr class=\"model\"><td>{}</td><td>{}</td><td>{}</td><td>{}{}{}</td><td>{last}</td><td>{}</td></tr>",
                 show(&provider["name"]),
                 show(&model["id"]),
                 show(&provider["route"]),
@@ -118,6 +118,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
                 } else {
                     ""
                 },
+                super::actions::probe_button(model["id"].as_str().unwrap_or_default()),
             );
         }
     }
@@ -299,9 +300,10 @@ pub async fn conversation(
 ) -> Result<Response, ApiError> {
     let found = api::conversation(State(state), Path(id.clone())).await?.0;
     let mut body = format!(
-        "<p>checkpoint revision {} · <a href=\"/api/conversations/{}\">export as JSON</a></p><h2>History</h2>",
+        "<p>checkpoint revision {} · export as <a href=\"/api/conversations/{i}\">JSON</a> or \
+         <a href=\"/api/conversations/{i}/markdown\">Markdown</a></p><h2>History</h2>",
         show(&found["head"]["revision"]),
-        esc(&id)
+        i = esc(&id)
     );
     for message in found["history"].as_array().into_iter().flatten() {
         let role = message["role"].as_str().unwrap_or("?");

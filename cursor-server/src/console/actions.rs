@@ -1,0 +1,174 @@
+//! What the console does rather than shows: probing a model (the `check` probe, as a POST with
+//! the page's CSRF token), logging in with the console token (sets the cookie), and exporting a
+//! conversation as Markdown.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Form;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use serde::Deserialize;
+
+use super::COOKIE;
+use super::api::ApiError;
+use super::charts::esc;
+use crate::model::message::CanonicalMessage;
+use crate::ops::check::{self, Probe};
+use crate::state::AppState;
+use crate::store::messages;
+
+/// The token every console form carries and every console POST must return: random per process,
+/// so another site cannot forge a POST (it cannot read the page that holds it).
+pub fn csrf_token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+fn csrf_ok(presented: &str) -> bool {
+    super::constant_time_eq(presented.as_bytes(), csrf_token().as_bytes())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ProbeForm {
+    model: String,
+    csrf: String,
+}
+
+/// `POST /console/probe`: sends the model a minimal request and shows what came of it.
+pub async fn probe(
+    State(state): State<Arc<AppState>>,
+    Form(form): Form<ProbeForm>,
+) -> Result<Response, ApiError> {
+    if !csrf_ok(&form.csrf) {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is missing or stale; reload the page".to_owned(),
+        ));
+    }
+    let Some((provider, model)) = state
+        .config
+        .providers
+        .iter()
+        .find_map(|p| p.models.iter().find(|m| m.id == form.model).map(|m| (p, m)))
+    else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no model {:?}", form.model),
+        ));
+    };
+    let result = match check::probe(&state.http, provider, model).await {
+        Probe::Ok { millis } => format!("<p class=\"succeeded\">ok: answered in {millis} ms</p>"),
+        Probe::Failed { cause } => format!("<p class=\"failed\">{}</p>", esc(&cause)),
+    };
+    let body = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\
+         <title>Probe · cursor-byok</title></head><body><h1>Probe of {}</h1>{result}\
+         <p><a href=\"/console\">Back to the overview</a></p></body></html>",
+        esc(&model.id)
+    );
+    Ok(([(header::CACHE_CONTROL, "no-store")], Html(body)).into_response())
+}
+
+/// The probe button of one model on the overview.
+pub fn probe_button(model: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"/console/probe\" style=\"display:inline;margin:0\">\
+         <input type=\"hidden\" name=\"model\" value=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <button type=\"submit\">probe</button></form>",
+        esc(model),
+        csrf_token()
+    )
+}
+
+/// `GET /console/login`: the token form (only useful when `console_token` is set).
+pub async fn login_form() -> Html<String> {
+    Html(format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\
+         <title>Log in · cursor-byok</title></head><body><h1>cursor-byok console</h1>\
+         <form method=\"post\" action=\"/console/login\"><label>Console token \
+         <input type=\"password\" name=\"token\" autocomplete=\"current-password\"></label>\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\"><button type=\"submit\">Log in</button></form>\
+         </body></html>",
+        csrf_token()
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    token: String,
+    csrf: String,
+}
+
+/// `POST /console/login`: the right token sets the console's cookie (HTTP-only, same-site).
+pub async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginForm>) -> Response {
+    let expected = state.config.console_token.as_ref();
+    let right = expected.is_some_and(|token| {
+        super::constant_time_eq(form.token.as_bytes(), token.expose().as_bytes())
+    });
+    if !csrf_ok(&form.csrf) || !right {
+        tracing::warn!("a console login failed");
+        return (StatusCode::UNAUTHORIZED, "wrong token").into_response();
+    }
+    let cookie = format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict", form.token);
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
+}
+
+/// `GET /api/conversations/{id}/markdown`: the stored history as a Markdown document.
+pub async fn markdown(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let history = messages::load(&state.store, &id).await?;
+    if history.is_empty() {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no conversation {id:?}"),
+        ));
+    }
+    let mut text = format!("# Conversation {id}\n");
+    for message in &history {
+        let (heading, body) = match message {
+            CanonicalMessage::User(user) => ("User", user.text.clone()),
+            CanonicalMessage::Assistant(assistant) if assistant.thinking.is_empty() => {
+                ("Assistant", assistant.text.clone())
+            }
+            CanonicalMessage::Assistant(assistant) => (
+                "Assistant",
+                format!(
+                    "<details><summary>Thinking</summary>\n\n{}\n\n</details>\n\n{}",
+                    assistant.thinking, assistant.text
+                ),
+            ),
+            CanonicalMessage::ToolCall(record) => (
+                "Tool call",
+                format!(
+                    "`{}`\n\n```json\n{}\n```",
+                    record.call.name, record.call.arguments
+                ),
+            ),
+            CanonicalMessage::ToolResult(record) => (
+                "Tool result",
+                format!("```\n{}\n```", record.result.content),
+            ),
+        };
+        text.push_str(&format!("\n## {heading}\n\n{body}\n"));
+    }
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/markdown; charset=utf-8".to_owned(),
+            ),
+            (
+                header::CONTENT_DISPOSITION,
+                format!(
+                    "attachment; filename=\"{}.md\"",
+                    id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+                ),
+            ),
+        ],
+        text,
+    )
+        .into_response())
+}
