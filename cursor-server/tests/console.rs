@@ -224,6 +224,16 @@ async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
         !failed.contains("/console/runs/req-console"),
         "the filter applies"
     );
+    let any_time = page(&server, "/console/runs?status=&since=&model=&conversation=").await;
+    assert!(
+        any_time.contains("/console/runs/req-console"),
+        "a blank form is no filter"
+    );
+    let future = page(&server, "/console/runs?since=99999999999999").await;
+    assert!(
+        !future.contains("/console/runs/req-console"),
+        "the time filter applies"
+    );
 
     let run = page(&server, "/console/runs/req-console").await;
     assert_eq!(run.matches("<tr class=\"call\">").count(), 2, "{run}");
@@ -244,6 +254,10 @@ async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
         "{conversation}"
     );
     assert!(conversation.contains("It is empty."), "{conversation}");
+    assert!(
+        conversation.contains("system prompt (agent)") && conversation.contains("runtime"),
+        "the system prompt and the runtime messages the model is shown: {conversation}"
+    );
 
     let usage = page(&server, "/console/usage").await;
     assert!(

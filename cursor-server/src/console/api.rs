@@ -38,13 +38,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A number from a query string, where an empty value (a form's blank choice) means none.
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    match text.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(number) => number.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunQuery {
     pub status: Option<String>,
     pub model: Option<String>,
     pub conversation: Option<String>,
-    /// Runs started at or after this time (ms since the epoch).
+    /// Runs started at or after this time (ms since the epoch); empty (a form's "any time") is none.
+    #[serde(default, deserialize_with = "empty_is_none")]
     pub since: Option<i64>,
     /// The previous page's `next` cursor.
     pub before: Option<i64>,

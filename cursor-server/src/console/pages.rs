@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::api::{self, ApiError, PageQuery, RunQuery, UsageQuery};
 use super::charts::{self, esc};
+use crate::model::conversation::Mode;
 use crate::state::AppState;
 
 /// A JSON value as page text: strings bare, null as an em dash.
@@ -141,7 +142,7 @@ pub async fn runs(
 ) -> Result<Response, ApiError> {
     let listed = api::runs(State(state), Query(query.clone())).await?.0;
     let mut body = format!(
-        "<form method=\"get\">status <select name=\"status\">{}</select> model \
+        "<form method=\"get\">status <select name=\"status\">{}</select> started <select name=\"since\">{}</select> model \
          <input name=\"model\" value=\"{}\"> conversation <input name=\"conversation\" value=\"{}\"> \
          <button type=\"submit\">Filter</button></form><table><tr><th>started</th><th>run</th><th>conversation</th>\
          <th>model</th><th>mode</th><th>transport</th><th>status</th><th>first token</th>\
@@ -157,6 +158,7 @@ pub async fn runs(
                 }
             ))
             .collect::<String>(),
+        since_options(query.since),
         esc(query.model.as_deref().unwrap_or_default()),
         esc(query.conversation.as_deref().unwrap_or_default()),
     );
@@ -191,6 +193,37 @@ pub async fn runs(
         let _ = write!(body, "<p><a href=\"?before={next}\">Older runs</a></p>");
     }
     Ok(page("Runs", &body))
+}
+
+/// The runs page's time filter: any time, or the last hour, day or week (as `since` in ms).
+fn since_options(chosen: Option<i64>) -> String {
+    let now = crate::store::now_ms();
+    let mut options = format!(
+        "<option value=\"\"{}>any time</option>",
+        if chosen.is_none() { " selected" } else { "" }
+    );
+    for (label, back) in [
+        ("last hour", 3_600_000),
+        ("last day", 86_400_000),
+        ("last week", 604_800_000),
+    ] {
+        let since = now - back;
+        // A chosen filter keeps its own value (and its label) when the page is shown again.
+        let value = match chosen {
+            Some(chosen) if (chosen - since).abs() < back / 2 => chosen,
+            _ => since,
+        };
+        let _ = write!(
+            options,
+            "<option value=\"{value}\"{}>{label}</option>",
+            if value == chosen.unwrap_or(i64::MIN) {
+                " selected"
+            } else {
+                ""
+            }
+        );
+    }
+    options
 }
 
 pub async fn run(
@@ -298,18 +331,53 @@ pub async fn conversation(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let found = api::conversation(State(state), Path(id.clone())).await?.0;
+    let found = api::conversation(State(Arc::clone(&state)), Path(id.clone()))
+        .await?
+        .0;
     let mut body = format!(
         "<p>checkpoint revision {} · export as <a href=\"/api/conversations/{i}\">JSON</a> or \
-         <a href=\"/api/conversations/{i}/markdown\">Markdown</a></p><h2>History</h2>",
+         <a href=\"/api/conversations/{i}/markdown\">Markdown</a></p>",
         show(&found["head"]["revision"]),
         i = esc(&id)
     );
-    for message in found["history"].as_array().into_iter().flatten() {
-        let role = message["role"].as_str().unwrap_or("?");
+    // Every request starts with the system prompt of the mode it runs in (then the tools).
+    let history = found["history"].as_array().cloned().unwrap_or_default();
+    let mut modes = vec![Mode::Agent];
+    for mode in history.iter().filter_map(|m| m["mode"].as_str()) {
+        if let Some(mode) = Mode::ALL.into_iter().find(|known| known.as_str() == mode)
+            && !modes.contains(&mode)
+        {
+            modes.push(mode);
+        }
+    }
+    body.push_str("<h2>What the model is shown</h2>");
+    for mode in modes {
+        let _ = write!(
+            body,
+            "<details class=\"system\"><summary>system prompt ({})</summary><pre>{}</pre></details>",
+            mode.as_str(),
+            esc(&state.prompts.mode(mode).system)
+        );
+    }
+    for message in &history {
+        let role = match (message["role"].as_str(), message["origin"].as_str()) {
+            (Some("user"), Some("runtime")) => "runtime",
+            (Some(role), _) => role,
+            (None, _) => "?",
+        };
         let text = match role {
-            "user" => message["text"].as_str().map(str::to_owned),
-            "assistant" => message["text"].as_str().map(str::to_owned),
+            "user" | "runtime" => message["text"].as_str().map(|text| {
+                match message["images"].as_array().map(Vec::len) {
+                    Some(n) if n > 0 => format!("{text}\n[{n} attached image(s)]"),
+                    _ => text.to_owned(),
+                }
+            }),
+            "assistant" => message["text"].as_str().map(|text| {
+                match message["thinking"].as_str().filter(|t| !t.is_empty()) {
+                    Some(thinking) => format!("[thinking]\n{thinking}\n[answer]\n{text}"),
+                    None => text.to_owned(),
+                }
+            }),
             "tool_call" => Some(format!(
                 "{}({})",
                 message["call"]["name"].as_str().unwrap_or_default(),
