@@ -212,6 +212,10 @@ async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
         overview.contains("test-model") && overview.contains("ok "),
         "{overview}"
     );
+    assert!(
+        overview.contains("ready — database: writable"),
+        "{overview}"
+    );
 
     let runs = page(&server, "/console/runs").await;
     assert!(runs.contains("/console/runs/req-console"), "{runs}");

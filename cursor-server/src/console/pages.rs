@@ -84,10 +84,19 @@ fn page(title: &str, body: &str) -> Response {
 pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let providers = api::providers(State(Arc::clone(&state))).await?.0;
     let (active, finished) = state.runs.counts();
+    let (ready, checks) = crate::ops::readiness(&state).await;
+    let health = checks
+        .iter()
+        .map(|(name, check)| format!("{name}: {}", show(&check["detail"])))
+        .collect::<Vec<_>>()
+        .join(" · ");
     let mut body = format!(
-        "<p>cursor-server {} · schema {} · <span id=\"active\">{active}</span> runs in progress, \
+        "<p class=\"{}\">{} — {health}</p>\
+         <p>cursor-server {} · schema {} · <span id=\"active\">{active}</span> runs in progress, \
          {finished} finished since start</p><h2>Providers</h2><table><tr><th>provider</th>\
          <th>model</th><th>route</th><th>flags</th><th>last call</th><th></th></tr>",
+        if ready { "succeeded" } else { "failed" },
+        if ready { "ready" } else { "not ready" },
         env!("CARGO_PKG_VERSION"),
         esc(crate::cursor::proto::SCHEMA_FINGERPRINT),
     );

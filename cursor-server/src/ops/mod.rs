@@ -44,6 +44,23 @@ async fn healthz() -> Response {
 
 /// 200 when every check passes, 503 naming the ones that did not.
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let (ready, checks) = readiness(&state).await;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(json!({"ready": ready, "checks": checks})),
+    )
+        .into_response()
+}
+
+/// Whether the server is ready, and each check's outcome (`ok`, `detail`) by name: what
+/// `/readyz` answers and the console's overview shows.
+pub async fn readiness(state: &AppState) -> (bool, serde_json::Map<String, serde_json::Value>) {
     let database =
         match tokio::time::timeout(DATABASE_PROBE_TIMEOUT, state.store.probe_write()).await {
             Ok(Ok(())) => Ok("writable".to_owned()),
@@ -75,17 +92,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             (name.to_owned(), value)
         })
         .collect();
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(json!({"ready": ready, "checks": body})),
-    )
-        .into_response()
+    (ready, body)
 }
 
 async fn metrics_route(State(state): State<Arc<AppState>>) -> Response {
