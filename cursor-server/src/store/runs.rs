@@ -137,47 +137,12 @@ pub async fn finish(
 }
 
 pub async fn get(store: &Store, request_id: &str) -> Result<Option<RunRecord>, StoreError> {
-    let row = sqlx::query(
-        "SELECT request_id, conversation_id, status, model_id, provider_calls, input_tokens,
-                output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
-                error_code, error_message
-         FROM runs WHERE request_id = ?",
-    )
-    .bind(request_id)
-    .fetch_optional(store.pool())
-    .await
-    .context("reading run")?;
-    let Some(row) = row else {
-        return Ok(None);
+    let filter = RunFilter {
+        request_id: Some(request_id.to_owned()),
+        limit: 1,
+        ..RunFilter::default()
     };
-    let status_text: String = row.get("status");
-    // The schema's CHECK constraint allows only known values; anything else is a corrupt row.
-    let status = RunStatus::parse(&status_text).ok_or_else(|| StoreError::CorruptRun {
-        request_id: request_id.to_owned(),
-        status: status_text.clone(),
-    })?;
-    Ok(Some({
-        let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
-        let code: Option<String> = row.get("error_code");
-        let message: Option<String> = row.get("error_message");
-        RunRecord {
-            request_id: row.get("request_id"),
-            conversation_id: row.get("conversation_id"),
-            model_id: row.get("model_id"),
-            outcome: RunOutcome {
-                status,
-                provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
-                usage: Usage {
-                    input_tokens: tokens("input_tokens"),
-                    output_tokens: tokens("output_tokens"),
-                    cache_read_tokens: tokens("cache_read_tokens"),
-                    cache_write_tokens: tokens("cache_write_tokens"),
-                    reasoning_tokens: tokens("reasoning_tokens"),
-                },
-                error: code.zip(message),
-            },
-        }
-    }))
+    Ok(list(store, &filter).await?.pop().map(|run| run.record))
 }
 
 /// What a provider call was for.
@@ -337,6 +302,18 @@ pub async fn provider_calls(
         .collect()
 }
 
+/// The five token counts of a `runs` or `provider_calls` row (or a sum over them).
+fn usage_of(row: &sqlx::sqlite::SqliteRow) -> Usage {
+    let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
+    Usage {
+        input_tokens: tokens("input_tokens"),
+        output_tokens: tokens("output_tokens"),
+        cache_read_tokens: tokens("cache_read_tokens"),
+        cache_write_tokens: tokens("cache_write_tokens"),
+        reasoning_tokens: tokens("reasoning_tokens"),
+    }
+}
+
 /// Which runs a listing shows, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
@@ -402,7 +379,6 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
         request_id: request_id.clone(),
         status: status_text.clone(),
     })?;
-    let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
     let code: Option<String> = row.get("error_code");
     let message: Option<String> = row.get("error_message");
     Ok(RunSummary {
@@ -413,13 +389,7 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
             outcome: RunOutcome {
                 status,
                 provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
-                usage: Usage {
-                    input_tokens: tokens("input_tokens"),
-                    output_tokens: tokens("output_tokens"),
-                    cache_read_tokens: tokens("cache_read_tokens"),
-                    cache_write_tokens: tokens("cache_write_tokens"),
-                    reasoning_tokens: tokens("reasoning_tokens"),
-                },
+                usage: usage_of(row),
                 error: code.zip(message),
             },
         },
@@ -460,21 +430,12 @@ pub async fn usage_by_day(store: &Store, since_ms: i64) -> Result<Vec<UsageRow>,
     .context("summing usage")?;
     Ok(rows
         .iter()
-        .map(|row| {
-            let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
-            UsageRow {
-                day: row.get("day"),
-                provider: row.get("provider"),
-                model_id: row.get("model_id"),
-                calls: row.get::<i64, _>("calls").max(0) as u64,
-                usage: Usage {
-                    input_tokens: tokens("input_tokens"),
-                    output_tokens: tokens("output_tokens"),
-                    cache_read_tokens: tokens("cache_read_tokens"),
-                    cache_write_tokens: tokens("cache_write_tokens"),
-                    reasoning_tokens: tokens("reasoning_tokens"),
-                },
-            }
+        .map(|row| UsageRow {
+            day: row.get("day"),
+            provider: row.get("provider"),
+            model_id: row.get("model_id"),
+            calls: row.get::<i64, _>("calls").max(0) as u64,
+            usage: usage_of(row),
         })
         .collect())
 }
