@@ -21,7 +21,9 @@ use tokio::net::TcpStream;
 /// Far beyond every bound the server is given here: reaching it means the server never acted.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-const SHORT_BOUNDS: &str = "header_read_timeout_secs = 1\nrequest_body_timeout_secs = 1\nconnection_idle_timeout_secs = 1\nmax_unattached_runs = 3";
+/// Short enough to observe, long enough that a stalled scheduler on a loaded machine does not trip
+/// them before the client's next step (a request right after connecting, the next append).
+const SHORT_BOUNDS: &str = "header_read_timeout_secs = 2\nrequest_body_timeout_secs = 2\nconnection_idle_timeout_secs = 3\nmax_unattached_runs = 3";
 
 async fn server() -> (FakeProvider, TestServer) {
     let provider = FakeProvider::start().await;

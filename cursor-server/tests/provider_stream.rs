@@ -413,11 +413,11 @@ async fn canceling_a_call_drops_the_connection_and_sends_nothing_more() {
 }
 
 /// OpenRouter sends `: OPENROUTER PROCESSING` while a model reasons: any byte from the provider is
-/// life, so comments ten times inside the idle limit keep a call going far past that limit.
+/// life, so comments forty times inside the idle limit keep a call going past that limit.
 #[tokio::test]
 async fn keep_alive_comments_reset_the_idle_timer() {
     let provider = FakeProvider::start().await;
-    let mut chunks = vec![": OPENROUTER PROCESSING\n\n".to_owned(); 30];
+    let mut chunks = vec![": OPENROUTER PROCESSING\n\n".to_owned(); 60];
     chunks.extend(
         fake_provider::text_events(&["still ", "here"], (3, 2, 0))
             .into_iter()
@@ -425,7 +425,7 @@ async fn keep_alive_comments_reset_the_idle_timer() {
     );
     provider.push(Reply::Chunks {
         chunks,
-        gap: Duration::from_millis(100),
+        gap: Duration::from_millis(50),
     });
     let config = provider_config(&provider, "openai-chat");
     let mut rx = provider::call(
@@ -434,7 +434,7 @@ async fn keep_alive_comments_reset_the_idle_timer() {
         RequestBody::from_json(&json!({"model": "m"})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(2),
             max_attempts: 1,
             retry_base_delay: Duration::from_millis(10),
         },
