@@ -241,6 +241,17 @@ pub struct ProviderConfig {
     pub route: Route,
 }
 
+impl ProviderConfig {
+    /// `host:port` of `base_url`, for messages that say where a call went (the URL itself when it
+    /// does not parse).
+    pub fn host(&self) -> String {
+        url::Url::parse(&self.base_url)
+            .ok()
+            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+            .unwrap_or_else(|| self.base_url.clone())
+    }
+}
+
 /// How requests to one address go out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {

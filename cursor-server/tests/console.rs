@@ -25,7 +25,7 @@ async fn get(server: &TestServer, path: &str) -> Value {
     response.json().await.expect("JSON")
 }
 
-/// A server (with prices for its model) that has completed one tool turn.
+/// A server (with prices for its model) that has completed and recorded one tool turn.
 async fn after_a_tool_turn(pricing: &str) -> (FakeProvider, TestServer) {
     let provider = FakeProvider::start().await;
     provider.push(Reply::sse(tool_call_events(
@@ -54,22 +54,21 @@ async fn after_a_tool_turn(pricing: &str) -> (FakeProvider, TestServer) {
         .send(&exec_result(exec.id, read_success("src/lib.rs", "\n")))
         .await;
     assert!(session.finish().await.is_success());
-    (provider, server)
+    // The run's record is written as it ends, after its stream closed: wait for it (bounded).
+    for _ in 0..1500 {
+        if get(&server, "/api/runs").await["runs"][0]["status"] == "succeeded" {
+            return (provider, server);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the run's record never said it succeeded");
 }
 
 #[tokio::test]
 async fn a_tool_turn_shows_in_runs_conversations_usage_and_providers() {
     let (_provider, server) = after_a_tool_turn(PRICING).await;
 
-    // The run's record is written as it ends, after its stream closed: wait for it.
-    let mut runs = Value::Null;
-    for _ in 0..1500 {
-        runs = get(&server, "/api/runs").await;
-        if runs["runs"][0]["status"] == "succeeded" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let runs = get(&server, "/api/runs").await;
     let run = &runs["runs"][0];
     assert_eq!(run["request_id"], "req-console", "{runs}");
     assert_eq!(run["status"], "succeeded");
@@ -200,13 +199,6 @@ async fn page(server: &TestServer, path: &str) -> String {
 #[tokio::test]
 async fn the_pages_show_the_run_its_calls_the_conversation_and_usage() {
     let (_provider, server) = after_a_tool_turn(PRICING).await;
-    for _ in 0..1500 {
-        let runs = get(&server, "/api/runs").await;
-        if runs["runs"][0]["status"] == "succeeded" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
     let overview = page(&server, "/console").await;
     assert!(
         overview.contains("test-model") && overview.contains("ok "),
@@ -397,12 +389,6 @@ async fn in_a_real_browser_every_page_loads_clean_shows_the_turn_and_filters_wor
         return;
     };
     let (provider, server) = after_a_tool_turn(PRICING).await;
-    for _ in 0..1500 {
-        if get(&server, "/api/runs").await["runs"][0]["status"] == "succeeded" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
     let base = format!("http://{}", server.addr);
 
     browser.open(&format!("{base}/console"), "overview").await;

@@ -324,6 +324,20 @@ async fn a_prompt_near_the_context_window_is_compacted_into_a_summary_the_model_
     assert_eq!(third.checkpoints().last().unwrap().self_summary_count, 1);
 }
 
+/// Cursor's summarize action on `conversation`.
+fn summarize_action(conversation: &str) -> AgentClientMessage {
+    let mut summarize = user_in_mode(conversation, "unused");
+    if let Some(agent_client_message::Message::RunRequest(request)) = &mut summarize.message {
+        request.action = Some(pb::ConversationAction {
+            action: Some(conversation_action::Action::SummarizeAction(
+                pb::SummarizeAction {},
+            )),
+            ..pb::ConversationAction::default()
+        });
+    }
+    summarize
+}
+
 #[tokio::test]
 async fn a_summarize_action_compacts_now_and_the_next_turn_starts_from_the_summary() {
     let provider = FakeProvider::start().await;
@@ -347,15 +361,7 @@ async fn a_summarize_action_compacts_now_and_the_next_turn_starts_from_the_summa
         .await
         .is_success()
     );
-    let mut summarize = user_in_mode(conversation, "unused");
-    if let Some(agent_client_message::Message::RunRequest(request)) = &mut summarize.message {
-        request.action = Some(pb::ConversationAction {
-            action: Some(conversation_action::Action::SummarizeAction(
-                pb::SummarizeAction {},
-            )),
-            ..pb::ConversationAction::default()
-        });
-    }
+    let summarize = summarize_action(conversation);
     let summarized = Session::start(&cursor, "req-s2", &summarize)
         .await
         .finish()
@@ -409,15 +415,7 @@ async fn a_failed_compaction_says_it_was_the_compaction() {
         .await
         .is_success()
     );
-    let mut summarize = user_in_mode(conversation, "unused");
-    if let Some(agent_client_message::Message::RunRequest(request)) = &mut summarize.message {
-        request.action = Some(pb::ConversationAction {
-            action: Some(conversation_action::Action::SummarizeAction(
-                pb::SummarizeAction {},
-            )),
-            ..pb::ConversationAction::default()
-        });
-    }
+    let summarize = summarize_action(conversation);
     let failed = Session::start(&cursor, "req-cf2", &summarize)
         .await
         .finish()

@@ -82,10 +82,7 @@ fn minimal_request(kind: ProviderKind, model: &str) -> serde_json::Value {
 
 /// A connection that failed, in words: the address, the name, or the proxy.
 fn unreachable(error: &reqwest::Error, provider: &ProviderConfig) -> String {
-    let host = url::Url::parse(&provider.base_url)
-        .ok()
-        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-        .unwrap_or_else(|| provider.base_url.clone());
+    let host = provider.host();
     let route = provider.route.shown();
     let detail = std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source())
         .map(ToString::to_string)

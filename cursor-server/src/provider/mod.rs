@@ -249,14 +249,7 @@ pub fn call(
         body,
         limits,
         retries: Arc::default(),
-        route: format!(
-            "{}, {}",
-            url::Url::parse(&provider.base_url)
-                .ok()
-                .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-                .unwrap_or_else(|| provider.base_url.clone()),
-            provider.route.shown()
-        ),
+        route: format!("{}, {}", provider.host(), provider.route.shown()),
     };
     let retries = Arc::clone(&call.retries);
     // The task's lines (retries) carry the caller's span: the run's ids and the call's.

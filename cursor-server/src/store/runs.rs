@@ -284,13 +284,7 @@ pub async fn provider_calls(
                 started_at_ms: row.get("started_at_ms"),
                 first_event_ms: count(row, "first_event_ms"),
                 total_ms: count(row, "total_ms").unwrap_or(0),
-                usage: Usage {
-                    input_tokens: count(row, "input_tokens"),
-                    output_tokens: count(row, "output_tokens"),
-                    cache_read_tokens: count(row, "cache_read_tokens"),
-                    cache_write_tokens: count(row, "cache_write_tokens"),
-                    reasoning_tokens: count(row, "reasoning_tokens"),
-                },
+                usage: usage_of(row),
                 finish_reason: row.get("finish_reason"),
                 error: row.get("error"),
                 retries: match row.get::<Option<String>, _>("retries_json") {
