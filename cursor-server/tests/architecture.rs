@@ -47,10 +47,14 @@ fn source_files(root: &Path) -> BTreeSet<String> {
         "cursor-proto/src",
         "cursor-proto/tests",
         "cursor-proto/benches",
+        "cursor-backend/src",
+        "cursor-backend/tests",
+        "cursor-backend/benches",
     ] {
         files_under(root, dir, &[".rs"], &mut files);
     }
     files_under(root, "cursor-server/migrations", &[".sql"], &mut files);
+    files_under(root, "cursor-backend/migrations", &[".sql"], &mut files);
     files.insert("cursor-server/build.rs".to_owned());
     files
 }

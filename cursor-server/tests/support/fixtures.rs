@@ -169,7 +169,12 @@ pub async fn spawn_process(
         "openai-chat",
     );
     std::fs::write(&config, text).expect("config written");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+    // Defined for cursor-server's own tests; cursor-backend's tests share these fixtures but never
+    // start the binary.
+    let Some(binary) = option_env!("CARGO_BIN_EXE_cursor-server") else {
+        panic!("cursor-server's binary is known only to cursor-server's own tests");
+    };
+    let mut child = tokio::process::Command::new(binary)
         .arg("--config")
         .arg(&config)
         .env("NO_COLOR", "1")

@@ -1,0 +1,650 @@
+//! The debugger in front of a real cursor-server (its upstream) with the fake provider, driven by the
+//! fake Cursor client on both transports: the turn completes as it does without the debugger, every
+//! frame is recorded and decoded under its request id, and bad input or a dead upstream is shown, not
+//! fatal.
+
+#[path = "../../cursor-server/tests/support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "../../cursor-server/tests/support/fake_provider.rs"]
+mod fake_provider;
+#[path = "../../cursor-server/tests/support/fixtures.rs"]
+mod fixtures;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cursor_backend::schema::Schema;
+use cursor_backend::{Debugger, Options};
+use cursor_server::cursor::proto::agent::exec_server_message as args;
+use fake_cursor::{FakeCursor, Session, Transcript, read_transcript};
+use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+use fixtures::{TestServer, exec_result, read_success, run_request, run_request_with_env};
+use serde_json::Value;
+
+/// The schema the tests decode with: the one this build used (`CURSOR_PROTO_DIR` or `CURSOR_APP_DIR`),
+/// else Cursor's standard install places.
+fn schema() -> Schema {
+    let named = std::env::var_os("CURSOR_PROTO_DIR").or_else(|| std::env::var_os("CURSOR_APP_DIR"));
+    Schema::load(named.as_deref().map(std::path::Path::new)).expect("a Cursor schema for the tests")
+}
+
+async fn debugger(upstream: &str, db: PathBuf) -> Debugger {
+    Debugger::start(Options {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        ui: "127.0.0.1:0".parse().expect("addr"),
+        upstream: upstream.to_owned(),
+        db,
+        schema: Some(schema()),
+    })
+    .await
+    .expect("debugger starts")
+}
+
+struct Rig {
+    provider: FakeProvider,
+    server: TestServer,
+    debugger: Debugger,
+    /// Talks to cursor-server through the debugger.
+    cursor: FakeCursor,
+    /// Talks to cursor-server directly.
+    direct: FakeCursor,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    async fn new(replies: Vec<Vec<String>>) -> Rig {
+        let provider = FakeProvider::start().await;
+        for events in replies {
+            provider.push(Reply::sse(events));
+        }
+        let server = TestServer::start(&provider.base_url()).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let debugger = debugger(
+            &format!("http://{}", server.addr),
+            dir.path().join("captures.db"),
+        )
+        .await;
+        Rig {
+            cursor: FakeCursor::new(debugger.proxy_addr),
+            direct: FakeCursor::new(server.addr),
+            provider,
+            server,
+            debugger,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    fn ui(&self, path: &str) -> String {
+        format!("http://{}{path}", self.debugger.ui_addr)
+    }
+
+    async fn get_json(&self, path: &str) -> Value {
+        let response = self
+            .http
+            .get(self.ui(path))
+            .send()
+            .await
+            .expect("UI request");
+        assert_eq!(response.status(), 200, "{path}");
+        response.json().await.expect("JSON")
+    }
+
+    /// The run's frames once every exchange of it has ended and all that passed is recorded. The
+    /// proxy reports a body's end as it sees it, a moment after the client read the last byte.
+    async fn frames(&self, request_id: &str) -> Vec<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            self.debugger.flush().await;
+            let exchanges = self.get_json(&format!("/api/requests/{request_id}")).await;
+            let open = exchanges
+                .as_array()
+                .expect("exchanges")
+                .iter()
+                .any(|e| e["duration_ms"].is_null());
+            if !open {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "exchanges still open: {exchanges:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let frames = self
+            .get_json(&format!("/api/requests/{request_id}/frames"))
+            .await;
+        frames.as_array().expect("frames").clone()
+    }
+}
+
+fn types<'a>(frames: &'a [Value], direction: &str) -> Vec<&'a str> {
+    frames
+        .iter()
+        .filter(|f| f["direction"] == direction)
+        .map(|f| f["type"].as_str().expect("type"))
+        .collect()
+}
+
+fn undecoded(frames: &[Value]) -> Vec<&Value> {
+    frames
+        .iter()
+        .filter(|f| f["kind"] == "undecoded" || !f["error"].is_null())
+        .collect()
+}
+
+/// A Read tool turn over RunSSE + BidiAppend, answered like the IDE does.
+async fn read_turn(cursor: &FakeCursor, request_id: &str, conversation: &str) -> Transcript {
+    let mut session = Session::start(
+        cursor,
+        request_id,
+        &run_request_with_env(conversation, "what does main do?"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    let Some(args::Message::ReadArgs(read)) = &exec.message else {
+        panic!("expected read_args, got {exec:?}");
+    };
+    assert_eq!(read.path, "src/main.rs");
+    session
+        .send(&exec_result(
+            exec.id,
+            read_success("src/main.rs", "fn main() {\n    println!(\"hello\");\n}\n"),
+        ))
+        .await;
+    session.finish().await
+}
+
+fn read_script() -> Vec<Vec<String>> {
+    vec![
+        tool_call_events(
+            Some("look first"),
+            &[("call_r1", "Read", r#"{"path":"src/main.rs"}"#)],
+            (100, 10, 0),
+        ),
+        text_events(&["It prints ", "hello."], (150, 5, 100)),
+    ]
+}
+
+#[tokio::test]
+async fn an_ide_turn_through_the_debugger_is_unchanged_and_every_frame_is_decoded_under_its_request_id()
+ {
+    let mut script = read_script();
+    script.extend(read_script());
+    let rig = Rig::new(script).await;
+
+    let direct = read_turn(&rig.direct, "req-direct", "conv-direct").await;
+    let captured = read_turn(&rig.cursor, "req-captured", "conv-captured").await;
+
+    // The client's turn is the same with and without the debugger in between.
+    assert!(captured.is_success(), "{:?}", captured.end);
+    assert_eq!(captured.kinds(), direct.kinds());
+    assert_eq!(captured.all_kinds().len(), direct.all_kinds().len());
+    assert_eq!(captured.text(), "It prints hello.");
+    assert_eq!(captured.end, direct.end);
+    assert_eq!(
+        rig.provider.requests().len(),
+        4,
+        "each turn reached the provider twice"
+    );
+
+    let frames = rig.frames("req-captured").await;
+    assert!(undecoded(&frames).is_empty(), "{:#?}", undecoded(&frames));
+    // Every downlink message and the end of stream, in order.
+    let server = types(&frames, "server");
+    let downlink: Vec<&str> = frames
+        .iter()
+        .filter(|f| f["direction"] == "server" && f["route"] == "/agent.v1.AgentService/RunSSE")
+        .map(|f| f["type"].as_str().expect("type"))
+        .collect();
+    assert_eq!(downlink.len(), captured.messages.len() + 1);
+    assert_eq!(downlink.last(), Some(&"end_stream"));
+    for expected in [
+        "interaction_update.text_delta",
+        "interaction_update.tool_call_started",
+        "exec_server_message.read_args",
+        "kv_server_message.set_blob_args",
+        "conversation_checkpoint_update",
+        "interaction_update.turn_ended",
+    ] {
+        assert!(
+            server.contains(&expected),
+            "{expected} missing in {server:?}"
+        );
+    }
+    // The uplink: BidiAppend's hex opened into the AgentClientMessage it carries.
+    let client = types(&frames, "client");
+    assert_eq!(
+        client.first(),
+        Some(&"BidiRequestId"),
+        "RunSSE's own request comes first"
+    );
+    for expected in [
+        "run_request",
+        "exec_client_message.read_result",
+        "kv_client_message.set_blob_result",
+    ] {
+        assert!(
+            client.contains(&expected),
+            "{expected} missing in {client:?}"
+        );
+    }
+    let text: String = frames
+        .iter()
+        .filter(|f| f["type"] == "interaction_update.text_delta")
+        .map(|f| {
+            f["json"]["interaction_update"]["text_delta"]["text"]
+                .as_str()
+                .expect("text")
+        })
+        .collect();
+    assert_eq!(text, "It prints hello.");
+    let read_args = frames
+        .iter()
+        .find(|f| f["type"] == "exec_server_message.read_args")
+        .expect("read_args");
+    assert_eq!(
+        read_args["json"]["exec_server_message"]["read_args"]["path"],
+        "src/main.rs"
+    );
+    let append = frames
+        .iter()
+        .find(|f| f["type"] == "run_request")
+        .expect("run_request");
+    assert_eq!(
+        append["json"]["data"]["run_request"]["conversation_id"],
+        "conv-captured"
+    );
+    assert_eq!(
+        append["json"]["append_seqno"],
+        Value::Null,
+        "seqno 0 is proto3's default"
+    );
+
+    // Grouped: RunSSE and each BidiAppend under the request id, with the conversation.
+    let listed = rig.get_json("/api/requests").await;
+    let run = listed
+        .as_array()
+        .expect("requests")
+        .iter()
+        .find(|r| r["request_id"] == "req-captured")
+        .expect("the run is listed");
+    assert_eq!(run["route"], "/agent.v1.AgentService/RunSSE");
+    assert_eq!(run["conversation_id"], "conv-captured");
+    assert_eq!(run["outcome"], "ok");
+    assert_eq!(run["status"], 200);
+    let appends = client.len() - 1;
+    assert_eq!(run["exchanges"], appends as u64 + 1);
+    assert_eq!(run["frames"], frames.len() as u64);
+
+    // Search by any id finds the run: the tool call, the conversation, a blob id (hex).
+    let started = frames
+        .iter()
+        .find(|f| f["type"] == "interaction_update.tool_call_started")
+        .expect("tool_call_started");
+    let call_id = started["json"]["interaction_update"]["tool_call_started"]["call_id"]
+        .as_str()
+        .expect("call id")
+        .to_owned();
+    for id in [call_id.as_str(), "conv-captured"] {
+        let found = rig.get_json(&format!("/api/requests?q={id}")).await;
+        let ids: Vec<&str> = found
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|r| r["request_id"].as_str().expect("id"))
+            .collect();
+        assert_eq!(ids, ["req-captured"], "search {id}");
+    }
+    let blob = frames
+        .iter()
+        .find(|f| f["type"] == "kv_server_message.set_blob_args")
+        .expect("set_blob_args");
+    let blob_b64 = blob["json"]["kv_server_message"]["set_blob_args"]["blob_id"]
+        .as_str()
+        .expect("blob id");
+    use base64::Engine as _;
+    let blob_hex = hex::encode(
+        base64::engine::general_purpose::STANDARD
+            .decode(blob_b64)
+            .expect("base64"),
+    );
+    let found = rig.get_json(&format!("/api/requests?q={blob_hex}")).await;
+    assert_eq!(found[0]["request_id"], "req-captured");
+
+    // The pages and the export.
+    let page = rig
+        .http
+        .get(rig.ui("/"))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        page.contains("req-captured") && page.contains("conv-captured"),
+        "{page}"
+    );
+    let timeline = rig
+        .http
+        .get(rig.ui("/requests/req-captured"))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        timeline.contains("interaction_update.text_delta") && timeline.contains("Export JSONL")
+    );
+    let export = rig
+        .http
+        .get(rig.ui("/requests/req-captured/export.jsonl"))
+        .send()
+        .await
+        .expect("export");
+    assert_eq!(export.headers()["content-type"], "application/x-ndjson");
+    let lines: Vec<Value> = export
+        .text()
+        .await
+        .expect("jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), appends + 1 + frames.len());
+    assert_eq!(
+        lines.iter().filter(|l| l["record"] == "frame").count(),
+        frames.len()
+    );
+    let missing = rig
+        .http
+        .get(rig.ui("/api/requests/no-such-run/frames"))
+        .send()
+        .await
+        .expect("404");
+    assert_eq!(missing.status(), 404);
+    drop(rig.server);
+}
+
+#[tokio::test]
+async fn a_cli_turn_over_http2_is_captured_under_its_request_id_with_the_uplink_decoded() {
+    let rig = Rig::new(vec![
+        text_events(&["Hi ", "CLI"], (50, 3, 0)),
+        text_events(&["Hi ", "CLI"], (50, 3, 0)),
+    ])
+    .await;
+    let mut transcripts = Vec::new();
+    for (cursor, request_id) in [(&rig.direct, "req-h2-direct"), (&rig.cursor, "req-h2")] {
+        let (uplink, response) = cursor.open_run_h2(request_id).await;
+        assert_eq!(response.version(), reqwest::Version::HTTP_2);
+        uplink.send(fixtures::heartbeat()).await.expect("send");
+        uplink
+            .send(run_request(
+                &format!("conv-{request_id}"),
+                "hello from the CLI",
+            ))
+            .await
+            .expect("send");
+        transcripts.push(read_transcript(response).await);
+        drop(uplink);
+    }
+    let (direct, captured) = (&transcripts[0], &transcripts[1]);
+    assert!(captured.is_success(), "{:?}", captured.end);
+    assert_eq!(captured.text(), "Hi CLI");
+    assert_eq!(captured.kinds(), direct.kinds());
+
+    let frames = rig.frames("req-h2").await;
+    assert!(undecoded(&frames).is_empty(), "{:#?}", undecoded(&frames));
+    let client = types(&frames, "client");
+    assert_eq!(client[..2], ["client_heartbeat", "run_request"]);
+    let server = types(&frames, "server");
+    assert_eq!(server.len(), captured.messages.len() + 1);
+    assert!(
+        server.contains(&"interaction_update.turn_ended"),
+        "{server:?}"
+    );
+    assert_eq!(server.last(), Some(&"end_stream"));
+    let exchanges = rig.get_json("/api/requests/req-h2").await;
+    assert_eq!(exchanges.as_array().expect("exchanges").len(), 1);
+    assert_eq!(exchanges[0]["http_version"], "HTTP/2.0");
+    assert_eq!(exchanges[0]["outcome"], "ok");
+    // The CLI never half-closes its request stream; its end after the response is not an error.
+    assert_eq!(exchanges[0]["error"], Value::Null);
+    let listed = rig.get_json("/api/requests?q=conv-req-h2").await;
+    assert_eq!(listed[0]["request_id"], "req-h2");
+}
+
+#[tokio::test]
+async fn malformed_frames_are_kept_raw_with_the_reason_and_the_proxy_goes_on() {
+    let rig = Rig::new(vec![text_events(&["still here"], (10, 2, 0))]).await;
+
+    // A BidiAppend whose data is not hex: forwarded, refused by the server, recorded with the reason.
+    let bad = cursor_server::cursor::proto::aiserver::BidiAppendRequest {
+        data: "zz-not-hex".to_owned(),
+        request_id: Some(cursor_server::cursor::proto::aiserver::BidiRequestId {
+            request_id: "req-bad-hex".to_owned(),
+        }),
+        append_seqno: 0,
+    };
+    use prost::Message as _;
+    let refused = rig.cursor.append_body(bad.encode_to_vec(), None).await;
+    assert_eq!(refused.status(), 400);
+    let frames = rig.frames("req-bad-hex").await;
+    let uplink = frames
+        .iter()
+        .find(|f| f["direction"] == "client")
+        .expect("the append");
+    assert_eq!(uplink["kind"], "undecoded");
+    assert!(
+        uplink["error"]
+            .as_str()
+            .expect("reason")
+            .contains("not hex"),
+        "{uplink:#}"
+    );
+    assert_eq!(
+        uplink["json"]["data"], "zz-not-hex",
+        "the outer message is still shown"
+    );
+    assert_eq!(uplink["raw_hex"], hex::encode(bad.encode_to_vec()));
+    let answer = frames
+        .iter()
+        .find(|f| f["direction"] == "server")
+        .expect("the refusal");
+    assert_eq!(answer["type"], "error.invalid_argument");
+
+    // A RunSSE body whose envelope claims 4 GiB: the bytes are kept and the reason given.
+    let garbage = rig
+        .http
+        .post(format!(
+            "http://{}/agent.v1.AgentService/RunSSE",
+            rig.debugger.proxy_addr
+        ))
+        .header("content-type", "application/connect+proto")
+        .header("x-request-id", "req-garbage")
+        .body(vec![0u8, 0xff, 0xff, 0xff, 0xff, 1, 2, 3])
+        .send()
+        .await
+        .expect("answered");
+    let _ = garbage.bytes().await;
+    let frames = rig.frames("req-garbage").await;
+    let raw = frames
+        .iter()
+        .find(|f| f["direction"] == "client")
+        .expect("kept");
+    assert_eq!(raw["kind"], "undecoded");
+    assert_eq!(raw["raw_hex"], "00ffffffff010203");
+    assert!(
+        raw["error"].as_str().expect("reason").contains("claims"),
+        "{raw:#}"
+    );
+
+    // The proxy still carries a whole turn afterwards.
+    let transcript = read_transcript({
+        let sse = rig.cursor.open_run_sse("req-after").await;
+        let accepted = rig
+            .cursor
+            .append("req-after", 0, &run_request("conv-after", "hi"))
+            .await;
+        assert_eq!(accepted.status(), 200);
+        sse
+    })
+    .await;
+    assert_eq!(transcript.text(), "still here");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_connect_error_to_cursor_and_a_recorded_failure() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let debugger = debugger(&format!("http://{closed}"), dir.path().join("captures.db")).await;
+    let cursor = FakeCursor::new(debugger.proxy_addr);
+
+    // A stream gets an end-of-stream error, as Cursor expects on a stream.
+    let transcript = read_transcript(cursor.open_run_sse("req-nowhere").await).await;
+    assert_eq!(transcript.error_code(), Some("unavailable"));
+    assert!(
+        transcript
+            .error_message()
+            .expect("message")
+            .contains("unreachable"),
+        "{:?}",
+        transcript.end
+    );
+    // A unary call gets a 502 with a Connect error body.
+    let unary = cursor
+        .append("req-nowhere", 0, &run_request("c", "hi"))
+        .await;
+    assert_eq!(unary.status(), 502);
+    let body: Value = unary.json().await.expect("JSON error");
+    assert_eq!(body["code"], "unavailable");
+
+    debugger.flush().await;
+    let http = reqwest::Client::new();
+    let listed: Value = http
+        .get(format!("http://{}/api/requests", debugger.ui_addr))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("JSON");
+    let run = &listed[0];
+    assert_eq!(run["request_id"], "req-nowhere");
+    assert_eq!(run["outcome"], "unavailable");
+    assert!(
+        run["error"]
+            .as_str()
+            .expect("error")
+            .contains(&closed.to_string()),
+        "{run:#}"
+    );
+    debugger.shutdown().await;
+}
+
+#[tokio::test]
+async fn credentials_reach_the_upstream_unchanged_and_are_redacted_in_the_capture() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["ok"], (1, 1, 0))));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("captures.db");
+    let debugger = debugger(&format!("http://{}", provider.addr), db.clone()).await;
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/chat/completions",
+            debugger.proxy_addr
+        ))
+        .header("authorization", "Bearer sk-very-secret-42")
+        .header("cookie", "session=cookie-secret-43")
+        .header("x-request-id", "req-secret")
+        .json(&serde_json::json!({"model": "m", "stream": true, "messages": []}))
+        .send()
+        .await
+        .expect("forwarded");
+    assert_eq!(response.status(), 200);
+    assert!(response.text().await.expect("SSE").contains("\"ok\""));
+    assert_eq!(provider.authorizations(), ["Bearer sk-very-secret-42"]);
+
+    debugger.flush().await;
+    let exchanges: Value = reqwest::get(format!(
+        "http://{}/api/requests/req-secret",
+        debugger.ui_addr
+    ))
+    .await
+    .expect("exchanges")
+    .json()
+    .await
+    .expect("JSON");
+    let headers = exchanges[0]["request_headers"].to_string();
+    assert!(headers.contains("Bearer [redacted]"), "{headers}");
+    debugger.shutdown().await;
+    let mut stored = Vec::new();
+    for entry in std::fs::read_dir(dir.path()).expect("dir") {
+        stored.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+    }
+    let stored = String::from_utf8_lossy(&stored);
+    assert!(!stored.contains("sk-very-secret-42") && !stored.contains("cookie-secret-43"));
+}
+
+#[tokio::test]
+async fn diff_names_what_one_run_sent_and_the_other_did_not() {
+    let mut script = vec![
+        text_events(&["Hello"], (10, 2, 0)),
+        text_events(&["Hello"], (10, 2, 0)),
+    ];
+    script.extend(read_script());
+    let rig = Rig::new(script).await;
+    for (request_id, conversation) in [("req-text-a", "conv-a"), ("req-text-b", "conv-b")] {
+        let transcript = Session::start(&rig.cursor, request_id, &run_request(conversation, "hi"))
+            .await
+            .finish()
+            .await;
+        assert!(transcript.is_success());
+    }
+    let tools = read_turn(&rig.cursor, "req-tools", "conv-tools").await;
+    assert!(tools.is_success());
+    for id in ["req-text-a", "req-text-b", "req-tools"] {
+        rig.frames(id).await;
+    }
+    let db = rig._dir.path().join("captures.db");
+    let run = |a: &str, b: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_cursor-backend"))
+            .args(["diff", "--db"])
+            .arg(&db)
+            .args([a, b])
+            .output()
+            .expect("diff runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, same) = run("req-text-a", "req-text-a");
+    assert_eq!(code, Some(0), "a run against itself: {same}");
+    assert!(same.contains("no differences"), "{same}");
+    // Two runs of one script send the same frames in the same order (a timing field such as
+    // step_duration_ms may be 0, so unset, in one of them: that is reported, and is a real difference
+    // on the wire).
+    let (_, twins) = run("req-text-a", "req-text-b");
+    assert!(
+        !twins.contains("(only in") && !twins.contains("out of order"),
+        "{twins}"
+    );
+    let (code, report) = run("req-text-a", &format!("{}#req-tools", db.display()));
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report.contains("exec_server_message.read_args (only in B)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("exec_client_message.read_result (only in B)"),
+        "{report}"
+    );
+    let (code, missing) = run("req-text-a", "no-such-run");
+    assert_eq!(code, Some(2), "{missing}");
+}
