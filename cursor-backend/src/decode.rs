@@ -302,7 +302,18 @@ impl StreamDecoder {
 
     /// A JSON body: a Connect error when it has `code`, else a JSON message.
     fn json_body(&self, body: Bytes) -> FrameRecord {
-        let mut record = self.json_message(&body);
+        let text = match self.encoding {
+            Encoding::Identity => body.clone(),
+            Encoding::Gzip => match wire::gunzip(&body) {
+                Ok(text) => text,
+                Err(reason) => return self.undecoded(None, body, reason),
+            },
+            Encoding::Other => {
+                let reason = "content-encoding this debugger cannot read".to_owned();
+                return self.undecoded(None, body, reason);
+            }
+        };
+        let mut record = self.json_message(&text);
         if let Some(json) = &record.json
             && json.get("code").is_some_and(Value::is_string)
             && json.get("message").is_some()

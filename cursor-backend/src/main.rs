@@ -88,6 +88,11 @@ async fn run_proxy(cli: Cli) -> ExitCode {
             None
         }
     };
+    for (what, addr) in [("proxy", cli.listen), ("UI", cli.ui)] {
+        if !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "the {what} listens beyond this machine: captures hold your code and prompts, and the UI has no login");
+        }
+    }
     let options = Options {
         listen: cli.listen,
         ui: cli.ui,

@@ -648,3 +648,62 @@ async fn diff_names_what_one_run_sent_and_the_other_did_not() {
     let (code, missing) = run("req-text-a", "no-such-run");
     assert_eq!(code, Some(2), "{missing}");
 }
+
+#[tokio::test]
+async fn unary_bodies_raw_enveloped_and_gzipped_decode_alike() {
+    use prost::Message as _;
+    use std::io::Write as _;
+    let rig = Rig::new(vec![text_events(&["one"], (5, 1, 0))]).await;
+    let sse = rig.cursor.open_run_sse("req-unary").await;
+    let append = |seqno: i64, message: &cursor_server::cursor::proto::agent::AgentClientMessage| {
+        cursor_server::cursor::proto::aiserver::BidiAppendRequest {
+            data: hex::encode(message.encode_to_vec()),
+            request_id: Some(cursor_server::cursor::proto::aiserver::BidiRequestId {
+                request_id: "req-unary".to_owned(),
+            }),
+            append_seqno: seqno,
+        }
+        .encode_to_vec()
+    };
+    // seqno 0 raw and gzipped, seqno 1 in an envelope: the run takes the first of each seqno.
+    let raw = append(0, &run_request("conv-unary", "hi"));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&append(1, &fixtures::heartbeat()))
+        .expect("gzip");
+    let gzipped = gz.finish().expect("gzip");
+    let mut enveloped = vec![0u8];
+    let heartbeat = append(2, &fixtures::heartbeat());
+    enveloped.extend_from_slice(&(heartbeat.len() as u32).to_be_bytes());
+    enveloped.extend_from_slice(&heartbeat);
+    assert_eq!(rig.cursor.append_body(raw, None).await.status(), 200);
+    assert_eq!(
+        rig.cursor.append_body(gzipped, Some("gzip")).await.status(),
+        200
+    );
+    assert_eq!(rig.cursor.append_body(enveloped, None).await.status(), 200);
+    let transcript = read_transcript(sse).await;
+    assert_eq!(transcript.text(), "one");
+
+    let frames = rig.frames("req-unary").await;
+    assert!(undecoded(&frames).is_empty(), "{:#?}", undecoded(&frames));
+    let uplink: Vec<(&str, Value)> = frames
+        .iter()
+        .filter(|f| {
+            f["route"] == "/aiserver.v1.BidiService/BidiAppend" && f["direction"] == "client"
+        })
+        .map(|f| {
+            (
+                f["type"].as_str().expect("type"),
+                f["json"]["append_seqno"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        uplink[..3],
+        [
+            ("run_request", Value::Null),
+            ("client_heartbeat", Value::from(1)),
+            ("client_heartbeat", Value::from(2)),
+        ]
+    );
+}
