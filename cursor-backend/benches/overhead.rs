@@ -104,6 +104,7 @@ fn main() {
             listen: "127.0.0.1:0".parse().expect("addr"),
             ui: "127.0.0.1:0".parse().expect("addr"),
             upstream: format!("http://{upstream}"),
+            upstream_ca: None,
             db: dir.path().join("captures.db"),
             schema: Some(schema),
         })

@@ -36,6 +36,8 @@ pub struct Options {
     pub listen: SocketAddr,
     pub ui: SocketAddr,
     pub upstream: String,
+    /// Extra root certificates (PEM) for a TLS upstream.
+    pub upstream_ca: Option<PathBuf>,
     pub db: PathBuf,
     /// `None`: frames are kept raw, each with the reason.
     pub schema: Option<Schema>,
@@ -83,7 +85,11 @@ impl Debugger {
             options.schema,
             captures.next_exchange_id().await?,
         );
-        let proxy = Arc::new(proxy::Proxy::new(&options.upstream, recorder.clone())?);
+        let proxy = Arc::new(proxy::Proxy::new(
+            &options.upstream,
+            options.upstream_ca.as_deref(),
+            recorder.clone(),
+        )?);
         let proxy_listener = bind(options.listen).await?;
         let ui_listener = bind(options.ui).await?;
         let proxy_addr = proxy_listener

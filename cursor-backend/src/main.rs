@@ -28,6 +28,10 @@ struct Cli {
     /// Where requests are forwarded: Cursor's backend, or cursor-server (e.g. http://127.0.0.1:3000).
     #[arg(long, default_value = DEFAULT_UPSTREAM)]
     upstream: String,
+    /// Extra root certificates (PEM) trusted for a TLS upstream, beside the system's: a corporate
+    /// TLS-inspecting proxy's, or a self-signed upstream's.
+    #[arg(long)]
+    upstream_ca: Option<PathBuf>,
     /// The Cursor schema: a directory of .proto files, a Cursor install, or its bundle. Without it the
     /// standard install places are searched; with none found, frames are kept raw.
     #[arg(long, env = "CURSOR_PROTO_DIR")]
@@ -97,6 +101,7 @@ async fn run_proxy(cli: Cli) -> ExitCode {
         listen: cli.listen,
         ui: cli.ui,
         upstream: cli.upstream.clone(),
+        upstream_ca: cli.upstream_ca.clone(),
         db: cli.db.clone(),
         schema,
     };

@@ -4,6 +4,7 @@
 //! clone); nothing here waits on decoding or the database.
 
 use std::convert::Infallible;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -21,6 +22,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -55,7 +58,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(upstream: &str, recorder: Recorder) -> Result<Proxy, ProxyError> {
+    pub fn new(
+        upstream: &str,
+        upstream_ca: Option<&Path>,
+        recorder: Recorder,
+    ) -> Result<Proxy, ProxyError> {
         let base: Uri = upstream
             .trim_end_matches('/')
             .parse()
@@ -63,12 +70,13 @@ impl Proxy {
         if !matches!(base.scheme_str(), Some("http" | "https")) || base.authority().is_none() {
             return Err(ProxyError::UpstreamUrl(upstream.to_owned()));
         }
-        let http1 = Client::builder(TokioExecutor::new()).build(connector(false)?);
+        let tls = tls_config(upstream_ca)?;
+        let http1 = Client::builder(TokioExecutor::new()).build(connector(tls.clone(), false));
         let http2 = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
             .http2_keep_alive_interval(Some(Duration::from_secs(20)))
-            .build(connector(true)?);
+            .build(connector(tls, true));
         Ok(Proxy {
             base,
             shown: upstream.to_owned(),
@@ -214,33 +222,62 @@ impl Proxy {
     }
 }
 
-fn connector(http2: bool) -> Result<HttpsConnector<HttpConnector>, ProxyError> {
+/// The TLS client configuration: the system's root certificates, plus those in `extra_ca` (a
+/// corporate TLS-inspecting proxy's, or a self-signed upstream's).
+pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, ProxyError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for error in &native.errors {
+        tracing::warn!(%error, "a system root certificate could not be read");
+    }
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = extra_ca {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ProxyError::Tls(format!("{shown}: {e}")))?;
+        let mut added = 0;
+        for cert in certs {
+            let cert = cert.map_err(|e| ProxyError::Tls(format!("{shown}: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| ProxyError::Tls(format!("{shown}: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(ProxyError::Tls(format!(
+                "{shown}: no PEM certificate in it"
+            )));
+        }
+    }
+    if roots.is_empty() {
+        // Plain-HTTP upstreams (this project's server) still work; TLS ones will say why not.
+        tracing::warn!(
+            "no root certificates: TLS upstreams cannot be verified (see --upstream-ca)"
+        );
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxyError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The upstream connector of one HTTP version: h2 is asked for by ALPN; HTTP/1.1 offers no ALPN,
+/// which TLS servers take as HTTP/1.1.
+fn connector(tls: rustls::ClientConfig, http2: bool) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider.clone())
-    {
-        Ok(builder) => builder,
-        Err(error) => {
-            // Plain-HTTP upstreams (this project's server) still work; TLS ones will say why not.
-            tracing::warn!(%error, "no system root certificates: TLS upstreams cannot be verified");
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| ProxyError::Tls(e.to_string()))?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth();
-            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
-        }
-    };
-    let builder = builder.https_or_http();
-    Ok(if http2 {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if http2 {
         builder.enable_http2().wrap_connector(http)
     } else {
         builder.enable_http1().wrap_connector(http)
-    })
+    }
 }
 
 /// The error and its sources, for a message a person can act on.

@@ -29,10 +29,15 @@ fn schema() -> Schema {
 }
 
 async fn debugger(upstream: &str, db: PathBuf) -> Debugger {
+    debugger_trusting(upstream, None, db).await
+}
+
+async fn debugger_trusting(upstream: &str, upstream_ca: Option<PathBuf>, db: PathBuf) -> Debugger {
     Debugger::start(Options {
         listen: "127.0.0.1:0".parse().expect("addr"),
         ui: "127.0.0.1:0".parse().expect("addr"),
         upstream: upstream.to_owned(),
+        upstream_ca,
         db,
         schema: Some(schema()),
     })
@@ -706,4 +711,113 @@ async fn unary_bodies_raw_enveloped_and_gzipped_decode_alike() {
             ("client_heartbeat", Value::from(2)),
         ]
     );
+}
+
+/// A TLS front for cursor-server, as Cursor's backend is reached: it terminates TLS (ALPN `h2` or
+/// `http/1.1`) and relays the bytes to the server's plain port, which tells HTTP/1.1 from h2c itself.
+/// Returns its address and the protocol each connection negotiated.
+async fn tls_front(
+    server: std::net::SocketAddr,
+    certified: &rcgen::CertifiedKey<rcgen::KeyPair>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        certified.signing_key.serialize_der(),
+    ));
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(certified.cert.der().to_vec())],
+            key,
+        )
+        .expect("server certificate");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let negotiated = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = negotiated.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let protocol = tls
+                    .get_ref()
+                    .1
+                    .alpn_protocol()
+                    .map(|p| String::from_utf8_lossy(p).into_owned());
+                seen.lock()
+                    .expect("lock")
+                    .push(protocol.unwrap_or_default());
+                if let Ok(mut plain) = tokio::net::TcpStream::connect(server).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                }
+            });
+        }
+    });
+    (addr, negotiated)
+}
+
+#[tokio::test]
+async fn a_tls_upstream_is_reached_in_the_clients_http_version_and_verified() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["over ", "TLS"], (5, 2, 0))));
+    provider.push(Reply::sse(text_events(&["h2 ", "TLS"], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+    let (front, negotiated) = tls_front(server.addr, &certified).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca, certified.cert.pem()).expect("CA written");
+    let upstream = format!("https://localhost:{}", front.port());
+    let trusting = debugger_trusting(&upstream, Some(ca), dir.path().join("captures.db")).await;
+    let cursor = FakeCursor::new(trusting.proxy_addr);
+
+    // The IDE's HTTP/1.1 transport goes out as HTTP/1.1 over TLS ...
+    let transcript = Session::start(&cursor, "req-tls-sse", &run_request("conv-tls", "hi"))
+        .await
+        .finish()
+        .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "over TLS");
+    // ... and the CLI's HTTP/2 stream as HTTP/2, chosen by ALPN.
+    let (uplink, response) = cursor.open_run_h2("req-tls-h2").await;
+    uplink
+        .send(run_request("conv-tls-h2", "hi"))
+        .await
+        .expect("send");
+    let transcript = read_transcript(response).await;
+    drop(uplink);
+    assert_eq!(transcript.text(), "h2 TLS");
+    let protocols = negotiated.lock().expect("lock").clone();
+    // HTTP/1.1 offers no ALPN (TLS servers take that as HTTP/1.1); h2 asks for it.
+    assert!(protocols.iter().any(String::is_empty), "{protocols:?}");
+    assert!(protocols.iter().any(|p| p == "h2"), "{protocols:?}");
+    trusting.flush().await;
+
+    // Without the upstream's CA the certificate is refused, and that is what Cursor is told.
+    let untrusting = debugger(&upstream, dir.path().join("other.db")).await;
+    let refused = read_transcript(
+        FakeCursor::new(untrusting.proxy_addr)
+            .open_run_sse("req-untrusted")
+            .await,
+    )
+    .await;
+    assert_eq!(refused.error_code(), Some("unavailable"));
+    let message = refused.error_message().expect("message").to_lowercase();
+    assert!(message.contains("certificate"), "{message}");
+    untrusting.shutdown().await;
+    trusting.shutdown().await;
 }
