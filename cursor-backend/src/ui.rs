@@ -197,14 +197,15 @@ th{background:#f4f4f4}code,pre{font:12px ui-monospace,monospace}pre{white-space:
 .client{color:#0550ae}.server{color:#116329}.bad{color:#b00020}.muted{color:#777}\
 header{display:flex;gap:1em;align-items:baseline;flex-wrap:wrap}form{display:inline}input[type=search]{width:28em}";
 
-fn page(title: &str, state: &UiState, body: &str) -> Html<String> {
+fn page(title: &str, state: &UiState, search: Option<&str>, body: &str) -> Html<String> {
     Html(format!(
         "<!doctype html><html><head><meta charset=utf-8><title>{} · cursor-backend</title><style>{STYLE}</style></head>\
 <body><header><h2><a href=\"/\">cursor-backend</a></h2><span class=muted>upstream {} · schema {}</span>\
-<form action=\"/\"><input type=search name=q placeholder=\"request, conversation, exec, KV, tool-call or blob id\"> <button>Search</button></form></header>{body}</body></html>",
+<form action=\"/\"><input type=search name=q value=\"{}\" placeholder=\"request, conversation, exec, KV, tool-call or blob id\"> <button>Search</button></form></header>{body}</body></html>",
         esc(title),
         esc(&state.upstream),
         esc(&state.schema),
+        esc(search.unwrap_or("")),
     ))
 }
 
@@ -266,7 +267,7 @@ async fn requests_page(
     if rows.is_empty() {
         body.push_str("<p class=muted>Nothing captured yet: point Cursor at the proxy port (docs/capture.md).</p>");
     }
-    Ok(page("requests", &state, &body))
+    Ok(page("requests", &state, query.search(), &body))
 }
 
 fn format_time(ms: i64) -> String {
@@ -329,7 +330,7 @@ async fn request_page(
         body.push_str(&frame_row(frame, t0));
     }
     body.push_str("</table>");
-    Ok(page(&request_id, &state, &body))
+    Ok(page(&request_id, &state, None, &body))
 }
 
 fn headers_text(headers: &serde_json::Value) -> String {
