@@ -14,8 +14,10 @@ use cursor_backend::schema::{self, Schema};
 use cursor_backend::{Debugger, Options};
 use futures_util::StreamExt as _;
 
-const FRAMES: usize = 20_000;
-const ROUNDS: usize = 5;
+/// Frames per stream and rounds under `cargo bench`; `cargo test --all-targets` runs a small smoke
+/// round of the same path.
+const BENCH: (usize, usize) = (20_000, 5);
+const SMOKE: (usize, usize) = (300, 1);
 
 fn envelope(flags: u8, payload: &[u8]) -> Bytes {
     let mut out = vec![flags];
@@ -24,11 +26,11 @@ fn envelope(flags: u8, payload: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-fn frames(schema: &Schema) -> Vec<Bytes> {
+fn frames(schema: &Schema, count: usize) -> Vec<Bytes> {
     let message = schema
         .message("agent.v1.AgentServerMessage")
         .expect("AgentServerMessage in the schema");
-    let mut out: Vec<Bytes> = (0..FRAMES)
+    let mut out: Vec<Bytes> = (0..count)
         .map(|i| {
             let json = serde_json::json!({"interaction_update": {"text_delta": {"text": format!("token {i} ")}}});
             envelope(0, &schema::encode_json(&message, &json).expect("encodes"))
@@ -73,7 +75,14 @@ async fn read_stream(
         .post(format!("http://{addr}/agent.v1.AgentService/RunSSE"))
         .header("content-type", "application/connect+proto")
         .header("x-request-id", request_id)
-        .body(envelope(0, &[0x0a, 0x01, b'x']).to_vec())
+        // BidiRequestId { request_id }: field 1, a string.
+        .body(
+            envelope(
+                0,
+                &[&[0x0a, request_id.len() as u8], request_id.as_bytes()].concat(),
+            )
+            .to_vec(),
+        )
         .send()
         .await
         .expect("stream");
@@ -91,6 +100,11 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 fn main() {
+    let (frames_per_stream, rounds) = if std::env::args().any(|a| a == "--bench") {
+        BENCH
+    } else {
+        SMOKE
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,7 +112,7 @@ fn main() {
     runtime.block_on(async {
         let named = std::env::var_os("CURSOR_PROTO_DIR");
         let schema = Schema::load(named.as_deref().map(std::path::Path::new)).expect("a Cursor schema");
-        let upstream = upstream(frames(&schema)).await;
+        let upstream = upstream(frames(&schema, frames_per_stream)).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let debugger = Debugger::start(Options {
             listen: "127.0.0.1:0".parse().expect("addr"),
@@ -112,7 +126,7 @@ fn main() {
         .expect("debugger");
         let client = reqwest::Client::builder().http1_only().build().expect("client");
         let (mut direct, mut proxied, mut recorded) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             let (time, direct_bytes) = read_stream(&client, upstream, "direct").await;
             direct.push(time);
             let started = Instant::now();
@@ -121,10 +135,13 @@ fn main() {
             proxied.push(time);
             debugger.flush().await;
             recorded.push(started.elapsed());
+            // Everything recorded: RunSSE's request, each frame and the end of stream.
+            let stored = debugger.captures.frames(&format!("bench-{round}")).await.expect("frames");
+            assert_eq!(stored.len(), frames_per_stream + 2);
         }
         let (direct, proxied, recorded) = (median(direct), median(proxied), median(recorded));
-        let per_frame = |d: Duration| d.as_secs_f64() * 1e6 / FRAMES as f64;
-        println!("{FRAMES} text_delta frames per stream, median of {ROUNDS} rounds, loopback:");
+        let per_frame = |d: Duration| d.as_secs_f64() * 1e6 / frames_per_stream as f64;
+        println!("{frames_per_stream} text_delta frames per stream, median of {rounds} rounds, loopback:");
         println!("  read directly from the upstream:     {:8.1} ms ({:.2} µs/frame)", direct.as_secs_f64() * 1e3, per_frame(direct));
         println!("  read through the debugger:           {:8.1} ms ({:.2} µs/frame)", proxied.as_secs_f64() * 1e3, per_frame(proxied));
         println!(
@@ -134,7 +151,7 @@ fn main() {
         println!(
             "  decoded and stored in captures.db:   {:8.1} ms after the first byte ({:.0} frames/s)",
             recorded.as_secs_f64() * 1e3,
-            FRAMES as f64 / recorded.as_secs_f64()
+            frames_per_stream as f64 / recorded.as_secs_f64()
         );
         debugger.shutdown().await;
     });
