@@ -821,3 +821,76 @@ async fn a_tls_upstream_is_reached_in_the_clients_http_version_and_verified() {
     untrusting.shutdown().await;
     trusting.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_end_of_stream_error_is_recorded_with_its_error_details_decoded() {
+    let rig = Rig::new(vec![]).await;
+    rig.provider.push(Reply::Status {
+        status: 400,
+        body: r#"{"error":{"message":"model not found: nope"}}"#.to_owned(),
+    });
+    let transcript = Session::start(
+        &rig.cursor,
+        "req-failing",
+        &run_request("conv-failing", "hi"),
+    )
+    .await
+    .finish()
+    .await;
+    let code = transcript.error_code().expect("an error").to_owned();
+
+    let frames = rig.frames("req-failing").await;
+    let end = frames.last().expect("frames");
+    assert_eq!(end["kind"], "end_stream");
+    assert_eq!(end["type"], format!("end_stream.error.{code}"));
+    let detail = &end["json"]["error"]["details"][0];
+    assert_eq!(detail["type"], "aiserver.v1.ErrorDetails");
+    let kind = detail["debug"]["error"]
+        .as_str()
+        .expect("ErrorDetails.error");
+    assert!(kind.starts_with("ERROR_"), "{detail:#}");
+    let text = detail["debug"]["details"]["detail"]
+        .as_str()
+        .expect("the provider's text");
+    assert!(text.contains("model not found"), "{text}");
+    let listed = rig.get_json("/api/requests?q=req-failing").await;
+    assert_eq!(listed[0]["outcome"], code.as_str());
+}
+
+#[test]
+fn the_schema_from_a_cursor_bundle_decodes_as_the_schema_directory_does() {
+    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference");
+    let from_dir = Schema::load(Some(&shared.join("proto"))).expect("schema directory");
+    let from_bundle = Schema::load(Some(&shared.join("bundles/legacy/main.js"))).expect("bundle");
+    let json = serde_json::json!({"exec_server_message": {"id": 4, "read_args": {"path": "a.rs"}}});
+    for schema in [&from_dir, &from_bundle] {
+        for route in [
+            "/agent.v1.AgentService/Run",
+            "/agent.v1.AgentService/RunSSE",
+            "/aiserver.v1.BidiService/BidiAppend",
+            "/aiserver.v1.AiService/AvailableModels",
+        ] {
+            assert!(
+                schema.method(route).is_some(),
+                "{route} in {}",
+                schema.origin
+            );
+        }
+        let message = schema
+            .message("agent.v1.AgentServerMessage")
+            .expect("AgentServerMessage");
+        let bytes = cursor_backend::schema::encode_json(&message, &json).expect("encodes");
+        let decoded = cursor_backend::schema::decode(&message, &bytes).expect("decodes");
+        assert_eq!(decoded.type_path, "exec_server_message.read_args");
+        assert_eq!(decoded.json, json);
+        assert!(decoded.unknown.is_empty());
+    }
+    // A field this schema does not know (a newer Cursor) is named by number, never dropped silently.
+    let message = from_dir
+        .message("agent.v1.AgentServerMessage")
+        .expect("AgentServerMessage");
+    let mut bytes = cursor_backend::schema::encode_json(&message, &json).expect("encodes");
+    bytes.extend([0xf8, 0xff, 0x03, 0x01]); // field 8191, varint 1
+    let decoded = cursor_backend::schema::decode(&message, &bytes).expect("decodes");
+    assert_eq!(decoded.unknown, ["#8191"]);
+}
