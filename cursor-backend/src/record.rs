@@ -19,13 +19,14 @@ use crate::store::{Captures, NewExchange, Write};
 /// At most this many events go into one transaction.
 const BATCH: usize = 2048;
 
-/// Headers whose values are credentials: stored as `[redacted]`.
+/// Headers whose values are credentials or identify the machine: stored as `[redacted]`.
 fn is_secret(name: &str) -> bool {
     matches!(
         name,
-        "authorization" | "proxy-authorization" | "cookie" | "set-cookie" | "x-api-key"
-    ) || name.contains("token")
-        || name.contains("secret")
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || ["token", "secret", "key", "password", "checksum"]
+        .iter()
+        .any(|part| name.contains(part))
 }
 
 /// Headers as a JSON array of `[name, value]`, credentials redacted (an auth scheme is kept).

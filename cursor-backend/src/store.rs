@@ -281,12 +281,15 @@ impl Captures {
         limit: i64,
     ) -> Result<Vec<RequestRow>, StoreError> {
         let filter = match search {
+            // Whole runs: a run matches when any exchange or frame of it does.
             Some(_) => {
-                "WHERE request_id = ?1 OR conversation_id = ?1 OR request_id IN (
-                    SELECT e.request_id FROM frame_ids i
-                    JOIN frames f ON f.id = i.frame_id
-                    JOIN exchanges e ON e.id = f.exchange_id
-                    WHERE i.value = ?1)"
+                "WHERE request_id IN (
+                    SELECT ?1
+                    UNION SELECT request_id FROM exchanges WHERE conversation_id = ?1
+                    UNION SELECT e.request_id FROM frame_ids i
+                        JOIN frames f ON f.id = i.frame_id
+                        JOIN exchanges e ON e.id = f.exchange_id
+                        WHERE i.value = ?1)"
             }
             None => "WHERE ?1 IS NULL",
         };

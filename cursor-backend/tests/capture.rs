@@ -292,6 +292,10 @@ async fn an_ide_turn_through_the_debugger_is_unchanged_and_every_frame_is_decode
         .as_str()
         .expect("call id")
         .to_owned();
+    // A run found by an id one of its exchanges carries is listed whole.
+    let by_conversation = rig.get_json("/api/requests?q=conv-captured").await;
+    assert_eq!(by_conversation[0]["route"], "/agent.v1.AgentService/RunSSE");
+    assert_eq!(by_conversation[0]["frames"], frames.len() as u64);
     for id in [call_id.as_str(), "conv-captured"] {
         let found = rig.get_json(&format!("/api/requests?q={id}")).await;
         let ids: Vec<&str> = found
@@ -566,6 +570,7 @@ async fn credentials_reach_the_upstream_unchanged_and_are_redacted_in_the_captur
         ))
         .header("authorization", "Bearer sk-very-secret-42")
         .header("cookie", "session=cookie-secret-43")
+        .header("x-cursor-checksum", "machine-checksum-44")
         .header("x-request-id", "req-secret")
         .json(&serde_json::json!({"model": "m", "stream": true, "messages": []}))
         .send()
@@ -574,6 +579,11 @@ async fn credentials_reach_the_upstream_unchanged_and_are_redacted_in_the_captur
     assert_eq!(response.status(), 200);
     assert!(response.text().await.expect("SSE").contains("\"ok\""));
     assert_eq!(provider.authorizations(), ["Bearer sk-very-secret-42"]);
+    assert_eq!(
+        provider.headers()[0]["x-cursor-checksum"],
+        "machine-checksum-44"
+    );
+    assert_eq!(provider.headers()[0]["cookie"], "session=cookie-secret-43");
 
     debugger.flush().await;
     let exchanges: Value = reqwest::get(format!(
@@ -593,7 +603,13 @@ async fn credentials_reach_the_upstream_unchanged_and_are_redacted_in_the_captur
         stored.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
     }
     let stored = String::from_utf8_lossy(&stored);
-    assert!(!stored.contains("sk-very-secret-42") && !stored.contains("cookie-secret-43"));
+    for secret in [
+        "sk-very-secret-42",
+        "cookie-secret-43",
+        "machine-checksum-44",
+    ] {
+        assert!(!stored.contains(secret), "{secret} stored");
+    }
 }
 
 #[tokio::test]
