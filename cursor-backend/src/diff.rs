@@ -226,9 +226,18 @@ fn align(a: &[Group], b: &[Group]) -> Vec<Line> {
     lines
 }
 
+/// Above this many table cells (two runs of thousands of distinct groups each) the exact alignment
+/// would take too much memory; a bounded look-ahead aligns them instead.
+const MAX_LCS_CELLS: usize = 16 * 1024 * 1024;
+/// How far the look-ahead searches for the next common type.
+const LOOK_AHEAD: usize = 64;
+
 /// Longest common subsequence of the two type sequences, as steps through both.
 fn lcs(a: &[Group], b: &[Group]) -> Vec<Step> {
     let (n, m) = (a.len(), b.len());
+    if (n + 1).saturating_mul(m + 1) > MAX_LCS_CELLS {
+        return look_ahead(a, b);
+    }
     // table[i][j] = LCS length of a[i..] and b[j..]
     let mut table = vec![0u32; (n + 1) * (m + 1)];
     let at = |i: usize, j: usize| i * (m + 1) + j;
@@ -257,6 +266,49 @@ fn lcs(a: &[Group], b: &[Group]) -> Vec<Step> {
     }
     steps.extend((i..n).map(Step::A));
     steps.extend((j..m).map(Step::B));
+    steps
+}
+
+/// A linear alignment: equal types step together; otherwise the side whose next match is nearer
+/// (within `LOOK_AHEAD`) gives up the frames before it.
+fn look_ahead(a: &[Group], b: &[Group]) -> Vec<Step> {
+    let (mut i, mut j, mut steps) = (0, 0, Vec::new());
+    let find = |groups: &[Group], from: usize, type_path: &str| {
+        groups[from..]
+            .iter()
+            .take(LOOK_AHEAD)
+            .position(|g| g.type_path == type_path)
+    };
+    while i < a.len() && j < b.len() {
+        if a[i].type_path == b[j].type_path {
+            steps.push(Step::Both(i, j));
+            i += 1;
+            j += 1;
+            continue;
+        }
+        match (find(b, j, &a[i].type_path), find(a, i, &b[j].type_path)) {
+            (Some(skip_b), Some(skip_a)) if skip_b <= skip_a => {
+                steps.extend((j..j + skip_b).map(Step::B));
+                j += skip_b;
+            }
+            (Some(skip_b), None) => {
+                steps.extend((j..j + skip_b).map(Step::B));
+                j += skip_b;
+            }
+            (_, Some(skip_a)) => {
+                steps.extend((i..i + skip_a).map(Step::A));
+                i += skip_a;
+            }
+            (None, None) => {
+                steps.push(Step::A(i));
+                steps.push(Step::B(j));
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    steps.extend((i..a.len()).map(Step::A));
+    steps.extend((j..b.len()).map(Step::B));
     steps
 }
 
@@ -363,6 +415,56 @@ mod tests {
                 .map(|(t, j)| frame("server", t, j.clone()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn the_linear_alignment_agrees_with_the_exact_one_on_a_small_case() {
+        let group = |t: &str| Group {
+            type_path: t.to_owned(),
+            count: 1,
+            fields: BTreeSet::new(),
+        };
+        let a: Vec<Group> = ["s", "x", "t", "k", "e"].map(group).to_vec();
+        let b: Vec<Group> = ["s", "t", "y", "k", "e"].map(group).to_vec();
+        let render = |steps: Vec<Step>| -> Vec<String> {
+            steps
+                .into_iter()
+                .map(|s| match s {
+                    Step::Both(i, j) => format!("={i}{j}"),
+                    Step::A(i) => format!("-{i}"),
+                    Step::B(j) => format!("+{j}"),
+                })
+                .collect()
+        };
+        assert_eq!(render(look_ahead(&a, &b)), render(lcs(&a, &b)));
+        assert_eq!(
+            render(lcs(&a, &b)),
+            ["=00", "-1", "=21", "+2", "=33", "=44"]
+        );
+    }
+
+    #[test]
+    fn long_runs_are_aligned_without_a_quadratic_table() {
+        let group = |t: String| Group {
+            type_path: t,
+            count: 1,
+            fields: BTreeSet::new(),
+        };
+        let a: Vec<Group> = (0..6000).map(|i| group(format!("t{i}"))).collect();
+        let b: Vec<Group> = (0..6000)
+            .filter(|i| *i != 100)
+            .map(|i| group(format!("t{i}")))
+            .collect();
+        assert!(a.len() * b.len() > MAX_LCS_CELLS);
+        let lines = align(&a, &b);
+        let differing: Vec<&Line> = lines.iter().filter(|l| l.differs()).collect();
+        assert_eq!(
+            differing,
+            [&Line::OnlyA {
+                type_path: "t100".into(),
+                count: 1
+            }]
+        );
     }
 
     #[test]
