@@ -79,7 +79,7 @@ impl Debugger {
             .schema
             .as_ref()
             .map(|s| s.origin.clone())
-            .unwrap_or_else(|| "none (frames kept raw)".to_owned());
+            .unwrap_or_else(|| "no schema (frames kept raw)".to_owned());
         let (recorder, recording) = Recorder::start(
             captures.clone(),
             options.schema,
@@ -109,6 +109,8 @@ impl Debugger {
             captures: captures.clone(),
             upstream: options.upstream.clone(),
             schema: schema_origin,
+            written: recorder.written(),
+            shutdown: shutdown.clone(),
         });
         let ui_shutdown = shutdown.clone();
         let tasks = vec![

@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use hyper::HeaderMap;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::decode::{Direction, FrameKind, FrameRecord, RouteKind, Side, StreamDecoder};
 use crate::schema::Schema;
@@ -95,6 +95,7 @@ pub struct Recorder {
     tx: mpsc::UnboundedSender<Event>,
     clock: Instant,
     next_id: Arc<AtomicI64>,
+    written: watch::Sender<u64>,
 }
 
 impl Recorder {
@@ -105,20 +106,28 @@ impl Recorder {
         first_id: i64,
     ) -> (Recorder, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (written, _) = watch::channel(0);
+        let recorder = Recorder {
+            tx,
+            clock: Instant::now(),
+            next_id: Arc::new(AtomicI64::new(first_id)),
+            written: written.clone(),
+        };
         let task = tokio::spawn(
             Actor {
                 captures,
                 schema,
                 live: HashMap::new(),
+                written,
             }
             .run(rx),
         );
-        let recorder = Recorder {
-            tx,
-            clock: Instant::now(),
-            next_id: Arc::new(AtomicI64::new(first_id)),
-        };
         (recorder, task)
+    }
+
+    /// Changes each time a batch is in the database (the UI's live list waits on it).
+    pub fn written(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
     }
 
     /// Monotonic microseconds since the recorder started.
@@ -220,6 +229,8 @@ struct Actor {
     captures: Captures,
     schema: Option<Schema>,
     live: HashMap<i64, Live>,
+    /// Batches written so far.
+    written: watch::Sender<u64>,
 }
 
 impl Actor {
@@ -236,8 +247,11 @@ impl Actor {
             }
             if !batch.is_empty() {
                 let writes = batch.len();
-                if let Err(error) = self.captures.write(std::mem::take(&mut batch)).await {
-                    tracing::error!(%error, writes, "could not record a batch of the capture");
+                match self.captures.write(std::mem::take(&mut batch)).await {
+                    Ok(()) => self.written.send_modify(|n| *n += 1),
+                    Err(error) => {
+                        tracing::error!(%error, writes, "could not record a batch of the capture")
+                    }
                 }
             }
             for flush in flushes.drain(..) {

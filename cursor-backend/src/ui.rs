@@ -2,14 +2,20 @@
 //! first, each run's frame timeline with both directions interleaved (JSON and hex expandable), search by
 //! any id, JSONL export; and the JSON API behind it (`/api/requests`, `/api/requests/{id}/frames`).
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use futures_util::Stream;
 use serde::Deserialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::store::{Captures, ExchangeRow, FrameRow, RequestRow, StoreError};
 
@@ -19,6 +25,10 @@ pub struct UiState {
     pub captures: Captures,
     pub upstream: String,
     pub schema: String,
+    /// Changes when the recorder has written a batch.
+    pub written: watch::Receiver<u64>,
+    /// Ends the live streams, so a graceful shutdown does not wait on open pages.
+    pub shutdown: CancellationToken,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,9 +79,40 @@ pub fn router(state: UiState) -> Router {
         .route("/requests/{request_id}", get(request_page))
         .route("/requests/{request_id}/export.jsonl", get(export))
         .route("/api/requests", get(api_requests))
+        .route("/api/live", get(live))
         .route("/api/requests/{request_id}", get(api_request))
         .route("/api/requests/{request_id}/frames", get(api_frames))
         .with_state(state)
+}
+
+/// Live pages are told at most this often that the capture grew (a streaming run writes many batches).
+const LIVE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// `GET /api/live`: a server-sent event each time the recorder has written (at most one per
+/// `LIVE_INTERVAL`); the requests page reloads on it.
+async fn live(
+    State(state): State<UiState>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let mut written = state.written.clone();
+    written.borrow_and_update();
+    let stream = futures_util::stream::unfold(
+        (written, state.shutdown, false),
+        |(mut written, shutdown, sent_before)| async move {
+            if sent_before {
+                tokio::time::sleep(LIVE_INTERVAL).await;
+            }
+            tokio::select! {
+                changed = written.changed() => changed.ok()?,
+                _ = shutdown.cancelled() => return None,
+            }
+            let batches = *written.borrow_and_update();
+            let event = SseEvent::default()
+                .event("written")
+                .data(batches.to_string());
+            Some((Ok(event), (written, shutdown, true)))
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 async fn api_requests(
@@ -199,9 +240,9 @@ header{display:flex;gap:1em;align-items:baseline;flex-wrap:wrap}form{display:inl
 
 fn page(title: &str, state: &UiState, search: Option<&str>, body: &str) -> Html<String> {
     Html(format!(
-        "<!doctype html><html><head><meta charset=utf-8><title>{} · cursor-backend</title><style>{STYLE}</style></head>\
-<body><header><h2><a href=\"/\">cursor-backend</a></h2><span class=muted>upstream {} · schema {}</span>\
-<form action=\"/\"><input type=search name=q value=\"{}\" placeholder=\"request, conversation, exec, KV, tool-call or blob id\"> <button>Search</button></form></header>{body}</body></html>",
+        "<!doctype html><html><head><meta charset=utf-8><title>{} · cursor-backend</title><link rel=icon href=\"data:,\"><style>{STYLE}</style></head>\
+<body><header><h2><a href=\"/\">cursor-backend</a></h2><span class=muted>upstream {} · {}</span>\
+<form action=\"/\"><input type=search name=q value=\"{}\" placeholder=\"request, conversation, exec, KV, tool-call or blob id\"> <button type=submit>Search</button></form></header>{body}</body></html>",
         esc(title),
         esc(&state.upstream),
         esc(&state.schema),
@@ -267,6 +308,15 @@ async fn requests_page(
     if rows.is_empty() {
         body.push_str("<p class=muted>Nothing captured yet: point Cursor at the proxy port (docs/capture.md).</p>");
     }
+    // New runs appear by themselves: the page reloads when the capture grows — held back while the
+    // pointer is over the table or a search is being typed, and done once the reader moves on.
+    body.push_str(
+        "<script>let held=false;\
+const busy=()=>document.querySelector('table:hover')||(document.activeElement&&document.activeElement.name==='q');\
+const reload=()=>{if(busy()){held=true;return;}location.reload();};\
+new EventSource('/api/live').addEventListener('written',reload);\
+for(const e of ['mouseout','focusout'])document.addEventListener(e,()=>{if(held)setTimeout(reload,0);});</script>",
+    );
     Ok(page("requests", &state, query.search(), &body))
 }
 

@@ -3,6 +3,8 @@
 //! frame is recorded and decoded under its request id, and bad input or a dead upstream is shown, not
 //! fatal.
 
+#[path = "../../cursor-server/tests/support/browser.rs"]
+mod browser;
 #[path = "../../cursor-server/tests/support/fake_cursor.rs"]
 mod fake_cursor;
 #[path = "../../cursor-server/tests/support/fake_provider.rs"]
@@ -909,4 +911,123 @@ fn the_schema_from_a_cursor_bundle_decodes_as_the_schema_directory_does() {
     bytes.extend([0xf8, 0xff, 0x03, 0x01]); // field 8191, varint 1
     let decoded = cursor_backend::schema::decode(&message, &bytes).expect("decodes");
     assert_eq!(decoded.unknown, ["#8191"]);
+}
+
+/// Polls the browser's page source until it holds `text` (bounded; the page changes by itself).
+async fn page_shows(browser: &browser::Browser, text: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
+        if browser
+            .client
+            .source()
+            .await
+            .expect("source")
+            .contains(text)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn in_a_real_browser_runs_appear_live_open_into_their_frames_and_search_finds_them() {
+    let Some(browser) = browser::Browser::start().await else {
+        return;
+    };
+    let rig = Rig::new(vec![
+        text_events(&["first ", "answer"], (5, 2, 0)),
+        text_events(&["second ", "answer"], (5, 2, 0)),
+    ])
+    .await;
+    let first = Session::start(&rig.cursor, "req-ui-1", &run_request("conv-ui-1", "hi"))
+        .await
+        .finish()
+        .await;
+    assert!(first.is_success());
+    rig.frames("req-ui-1").await;
+
+    browser.open(&rig.ui("/"), "capture-requests").await;
+    assert!(page_shows(&browser, "req-ui-1").await);
+    // A run made while the page is open appears on it without a reload by the reader.
+    let second = Session::start(&rig.cursor, "req-ui-2", &run_request("conv-ui-2", "hi"))
+        .await
+        .finish()
+        .await;
+    assert!(second.is_success());
+    assert!(
+        page_shows(&browser, "req-ui-2").await,
+        "the live list did not update"
+    );
+
+    // The run's timeline: both directions, JSON to expand. (The list may be reloading itself as
+    // the last batches land: the link is looked up again until the click takes.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let link = browser
+            .client
+            .find(fantoccini::Locator::Css("a[href='/requests/req-ui-1']"))
+            .await;
+        if let Ok(link) = link
+            && link.click().await.is_ok()
+            && page_shows(&browser, "interaction_update.text_delta").await
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run's link never took"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(browser.client.current_url().await.expect("url").path() == "/requests/req-ui-1");
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert!(browser.count("td.client").await >= 1 && browser.count("td.server").await >= 1);
+    assert_eq!(browser.count("details[open]").await, 0);
+    let text_row = browser
+        .client
+        .find(fantoccini::Locator::XPath(
+            "//tr[td/code[text()='interaction_update.text_delta']]//details/summary",
+        ))
+        .await
+        .expect("a text delta's JSON");
+    text_row.click().await.expect("expand");
+    assert_eq!(browser.count("details[open]").await, 1);
+    let shown = browser
+        .client
+        .find(fantoccini::Locator::Css("details[open] pre"))
+        .await
+        .expect("the JSON")
+        .text()
+        .await
+        .expect("text");
+    assert!(shown.contains("\"text_delta\""), "{shown}");
+    if let Ok(dir) = std::env::var("CURSOR_BYOK_SCREENSHOTS") {
+        let png = browser.client.screenshot().await.expect("screenshot");
+        std::fs::write(std::path::Path::new(&dir).join("capture-timeline.png"), png)
+            .expect("screenshot written");
+    }
+
+    // Search by the conversation id through the form.
+    browser.open(&rig.ui("/"), "capture-search").await;
+    browser
+        .client
+        .form(fantoccini::Locator::Css("form"))
+        .await
+        .expect("the search form")
+        .set_by_name("q", "conv-ui-2")
+        .await
+        .expect("typed")
+        .submit()
+        .await
+        .expect("submitted");
+    assert!(page_shows(&browser, "Runs with id").await);
+    let source = browser.client.source().await.expect("source");
+    assert!(
+        source.contains("req-ui-2") && !source.contains("req-ui-1"),
+        "{source}"
+    );
+    browser.close().await;
 }
