@@ -996,19 +996,10 @@ async fn in_a_real_browser_runs_appear_live_open_into_their_frames_and_search_fi
     text_row.click().await.expect("expand");
     assert_eq!(browser.count("details[open]").await, 1);
     let shown = browser
-        .client
-        .find(fantoccini::Locator::Css("details[open] pre"))
-        .await
-        .expect("the JSON")
-        .text()
-        .await
-        .expect("text");
+        .text_of(fantoccini::Locator::Css("details[open] pre"))
+        .await;
     assert!(shown.contains("\"text_delta\""), "{shown}");
-    if let Ok(dir) = std::env::var("CURSOR_BYOK_SCREENSHOTS") {
-        let png = browser.client.screenshot().await.expect("screenshot");
-        std::fs::write(std::path::Path::new(&dir).join("capture-timeline.png"), png)
-            .expect("screenshot written");
-    }
+    browser.screenshot("capture-timeline").await;
 
     // Search by the conversation id through the form.
     browser.open(&rig.ui("/"), "capture-search").await;

@@ -358,22 +358,8 @@ async fn in_a_real_browser_every_page_loads_clean_shows_the_turn_and_filters_wor
     .await;
     let shown = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         loop {
-            let active = browser
-                .client
-                .find(fantoccini::Locator::Id("active"))
-                .await
-                .expect("the counter")
-                .text()
-                .await
-                .expect("its text");
-            let running = browser
-                .client
-                .find(fantoccini::Locator::Id("running"))
-                .await
-                .expect("the running list")
-                .text()
-                .await
-                .expect("its text");
+            let active = browser.text_of(fantoccini::Locator::Id("active")).await;
+            let running = browser.text_of(fantoccini::Locator::Id("running")).await;
             if active == "1" && running.contains("req-live") {
                 return;
             }

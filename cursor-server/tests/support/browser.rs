@@ -77,11 +77,27 @@ impl Browser {
         self.client.goto(url).await.expect("page loads");
         let errors = self.console_errors().await;
         assert!(errors.is_empty(), "{url}: console errors {errors:#?}");
+        self.screenshot(name).await;
+    }
+
+    /// Saves a screenshot of the page as `name` when `CURSOR_BYOK_SCREENSHOTS` names a directory.
+    pub async fn screenshot(&self, name: &str) {
         if let Ok(dir) = std::env::var("CURSOR_BYOK_SCREENSHOTS") {
             let png = self.client.screenshot().await.expect("screenshot");
             std::fs::write(std::path::Path::new(&dir).join(format!("{name}.png")), png)
                 .expect("screenshot written");
         }
+    }
+
+    /// The visible text of the first element `locator` finds.
+    pub async fn text_of(&self, locator: fantoccini::Locator<'_>) -> String {
+        self.client
+            .find(locator)
+            .await
+            .expect("the element")
+            .text()
+            .await
+            .expect("its text")
     }
 
     /// The browser's log entries of level SEVERE since the last call (chromedriver's log API).
