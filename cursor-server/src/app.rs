@@ -142,10 +142,20 @@ impl App {
         };
         connections.close();
         connections.wait().await;
+        // Runs end `canceled` on shutdown (or have just ended); each records its ending after its
+        // end-of-stream frame, so the store closes only once they have.
+        if !self.state.runs.wind_down(RUNS_GRACE).await {
+            tracing::warn!(
+                "runs still recording their endings after {RUNS_GRACE:?}; closing the store"
+            );
+        }
         self.state.store.close().await;
         result
     }
 }
+
+/// How long a shutdown waits for runs to record their endings.
+const RUNS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long the accept loop waits after a failed accept (out of descriptors) before trying again.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);

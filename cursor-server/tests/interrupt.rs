@@ -680,3 +680,60 @@ async fn a_run_stuck_on_a_client_that_stopped_reading_is_stopped_by_the_next_mes
     assert!(reason.contains("req-reader"), "{reason}");
     drop((uplink, response));
 }
+
+/// The status each run recorded, read after the server has stopped.
+async fn recorded_statuses(db: &tempfile::TempDir, ids: &[&str]) -> Vec<RunStatus> {
+    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for id in ids {
+        let run = runs::get(&store, id)
+            .await
+            .unwrap()
+            .expect("the run's record");
+        statuses.push(run.outcome.status);
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn a_shutdown_waits_for_runs_to_record_their_endings() {
+    // A run records its ending after its end-of-stream frame; a shutdown that closed the store as
+    // soon as the connections were done left such a run `running` for ever (seen once in CI).
+    // Several rounds, as the window is small.
+    for round in 0..4 {
+        let provider = FakeProvider::start().await;
+        provider.push(Reply::sse(text_events(&["done"], (5, 1, 0))));
+        provider.push(slow_text(200, Duration::from_millis(20)));
+        let server = TestServer::start(&provider.base_url()).await;
+        let cursor = FakeCursor::new(server.addr);
+        let (done, streaming) = (
+            format!("req-done-{round}"),
+            format!("req-streaming-{round}"),
+        );
+        let finished = Session::start(&cursor, &done, &run_request("conv-a", "hi"))
+            .await
+            .finish()
+            .await;
+        assert!(finished.is_success(), "{:?}", finished.end);
+        // The other run is mid-answer when the server stops.
+        let mut open = Session::start(&cursor, &streaming, &run_request("conv-b", "hi")).await;
+        while let Some(message) = open.next().await {
+            if matches!(&message.message, Some(agent_server_message::Message::InteractionUpdate(u))
+                if matches!(u.message, Some(interaction_update::Message::TextDelta(_))))
+            {
+                break;
+            }
+        }
+        let stopping = tokio::spawn(server.stop());
+        let cut = open.finish().await;
+        assert_eq!(cut.error_code(), Some("canceled"), "{:?}", cut.end);
+        let db = stopping.await.expect("stopped");
+        assert_eq!(
+            recorded_statuses(&db, &[&done, &streaming]).await,
+            [RunStatus::Succeeded, RunStatus::Canceled],
+            "round {round}"
+        );
+    }
+}

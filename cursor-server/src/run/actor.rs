@@ -81,10 +81,10 @@ fn start(
     let control = Arc::clone(handle.control());
     let mut actor = RunActor::new(Arc::clone(app), request_id.to_owned(), commands, control);
     actor.transport = transport;
-    let done = handle.done().clone();
+    let (done, tasks) = (handle.done().clone(), app.runs.tasks());
     let app = Arc::clone(app);
     let request_id = request_id.to_owned();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         // The actor runs on its own task so that even a panic marks the run finished.
         // Every log line of the run carries its ids, provider and model (filled in once, as they
         // become known); a provider call's own lines add its model_call_id.

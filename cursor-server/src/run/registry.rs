@@ -128,6 +128,8 @@ pub struct RunRegistry {
     /// Counts every run that started or ended, so a watcher (the console's live list) wakes on
     /// each change instead of polling.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Every run actor's task, so a shutdown waits until each run has recorded its ending.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Default for RunRegistry {
@@ -195,7 +197,21 @@ impl RunRegistry {
             max_runs,
             max_unattached,
             changes: tokio::sync::watch::Sender::new(0),
+            tasks: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Where run actors are spawned (tracked, so `wind_down` can wait for them).
+    pub fn tasks(&self) -> tokio_util::task::TaskTracker {
+        self.tasks.clone()
+    }
+
+    /// Waits, up to `grace`, until every run's task has ended: a run that sent its end-of-stream
+    /// frame still records its ending in the store, which must not close before that. Returns
+    /// whether they all ended.
+    pub async fn wind_down(&self, grace: std::time::Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(grace, self.tasks.wait()).await.is_ok()
     }
 
     /// The run for `request_id`: the active one, else (unless it finished) a new one, registered
