@@ -421,8 +421,18 @@ impl StreamDecoder {
     }
 
     fn decoded(&self, decoded: Decoded, raw: Bytes) -> FrameRecord {
+        let ids = ids_of(&decoded.type_path, &decoded.json);
+        self.decoded_with_ids(decoded, raw, ids)
+    }
+
+    fn decoded_with_ids(
+        &self,
+        decoded: Decoded,
+        raw: Bytes,
+        ids: Vec<(&'static str, String)>,
+    ) -> FrameRecord {
         let mut record = self.record(FrameKind::Message, &decoded.type_path, None, raw);
-        record.ids = ids_of(&decoded.type_path, &decoded.json);
+        record.ids = ids;
         if !decoded.unknown.is_empty() {
             record.error = Some(format!(
                 "fields the schema does not know: {}",
@@ -448,18 +458,27 @@ impl StreamDecoder {
             });
         match inner {
             Ok(inner) => {
+                // The ids of the message it carries (whose exec or KV id sits at its own top), and
+                // the run the append names: the only id of the outer message. Each once.
+                let mut ids = ids_of(&inner.type_path, &inner.json);
+                if let Some(run) = outer
+                    .json
+                    .pointer("/request_id/request_id")
+                    .and_then(Value::as_str)
+                    .filter(|run| !run.is_empty())
+                {
+                    ids.push(("request_id", run.to_owned()));
+                    ids.sort();
+                    ids.dedup();
+                }
                 let mut json = outer.json;
-                json["data"] = inner.json.clone();
-                let mut record = self.decoded(
-                    Decoded {
-                        type_path: inner.type_path,
-                        json,
-                        unknown: inner.unknown,
-                    },
-                    raw,
-                );
-                record.ids.extend(ids_of(&record.type_path, &inner.json));
-                record
+                json["data"] = inner.json;
+                let decoded = Decoded {
+                    type_path: inner.type_path,
+                    json,
+                    unknown: inner.unknown,
+                };
+                self.decoded_with_ids(decoded, raw, ids)
             }
             Err(reason) => {
                 let mut record = self.decoded(outer, raw);

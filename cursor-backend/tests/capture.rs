@@ -324,6 +324,29 @@ async fn an_ide_turn_through_the_debugger_is_unchanged_and_every_frame_is_decode
     let found = rig.get_json(&format!("/api/requests?q={blob_hex}")).await;
     assert_eq!(found[0]["request_id"], "req-captured");
 
+    // Each id of a frame is indexed once (a BidiAppend's too: the message it carries is in its JSON).
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        rig._dir.path().join("captures.db").display()
+    ))
+    .await
+    .expect("captures.db");
+    let repeated: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT frame_id, kind, value FROM frame_ids GROUP BY frame_id, kind, value HAVING COUNT(*) > 1",
+    )
+    .fetch_all(&db)
+    .await
+    .expect("query");
+    assert!(repeated.is_empty(), "{repeated:?}");
+    let appended: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM frame_ids i JOIN frames f ON f.id = i.frame_id
+         WHERE f.type = 'exec_client_message.read_result' AND i.kind = 'exec_id'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("query");
+    assert_eq!(appended, 1, "the read result's exec id");
+
     // The pages and the export.
     let page = rig
         .http
