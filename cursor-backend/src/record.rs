@@ -56,13 +56,29 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The decoder of one direction's body, framed and compressed as its headers say.
+fn decoder(
+    schema: Option<&Schema>,
+    direction: Direction,
+    path: &str,
+    headers: &HeaderMap,
+) -> StreamDecoder {
+    StreamDecoder::new(
+        schema,
+        Side {
+            direction,
+            path,
+            content_type: header(headers, "content-type"),
+            content_encoding: header(headers, "content-encoding"),
+            connect_content_encoding: header(headers, "connect-content-encoding"),
+        },
+    )
+}
+
 /// What the proxy tells the recorder.
 #[derive(Debug)]
 enum Event {
-    Open {
-        row: NewExchange,
-        headers: HeaderMap,
-    },
+    Open(Box<Opening>),
     Response {
         id: i64,
         status: u16,
@@ -87,6 +103,18 @@ enum Event {
         reason: String,
     },
     Flush(oneshot::Sender<()>),
+}
+
+/// An exchange as the proxy saw it arrive; the recording task makes its row (grouping, redaction).
+#[derive(Debug)]
+struct Opening {
+    id: i64,
+    method: String,
+    path: String,
+    http_version: String,
+    headers: HeaderMap,
+    started_at_ms: i64,
+    started_us: i64,
 }
 
 /// The proxy's handle on the recorder.
@@ -142,25 +170,15 @@ impl Recorder {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        // A run's request id comes from its body on RunSSE/BidiAppend; `Run` carries it in a header.
-        let request_id = header(headers, "x-request-id")
-            .filter(|v| !v.trim().is_empty())
-            .map(str::to_owned)
-            .unwrap_or_else(|| format!("exchange-{id}"));
-        let row = NewExchange {
+        self.send(Event::Open(Box::new(Opening {
             id,
-            request_id,
             method: method.to_owned(),
             path: path.to_owned(),
             http_version: version.to_owned(),
-            request_headers: redacted_headers(headers),
+            headers: headers.clone(),
             started_at_ms,
             started_us: self.now_us(),
-        };
-        self.send(Event::Open {
-            row,
-            headers: headers.clone(),
-        });
+        })));
         id
     }
 
@@ -267,22 +285,28 @@ impl Actor {
         flushes: &mut Vec<oneshot::Sender<()>>,
     ) {
         match event {
-            Event::Open { row, headers } => {
-                let client = StreamDecoder::new(
-                    self.schema.as_ref(),
-                    Side {
-                        direction: Direction::Client,
-                        path: &row.path,
-                        content_type: header(&headers, "content-type"),
-                        content_encoding: header(&headers, "content-encoding"),
-                        connect_content_encoding: header(&headers, "connect-content-encoding"),
-                    },
-                );
+            Event::Open(opening) => {
+                let Opening {
+                    id,
+                    method,
+                    path,
+                    http_version,
+                    headers,
+                    started_at_ms,
+                    started_us,
+                } = *opening;
+                // A run's request id comes from its body on RunSSE/BidiAppend (see `group`); `Run`
+                // carries it in a header.
+                let request_id = header(&headers, "x-request-id")
+                    .filter(|v| !v.trim().is_empty())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("exchange-{id}"));
+                let client = decoder(self.schema.as_ref(), Direction::Client, &path, &headers);
                 self.live.insert(
-                    row.id,
+                    id,
                     Live {
-                        route: RouteKind::of(&row.path),
-                        path: row.path.clone(),
+                        route: RouteKind::of(&path),
+                        path: path.clone(),
                         client,
                         server: None,
                         grouped: false,
@@ -293,7 +317,16 @@ impl Actor {
                         server_done: false,
                     },
                 );
-                batch.push(Write::Exchange(row));
+                batch.push(Write::Exchange(NewExchange {
+                    id,
+                    request_id,
+                    method,
+                    path,
+                    http_version,
+                    request_headers: redacted_headers(&headers),
+                    started_at_ms,
+                    started_us,
+                }));
             }
             Event::Response {
                 id,
@@ -301,18 +334,14 @@ impl Actor {
                 headers,
             } => {
                 if let Some(live) = self.live.get_mut(&id) {
-                    let decoder = StreamDecoder::new(
+                    let server = decoder(
                         self.schema.as_ref(),
-                        Side {
-                            direction: Direction::Server,
-                            path: &live.path,
-                            content_type: header(&headers, "content-type"),
-                            content_encoding: header(&headers, "content-encoding"),
-                            connect_content_encoding: header(&headers, "connect-content-encoding"),
-                        },
+                        Direction::Server,
+                        &live.path,
+                        &headers,
                     );
-                    live.streaming_response = decoder.is_streaming();
-                    live.server = Some(decoder);
+                    live.streaming_response = server.is_streaming();
+                    live.server = Some(server);
                 }
                 batch.push(Write::Response {
                     id,
