@@ -66,10 +66,12 @@ pub struct Debugger {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Listen { addr, source })
+/// A listener on `addr` and the address it got (a port 0 becomes the one assigned).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let error = |source| StartError::Listen { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    Ok((listener, bound))
 }
 
 impl Debugger {
@@ -90,20 +92,8 @@ impl Debugger {
             options.upstream_ca.as_deref(),
             recorder.clone(),
         )?);
-        let proxy_listener = bind(options.listen).await?;
-        let ui_listener = bind(options.ui).await?;
-        let proxy_addr = proxy_listener
-            .local_addr()
-            .map_err(|source| StartError::Listen {
-                addr: options.listen,
-                source,
-            })?;
-        let ui_addr = ui_listener
-            .local_addr()
-            .map_err(|source| StartError::Listen {
-                addr: options.ui,
-                source,
-            })?;
+        let (proxy_listener, proxy_addr) = bind(options.listen).await?;
+        let (ui_listener, ui_addr) = bind(options.ui).await?;
         let shutdown = CancellationToken::new();
         let ui = ui::router(ui::UiState {
             captures: captures.clone(),

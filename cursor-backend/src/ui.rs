@@ -115,6 +115,15 @@ async fn live(
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
+/// The exchanges of run `request_id`; an id this capture does not have is a 404.
+async fn exchanges_of(state: &UiState, request_id: &str) -> Result<Vec<ExchangeRow>, UiError> {
+    let exchanges = state.captures.exchanges(request_id).await?;
+    if exchanges.is_empty() {
+        return Err(UiError::NotFound(request_id.to_owned()));
+    }
+    Ok(exchanges)
+}
+
 async fn api_requests(
     State(state): State<UiState>,
     Query(query): Query<ListQuery>,
@@ -131,10 +140,7 @@ async fn api_request(
     State(state): State<UiState>,
     Path(request_id): Path<String>,
 ) -> Result<Json<Vec<ExchangeRow>>, UiError> {
-    let exchanges = state.captures.exchanges(&request_id).await?;
-    if exchanges.is_empty() {
-        return Err(UiError::NotFound(request_id));
-    }
+    let exchanges = exchanges_of(&state, &request_id).await?;
     Ok(Json(exchanges))
 }
 
@@ -142,10 +148,7 @@ async fn api_frames(
     State(state): State<UiState>,
     Path(request_id): Path<String>,
 ) -> Result<Json<Vec<FrameRow>>, UiError> {
-    let exchanges = state.captures.exchanges(&request_id).await?;
-    if exchanges.is_empty() {
-        return Err(UiError::NotFound(request_id));
-    }
+    exchanges_of(&state, &request_id).await?;
     Ok(Json(state.captures.frames(&request_id).await?))
 }
 
@@ -154,10 +157,7 @@ async fn export(
     State(state): State<UiState>,
     Path(request_id): Path<String>,
 ) -> Result<Response, UiError> {
-    let exchanges = state.captures.exchanges(&request_id).await?;
-    if exchanges.is_empty() {
-        return Err(UiError::NotFound(request_id));
-    }
+    let exchanges = exchanges_of(&state, &request_id).await?;
     let mut out = String::new();
     let tagged = |record: &str, value: serde_json::Value| {
         let mut value = value;
@@ -333,10 +333,7 @@ async fn request_page(
     State(state): State<UiState>,
     Path(request_id): Path<String>,
 ) -> Result<Html<String>, UiError> {
-    let exchanges = state.captures.exchanges(&request_id).await?;
-    if exchanges.is_empty() {
-        return Err(UiError::NotFound(request_id));
-    }
+    let exchanges = exchanges_of(&state, &request_id).await?;
     let frames = state.captures.frames(&request_id).await?;
     let mut body = format!(
         "<h3>Request <code>{}</code></h3><p><a href=\"/requests/{}/export.jsonl\">Export JSONL</a> · \

@@ -87,7 +87,7 @@ impl Rig {
         format!("http://{}{path}", self.debugger.ui_addr)
     }
 
-    async fn get_json(&self, path: &str) -> Value {
+    async fn get_text(&self, path: &str) -> String {
         let response = self
             .http
             .get(self.ui(path))
@@ -95,7 +95,11 @@ impl Rig {
             .await
             .expect("UI request");
         assert_eq!(response.status(), 200, "{path}");
-        response.json().await.expect("JSON")
+        response.text().await.expect("text")
+    }
+
+    async fn get_json(&self, path: &str) -> Value {
+        serde_json::from_str(&self.get_text(path).await).expect("JSON")
     }
 
     /// The run's frames once every exchange of it has ended and all that passed is recorded. The
@@ -348,28 +352,12 @@ async fn an_ide_turn_through_the_debugger_is_unchanged_and_every_frame_is_decode
     assert_eq!(appended, 1, "the read result's exec id");
 
     // The pages and the export.
-    let page = rig
-        .http
-        .get(rig.ui("/"))
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let page = rig.get_text("/").await;
     assert!(
         page.contains("req-captured") && page.contains("conv-captured"),
         "{page}"
     );
-    let timeline = rig
-        .http
-        .get(rig.ui("/requests/req-captured"))
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let timeline = rig.get_text("/requests/req-captured").await;
     assert!(
         timeline.contains("interaction_update.text_delta") && timeline.contains("Export JSONL")
     );
