@@ -154,15 +154,24 @@ async fn without_a_price_the_cost_is_unknown_not_zero() {
     assert_eq!(bad.status(), 400);
 }
 
-#[tokio::test]
-async fn with_a_console_token_the_api_needs_it() {
+/// The console token of `server_with_token`.
+const TOKEN: &str = "let-me-in";
+
+/// A server whose console asks for `TOKEN`.
+async fn server_with_token() -> (FakeProvider, TestServer) {
     let provider = FakeProvider::start().await;
     let server = TestServer::start_in(
         &provider.base_url(),
         tempfile::tempdir().unwrap(),
-        "console_token = \"let-me-in\"",
+        &format!("console_token = \"{TOKEN}\""),
     )
     .await;
+    (provider, server)
+}
+
+#[tokio::test]
+async fn with_a_console_token_the_api_needs_it() {
+    let (_provider, server) = server_with_token().await;
     let url = format!("http://{}/api/runs", server.addr);
     let client = reqwest::Client::new();
     assert_eq!(client.get(&url).send().await.unwrap().status(), 401);
@@ -470,13 +479,7 @@ async fn a_probe_needs_the_pages_csrf_token_and_shows_the_outcome_and_history_ex
 
 #[tokio::test]
 async fn logging_in_with_the_token_sets_the_cookie_the_pages_accept() {
-    let provider = FakeProvider::start().await;
-    let server = TestServer::start_in(
-        &provider.base_url(),
-        tempfile::tempdir().unwrap(),
-        "console_token = \"let-me-in\"",
-    )
-    .await;
+    let (_provider, server) = server_with_token().await;
     let base = format!("http://{}", server.addr);
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -500,24 +503,16 @@ async fn logging_in_with_the_token_sets_the_cookie_the_pages_accept() {
         .await
         .unwrap();
     let csrf = csrf_of(&form);
-    let wrong = client
-        .post(format!("{base}/console/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("token", "guess"), ("csrf", csrf.as_str())]))
-        .send()
-        .await
-        .unwrap();
+    let log_in = |token: &'static str| {
+        client
+            .post(format!("{base}/console/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form_body(&[("token", token), ("csrf", csrf.as_str())]))
+            .send()
+    };
+    let wrong = log_in("guess").await.unwrap();
     assert_eq!(wrong.status(), 401);
-    let right = client
-        .post(format!("{base}/console/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[
-            ("token", "let-me-in"),
-            ("csrf", csrf.as_str()),
-        ]))
-        .send()
-        .await
-        .unwrap();
+    let right = log_in(TOKEN).await.unwrap();
     assert_eq!(right.status(), 303);
     let cookie = right
         .headers()
