@@ -165,14 +165,119 @@ fn append_seqno_orders_buffers_gaps_and_drops_duplicates() {
     assert_eq!(inbox.expected(), 4);
     assert_eq!(inbox.push(-1, "x"), Err(InboxError::Negative(-1)));
 
+    // The window: the MAX_BUFFERED seqnos after the expected one may wait; one past it is
+    // handed back to be refused, and the inbox goes on as before.
     let mut flooded = Inbox::default();
     for seqno in 1..=MAX_BUFFERED as i64 {
         assert_eq!(flooded.push(seqno, ()), Ok(Accepted::Buffered));
     }
-    assert!(matches!(
-        flooded.push(MAX_BUFFERED as i64 + 1, ()),
-        Err(InboxError::GapTooLong { missing: 0, .. })
-    ));
+    for far in [MAX_BUFFERED as i64 + 1, 1 << 62, i64::MAX] {
+        assert_eq!(
+            flooded.push(far, ()),
+            Ok(Accepted::Refused(
+                (),
+                InboxError::TooFarAhead {
+                    seqno: far,
+                    expected: 0,
+                    window: MAX_BUFFERED
+                }
+            ))
+        );
+    }
+    assert!(
+        matches!(flooded.push(0, ()), Ok(Accepted::Ready(ready)) if ready.len() == MAX_BUFFERED + 1)
+    );
+    assert!(flooded.drain().is_empty());
+    let mut waiting = Inbox::default();
+    assert_eq!(waiting.push(50, "late"), Ok(Accepted::Buffered));
+    assert_eq!(waiting.drain(), vec![(50, "late")]);
+    assert_eq!(waiting.expected(), 0);
+}
+
+/// Issue 29 (9): an append far ahead of its run is refused at once with `invalid_argument` naming
+/// the seqno expected, and the run goes on; an append still waiting behind a gap when its run
+/// ends is answered with the run's ending — never left to a connection reset.
+#[tokio::test]
+async fn appends_far_ahead_are_refused_at_once_and_waiting_ones_get_the_runs_ending() {
+    let provider = FakeProvider::start().await;
+    // Slow enough that the run is still streaming when the appends arrive.
+    provider.push(Reply::Sse {
+        events: text_events(&["a ", "b ", "c ", "d ", "e "], (3, 5, 0)),
+        gap: std::time::Duration::from_millis(200),
+    });
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let sse = cursor.open_run_sse("req-far").await;
+    let run = cursor
+        .append("req-far", 0, &fixtures::run_request("conv-far", "hi"))
+        .await;
+    assert_eq!(run.status(), 200);
+    for far in [1 << 62, i64::MAX, 1 + MAX_BUFFERED as i64 + 1] {
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            cursor.append("req-far", far, &fixtures::heartbeat()),
+        )
+        .await
+        .expect("answered at once, not held");
+        assert_eq!(refused.status(), 400, "seqno {far}");
+        let body: serde_json::Value = refused.json().await.expect("Connect error JSON");
+        assert_eq!(body["code"], "invalid_argument", "{body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("append_seqno {far}"))
+                && message.contains("expects append_seqno 1 next"),
+            "{message}"
+        );
+    }
+    let heartbeat = cursor.append("req-far", 1, &fixtures::heartbeat()).await;
+    assert_eq!(
+        heartbeat.status(),
+        200,
+        "the run went on after the refusals"
+    );
+    // 50 past a gap that never fills: held, then answered when the user stops the run. Sent
+    // twice: whichever copy arrives second is a duplicate, answered at once, which proves the
+    // other is waiting in the inbox.
+    let spawn = |cursor: FakeCursor| {
+        tokio::spawn(async move { cursor.append("req-far", 51, &fixtures::heartbeat()).await })
+    };
+    let (mut first, mut second) = (spawn(cursor.clone()), spawn(cursor.clone()));
+    let (duplicate, waiting) = tokio::select! {
+        answered = &mut first => (answered, second),
+        answered = &mut second => (answered, first),
+    };
+    assert_eq!(duplicate.expect("append task").status(), 200);
+    assert!(
+        !waiting.is_finished(),
+        "the other copy waits behind the gap"
+    );
+    let cancel = AgentClientMessage {
+        message: Some(agent_client_message::Message::ConversationAction(
+            cursor_server::cursor::proto::agent::ConversationAction {
+                action: Some(
+                    cursor_server::cursor::proto::agent::conversation_action::Action::CancelAction(
+                        Default::default(),
+                    ),
+                ),
+                ..Default::default()
+            },
+        )),
+    };
+    assert_eq!(cursor.append("req-far", 2, &cancel).await.status(), 200);
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting append is answered when the run ends")
+        .expect("append task");
+    let body: serde_json::Value = answered.json().await.expect("Connect error JSON");
+    assert_eq!(body["code"], "canceled", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("append_seqno 51 was never applied")
+            && message.contains("waiting for append_seqno 3"),
+        "{message}"
+    );
+    let transcript = read_transcript(sse).await;
+    assert_eq!(transcript.error_code(), Some("canceled"));
 }
 
 #[test]

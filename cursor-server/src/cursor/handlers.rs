@@ -155,10 +155,15 @@ async fn bidi_append_route(
     // Queued under the run's input gate: once the run has decided to end, this is refused
     // (`not_found`). Answered once the run has applied it — a tool result is then in history, so
     // the 200 survives a crash; an input the run ended before applying is `not_found` too.
-    if handle.send_input(command).await.is_err() || was_applied.await.is_err() {
+    if handle.send_input(command).await.is_err() {
         return Err(registry_error(RegistryError::Finished(append.request_id)));
     }
-    Ok(connect::unary_ok(&BidiAppendResponse {}))
+    match was_applied.await {
+        Ok(Ok(())) => Ok(connect::unary_ok(&BidiAppendResponse {})),
+        // Refused by the run: a seqno it cannot hold, or it ended with this one still waiting.
+        Ok(Err(refused)) => Err(refused),
+        Err(_) => Err(registry_error(RegistryError::Finished(append.request_id))),
+    }
 }
 
 /// `POST /agent.v1.AgentService/RunSSE`: body = one enveloped `BidiRequestId`; the response

@@ -145,6 +145,7 @@ impl RunActor {
         // whether it beats the end-of-stream frame or not.
         self.control.close_input();
         let outcome = self.announce_end(&end, provider_calls, usage).await;
+        self.answer_waiting_appends(&end);
         let kind = (mode.map(Mode::as_str), self.transport.as_str());
         if self.recorded
             && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome, kind).await
@@ -227,6 +228,27 @@ impl RunActor {
                     error: Some((ConnectCode::Canceled.as_str().to_owned(), reason.clone())),
                 }
             }
+        }
+    }
+
+    /// Appends still waiting behind a gap when the run ends are answered with its ending (never
+    /// left to a connection reset): the run's own code for a failure or a cancel, `not_found` after
+    /// a success.
+    fn answer_waiting_appends(&mut self, end: &RunEnd) {
+        let expected = self.inbox.expected();
+        for (seqno, (_, applied)) in self.inbox.drain() {
+            let (code, how) = match end {
+                RunEnd::Success { .. } => (ConnectCode::NotFound, "finished".to_owned()),
+                RunEnd::Failed(error) => (error.connect_code(), format!("failed: {error}")),
+                RunEnd::Canceled { reason } => {
+                    (ConnectCode::Canceled, format!("was canceled: {reason}"))
+                }
+            };
+            let message = format!(
+                "request {} {how}; append_seqno {seqno} was never applied (the run was still waiting for append_seqno {expected})",
+                self.request_id
+            );
+            applied.refuse(ConnectError::new(code, message));
         }
     }
 
@@ -726,7 +748,7 @@ impl RunActor {
 
     /// Puts an append in `append_seqno` order; returns the inputs now ready, oldest first. One
     /// behind a gap waits in the inbox; a duplicate is answered (it was applied, or waits) and
-    /// dropped.
+    /// dropped; one too far ahead to wait is refused at once and the run goes on.
     fn order(
         &mut self,
         seqno: i64,
@@ -746,6 +768,12 @@ impl RunActor {
             Accepted::Duplicate((_, applied)) => {
                 tracing::debug!(seqno, "duplicate append dropped");
                 applied.done();
+                Vec::new()
+            }
+            Accepted::Refused((_, applied), error) => {
+                tracing::warn!(seqno, "append refused: {error}");
+                let code = ConnectCode::InvalidArgument;
+                applied.refuse(ConnectError::new(code, error.to_string()));
                 Vec::new()
             }
         })

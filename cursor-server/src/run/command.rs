@@ -4,6 +4,7 @@
 use tokio::sync::oneshot;
 
 use crate::cursor::blob_sync::KvPayload;
+use crate::cursor::connect::ConnectError;
 use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::{
     AgentRunRequest, ConversationStateStructure, SelectedContext, UserMessageAction,
@@ -137,19 +138,26 @@ pub struct ContextWait {
 
 /// Fired once the client input it travels with has been applied — a tool result persisted, an ACK
 /// recorded — so the BidiAppend that carried it is answered only then: a 200 survives a crash.
-/// Dropped unfired when the run ends first (the append is answered `not_found`).
+/// `refuse` answers it with an error instead (a seqno the inbox cannot hold, or the run ended with
+/// the append still waiting behind a gap); dropped unfired, the append is answered `not_found`.
 #[derive(Debug, Default)]
-pub struct Applied(Option<oneshot::Sender<()>>);
+pub struct Applied(Option<oneshot::Sender<Result<(), ConnectError>>>);
 
 impl Applied {
-    pub fn new() -> (Applied, oneshot::Receiver<()>) {
+    pub fn new() -> (Applied, oneshot::Receiver<Result<(), ConnectError>>) {
         let (tx, rx) = oneshot::channel();
         (Applied(Some(tx)), rx)
     }
 
     pub fn done(self) {
         if let Some(tx) = self.0 {
-            let _ = tx.send(());
+            let _ = tx.send(Ok(()));
+        }
+    }
+
+    pub fn refuse(self, error: ConnectError) {
+        if let Some(tx) = self.0 {
+            let _ = tx.send(Err(error));
         }
     }
 }
