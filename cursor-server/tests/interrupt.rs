@@ -737,3 +737,253 @@ async fn a_shutdown_waits_for_runs_to_record_their_endings() {
         );
     }
 }
+
+/// A model answer that says something, then calls `name` with `arguments` (call `call_id`).
+fn text_then_tool(text: &str, call_id: &str, name: &str, arguments: &str) -> Reply {
+    let mut events = vec![
+        serde_json::json!({"choices":[{"index":0,"delta":{"content":text},"finish_reason":null}]})
+            .to_string(),
+    ];
+    events.extend(tool_call_events(
+        None,
+        &[(call_id, name, arguments)],
+        (10, 3, 0),
+    ));
+    Reply::sse(events)
+}
+
+fn shell_event(id: u32, event: pb::shell_stream::Event) -> pb::AgentClientMessage {
+    exec_result(
+        id,
+        pb::exec_client_message::Message::ShellStream(pb::ShellStream { event: Some(event) }),
+    )
+}
+
+/// Issue 29 (1): a client that read everything up to a shell exec and answered it, then lost its
+/// RunSSE while the command ran, gets nothing it provably had on the new stream — no text, no
+/// argument deltas, no `tool_call_started` a second time — only what comes after.
+#[tokio::test]
+async fn a_run_sse_dropped_while_idle_after_an_answered_exec_gets_nothing_it_already_had() {
+    let provider = FakeProvider::start().await;
+    provider.push(text_then_tool(
+        "Running a slow command.",
+        "call_slow",
+        "Shell",
+        r#"{"command":"sleep 5"}"#,
+    ));
+    provider.push(Reply::sse(text_events(&["slept"], (5, 2, 0))));
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 10000",
+    )
+    .await;
+    let first_client = FakeCursor::new(server.addr);
+    let mut first = Session::start(
+        &first_client,
+        "req-idle-exec",
+        &run_request_with_env("conv-idle-exec", "sleep"),
+    )
+    .await;
+    let exec = first.next_exec().await;
+    assert_eq!(first.transcript.text(), "Running a slow command.");
+    // The client starts the command: its answer proves it read the stream up to the request.
+    first
+        .send(&shell_event(
+            exec.id,
+            pb::shell_stream::Event::Start(Default::default()),
+        ))
+        .await;
+    let seqno = first.seqno();
+    drop(first);
+    drop(first_client);
+
+    let cursor = FakeCursor::new(server.addr);
+    let mut again = Session::reattach(&cursor, "req-idle-exec", seqno).await;
+    again
+        .send(&shell_event(
+            exec.id,
+            pb::shell_stream::Event::Exit(pb::ShellStreamExit {
+                code: 0,
+                ..Default::default()
+            }),
+        ))
+        .await;
+    let rest = again.finish().await;
+    assert!(rest.is_success(), "{:?}", rest.end);
+    assert_eq!(
+        rest.text(),
+        "slept",
+        "the first answer's text is not repeated"
+    );
+    let kinds = rest.kinds();
+    for repeated in ["partial_tool_call", "tool_call_started", "exec"] {
+        assert!(
+            !kinds.contains(&repeated),
+            "{repeated} sent again: {kinds:?}"
+        );
+    }
+    assert_eq!(
+        rest.completed_cards().len(),
+        1,
+        "the shell's card completes once, on the new stream"
+    );
+    assert_eq!(provider.requests().len(), 2, "the tool ran once");
+}
+
+/// Issue 29 (1): a drop in the middle of the next answer's text, after a tool completed whose
+/// checkpoint the client has not stored yet: the client acknowledged blobs sent after the tool's
+/// card completed, so the card is not completed a second time on the new stream.
+#[tokio::test]
+async fn a_run_sse_dropped_mid_text_does_not_complete_a_card_the_client_provably_had() {
+    let provider = FakeProvider::start().await;
+    provider.push(text_then_tool(
+        "Reading.",
+        "call_read",
+        "Read",
+        r#"{"path":"a.txt"}"#,
+    ));
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    // The role chunk and two parts, then (once released) the last part and the end.
+    let mut answer = text_events(&["The file ", "says ", "hi."], (5, 4, 0));
+    let after = answer.split_off(3);
+    provider.push(Reply::Held {
+        before: answer,
+        after,
+        release: std::sync::Arc::clone(&release),
+    });
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        tempfile::tempdir().unwrap(),
+        "reconnect_grace_ms = 10000",
+    )
+    .await;
+    let first_client = FakeCursor::new(server.addr);
+    let mut first = Session::start(
+        &first_client,
+        "req-mid-text",
+        &run_request_with_env("conv-mid-text", "read a.txt"),
+    )
+    .await;
+    // The tool result's model message stays unacknowledged: the checkpoint that would cover the
+    // completed card is not published before the drop. Every other blob is acknowledged.
+    first.withhold_matching = Some(|data: &[u8]| {
+        std::str::from_utf8(data).is_ok_and(|text| text.contains(r#""role":"tool""#))
+    });
+    let exec = first.next_exec().await;
+    first
+        .send(&exec_result(exec.id, read_success("a.txt", "hi\n")))
+        .await;
+    while !first.transcript.text().ends_with("says ") {
+        if first.next().await.is_none() {
+            panic!(
+                "stream ended: {:?} {:?}",
+                first.transcript.end,
+                first.transcript.kinds()
+            );
+        }
+    }
+    assert_eq!(first.transcript.completed_cards().len(), 1);
+    assert!(
+        !first.withheld.is_empty(),
+        "the tool result's blob was withheld"
+    );
+    let seqno = first.seqno();
+    drop(first);
+    drop(first_client);
+
+    let cursor = FakeCursor::new(server.addr);
+    let again = Session::reattach(&cursor, "req-mid-text", seqno).await;
+    release.notify_one();
+    let rest = again.finish().await;
+    assert!(rest.is_success(), "{:?}", rest.end);
+    assert!(
+        rest.completed_cards().is_empty(),
+        "the Read card completed again: {:?}",
+        rest.kinds()
+    );
+    assert!(rest.text().ends_with("hi."), "{}", rest.text());
+    assert!(
+        !rest.text().contains("Reading."),
+        "the first answer's text is not repeated: {}",
+        rest.text()
+    );
+}
+
+/// The blob ids a transcript asked the client to store.
+fn blobs_sent(transcript: &Transcript) -> Vec<Vec<u8>> {
+    transcript
+        .messages
+        .iter()
+        .filter_map(|m| match &m.message {
+            Some(agent_server_message::Message::KvServerMessage(kv)) => match &kv.message {
+                Some(pb::kv_server_message::Message::SetBlobArgs(set)) => Some(set.blob_id.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 29 (2): blobs the client acknowledged in a run the user stopped before any checkpoint
+/// carried their ACKs are not sent again by the conversation's next run.
+#[tokio::test]
+async fn acknowledgements_of_a_stopped_run_are_kept_for_the_next_one() {
+    let provider = FakeProvider::start().await;
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut answer = text_events(&["Thinking ", "about it"], (5, 2, 0));
+    let after = answer.split_off(2);
+    provider.push(Reply::Held {
+        before: answer,
+        after,
+        release,
+    });
+    provider.push(Reply::sse(text_events(&["again"], (5, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut first = Session::start(
+        &cursor,
+        "req-acks-1",
+        &run_request_with_env("conv-acks", "think"),
+    )
+    .await;
+    // One root stays unacknowledged, so no checkpoint is published (none carries the ACKs).
+    first.withhold_matching = Some(|data: &[u8]| {
+        std::str::from_utf8(data).is_ok_and(|text| text.contains(r#""role":"system""#))
+    });
+    while first.transcript.text().is_empty() {
+        first.next().await.expect("the stream goes on");
+    }
+    assert!(first.transcript.checkpoints().is_empty());
+    assert_eq!(first.withheld.len(), 1, "the system root is withheld");
+    let acknowledged: Vec<Vec<u8>> = first
+        .blobs
+        .keys()
+        .filter(|id| first.withheld.iter().all(|(withheld, _)| withheld != *id))
+        .cloned()
+        .collect();
+    assert!(!acknowledged.is_empty(), "the client acknowledged blobs");
+    first.send(&cancel()).await;
+    let first = first.finish().await;
+    assert_eq!(first.error_code(), Some("canceled"));
+
+    let second = Session::start(
+        &cursor,
+        "req-acks-2",
+        &run_request_with_env("conv-acks", "again"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(second.is_success(), "{:?}", second.end);
+    let resent = blobs_sent(&second)
+        .iter()
+        .filter(|id| acknowledged.contains(id))
+        .count();
+    assert_eq!(
+        resent,
+        0,
+        "{resent} of {} acknowledged blobs sent again",
+        acknowledged.len()
+    );
+}

@@ -6,18 +6,23 @@
 //!
 //! **What a reconnecting RunSSE gets.** Bytes the kernel accepted for a dropped connection may
 //! never have reached the client, so "what was handed to the old body" says nothing about what
-//! the client saw. A RunSSE that reattaches therefore gets a resync, not a diff: the last
-//! checkpoint published before the turn ended (the committed state: the UI can be rebuilt from
-//! it), then every frame sent since that checkpoint — text, thinking, cards, in order — and every
-//! request the client has not answered yet (exec requests, interaction queries, `set_blob` /
-//! `get_blob` under their original ids, even those sent before that checkpoint), then the live
-//! frames. From `turn_ended` on, nothing is dropped from the replay: `turn_ended`, the final
-//! checkpoints and the end of stream all reach the new connection. Requests the client already
-//! answered are not sent again (a tool never runs twice because of a reconnect); a request the
-//! client received but had not answered yet is, and whichever copy the client answers first is
-//! the one taken — later answers for the same id are ignored as late.
+//! the client saw. But every answer the client sends (a KV result, an exec result or control
+//! message, an interaction response) proves it read the stream at least up to the request it
+//! answers: frames are delivered in order. A RunSSE that reattaches therefore gets a resync that
+//! starts after the last frame the client provably received: every frame sent after it — text,
+//! thinking, cards, in order — preceded by the last checkpoint published before the turn ended
+//! when the client is not known to have read it (the committed state: the UI can be rebuilt from
+//! it, so the frames the checkpoint covers are left out), and every request the client has not
+//! answered yet (exec requests, interaction queries, `set_blob` / `get_blob` under their
+//! original ids, even those sent before that point), then the live frames. Nothing the client is
+//! known to have is sent again. From `turn_ended` on, checkpoints no longer shorten the replay:
+//! `turn_ended`, the final checkpoints and the end of stream reach the new connection unless the
+//! client provably read them. Requests the client already answered are not sent again (a tool
+//! never runs twice because of a reconnect); a request the client received but had not answered
+//! yet is, and whichever copy the client answers first is the one taken — later answers for the
+//! same id are ignored as late.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -132,52 +137,111 @@ impl Replay {
     }
 }
 
+/// One journaled frame: its place in the run's sequence of frames, and how it takes part in a
+/// resync.
+#[derive(Debug)]
+struct Entry {
+    position: u64,
+    replay: Replay,
+    frame: Bytes,
+}
+
 /// What a reconnecting client is sent (see the module comment). Work per frame is O(1)
-/// amortized: a checkpoint drops what it covers.
+/// amortized: a checkpoint drops what it covers, and an answer drops what it proves was read.
 #[derive(Debug, Default)]
 struct Journal {
-    checkpoint: Option<Bytes>,
-    frames: Vec<(Replay, Bytes)>,
-    /// Requests the client answered (their frames are not replayed).
-    answered: HashSet<Awaited>,
+    /// The last checkpoint before `turn_ended`, with its position.
+    checkpoint: Option<(u64, Bytes)>,
+    /// Frames the client may not have, oldest first (unanswered requests among them).
+    frames: VecDeque<Entry>,
+    /// Requests the client provably read and has not answered yet: still replayed, in order.
+    held: Vec<Entry>,
+    /// Where each unanswered request's frame stands.
+    requests: HashMap<Awaited, u64>,
+    /// Every frame up to this position provably reached the client: it answered a request sent
+    /// there or later. Zero: nothing proven yet (positions start at 1).
+    read_through: u64,
+    /// The position the next frame gets.
+    next: u64,
     /// `turn_ended` went out: checkpoints no longer shorten the replay.
     closing: bool,
 }
 
 impl Journal {
     fn record(&mut self, replay: Replay, frame: &Bytes) {
+        self.next += 1;
+        let position = self.next;
         match replay {
             Replay::Heartbeat => {}
             Replay::Checkpoint if !self.closing => {
-                self.checkpoint = Some(frame.clone());
+                self.checkpoint = Some((position, frame.clone()));
                 // Unanswered requests outlive the checkpoint: the client still owes their answers.
-                let answered = std::mem::take(&mut self.answered);
-                self.frames.retain(|(replay, _)| {
-                    matches!(replay, Replay::Request(awaited) if !answered.contains(awaited))
+                let requests = &self.requests;
+                self.frames.retain(|entry| {
+                    matches!(entry.replay, Replay::Request(awaited) if requests.contains_key(&awaited))
                 });
             }
-            Replay::TurnEnded => {
-                self.closing = true;
-                self.frames.push((replay, frame.clone()));
+            _ => {
+                if let Replay::Request(awaited) = replay {
+                    self.requests.insert(awaited, position);
+                }
+                self.closing |= replay == Replay::TurnEnded;
+                self.frames.push_back(Entry {
+                    position,
+                    replay,
+                    frame: frame.clone(),
+                });
             }
-            _ => self.frames.push((replay, frame.clone())),
         }
     }
 
+    /// The client answered `request`: it read the stream at least up to that request's frame.
+    fn answered(&mut self, request: Awaited) {
+        let Some(position) = self.requests.remove(&request) else {
+            return;
+        };
+        self.read_through = self.read_through.max(position);
+        while self
+            .frames
+            .front()
+            .is_some_and(|entry| entry.position <= self.read_through)
+        {
+            let Some(entry) = self.frames.pop_front() else {
+                break;
+            };
+            if matches!(entry.replay, Replay::Request(awaited) if self.requests.contains_key(&awaited))
+            {
+                self.held.push(entry);
+            }
+        }
+        let requests = &self.requests;
+        self.held.retain(
+            |entry| matches!(entry.replay, Replay::Request(awaited) if requests.contains_key(&awaited)),
+        );
+    }
+
+    /// The frames a reconnecting client gets, in the order they were first sent: requests still
+    /// unanswered; the checkpoint unless the client provably read past it; every other frame the
+    /// client is not known to have.
     fn replay(&self) -> Vec<Bytes> {
-        self.checkpoint
+        let unanswered = |entry: &&Entry| match entry.replay {
+            Replay::Request(awaited) => self.requests.contains_key(&awaited),
+            _ => true,
+        };
+        let mut frames: Vec<(u64, &Bytes)> = self
+            .held
             .iter()
-            .cloned()
-            .chain(
-                self.frames
-                    .iter()
-                    .filter(|(replay, _)| match replay {
-                        Replay::Request(awaited) => !self.answered.contains(awaited),
-                        _ => true,
-                    })
-                    .map(|(_, frame)| frame.clone()),
-            )
-            .collect()
+            .chain(self.frames.iter())
+            .filter(unanswered)
+            .map(|entry| (entry.position, &entry.frame))
+            .collect();
+        if let Some((position, checkpoint)) = &self.checkpoint
+            && *position > self.read_through
+        {
+            frames.push((*position, checkpoint));
+        }
+        frames.sort_by_key(|(position, _)| *position);
+        frames.into_iter().map(|(_, frame)| frame.clone()).collect()
     }
 }
 
@@ -264,7 +328,7 @@ impl Downlink {
 
     /// The client answered `request` (its frame is not replayed after a reconnect).
     pub fn answered(&mut self, request: Awaited) {
-        self.journal.answered.insert(request);
+        self.journal.answered(request);
     }
 
     pub async fn send_message(&mut self, message: &AgentServerMessage) {
@@ -364,5 +428,50 @@ impl IntoResponse for StreamError {
             connect::end_stream_error(&self.0),
         )
             .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(n: u8) -> Bytes {
+        Bytes::from(vec![n])
+    }
+
+    #[test]
+    fn an_answer_proves_what_came_before_its_request_and_the_rest_is_replayed() {
+        let mut journal = Journal::default();
+        journal.record(Replay::Frame, &frame(1)); // text
+        journal.record(Replay::Request(Awaited::Kv(0)), &frame(2)); // a blob, never answered
+        journal.record(Replay::Frame, &frame(3)); // card started
+        journal.record(Replay::Request(Awaited::Exec(1)), &frame(4)); // exec
+        journal.record(Replay::Frame, &frame(5)); // text after it
+        assert_eq!(journal.replay(), [1, 2, 3, 4, 5].map(frame));
+        journal.answered(Awaited::Exec(1));
+        // The unanswered blob request still goes out, under its id; nothing else before the exec.
+        assert_eq!(journal.replay(), [2, 5].map(frame));
+        journal.answered(Awaited::Kv(0));
+        assert_eq!(journal.replay(), [5].map(frame));
+        // A second answer for the same request proves nothing more.
+        journal.answered(Awaited::Exec(1));
+        assert_eq!(journal.replay(), [5].map(frame));
+    }
+
+    #[test]
+    fn a_checkpoint_is_replayed_only_when_the_client_is_not_known_to_have_read_it() {
+        let mut journal = Journal::default();
+        journal.record(Replay::Request(Awaited::Kv(0)), &frame(1));
+        journal.record(Replay::Frame, &frame(2));
+        journal.record(Replay::Checkpoint, &frame(3));
+        journal.record(Replay::Frame, &frame(4));
+        assert_eq!(journal.replay(), [1, 3, 4].map(frame));
+        journal.record(Replay::Request(Awaited::Kv(1)), &frame(5));
+        journal.answered(Awaited::Kv(1));
+        // Read past the checkpoint: neither it nor what it covers is sent; KV 0 still is.
+        assert_eq!(journal.replay(), [1].map(frame));
+        journal.record(Replay::TurnEnded, &frame(6));
+        journal.record(Replay::Checkpoint, &frame(7));
+        assert_eq!(journal.replay(), [1, 6, 7].map(frame));
     }
 }

@@ -1,5 +1,9 @@
 //! One `RunActor` task per request id. It owns everything mutable about the run — the seqno inbox,
 //! the downlink, the turn loop — and is reached only through its command channel.
+//!
+//! Length: one actor, one state machine — client input in seqno order, the three endings, the
+//! settling after `turn_ended` and the answers owed to appends all touch the same fields and are
+//! read together; cut apart they would pass the actor's state back and forth.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +143,9 @@ impl RunActor {
             State::AwaitingRunRequest | State::AwaitingContext(_) => (0, Usage::default(), None),
         };
         self.wind_down(&end).await;
+        if let State::Running(turn) = &mut self.state {
+            turn.keep_acks().await;
+        }
         // Dropping the turn cancels its provider call before the client hears the ending.
         self.state = State::AwaitingRunRequest;
         // From here on the client's input is refused: a late result or ack gets `not_found`,

@@ -729,6 +729,14 @@ impl Checkpoints {
         }
     }
 
+    /// Records the blobs the client acknowledged since the last publication (a run that ends
+    /// early has no publication to carry them): the client holds them whatever the ending.
+    pub async fn keep_acks(&mut self) -> Result<(), ServerError> {
+        let acked = std::mem::take(&mut self.acked);
+        blobs::acknowledge(&self.store, &self.conversation_id, &acked).await?;
+        Ok(())
+    }
+
     /// Whether every built checkpoint has been published.
     pub fn settled(&self) -> bool {
         !self.gate.is_waiting()

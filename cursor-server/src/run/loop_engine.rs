@@ -542,6 +542,14 @@ impl TurnLoop {
         self.turn.checkpoints.settled()
     }
 
+    /// The run is over, however it ended: what the client acknowledged and no publication
+    /// recorded yet is recorded now, so the next run does not send those blobs again.
+    pub async fn keep_acks(&mut self) {
+        if let Err(e) = self.turn.checkpoints.keep_acks().await {
+            tracing::warn!("recording the client's blob acknowledgements: {e}");
+        }
+    }
+
     /// What the turn ended with, for the sidebar's summary: the model's last answer.
     pub fn summary(&self) -> String {
         self.turn

@@ -236,6 +236,22 @@ pub async fn acknowledge_and_publish(
     Ok(moved)
 }
 
+/// Records that the client stored `ids` for `conversation_id`, apart from any publication (a run
+/// that ended before publishing what they were sent for).
+pub async fn acknowledge(
+    store: &Store,
+    conversation_id: &str,
+    ids: &[BlobId],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut tx = store.begin_write().await?;
+    acks_in(&mut tx, conversation_id, ids).await?;
+    tx.commit().await.context("committing blob acks")?;
+    Ok(())
+}
+
 /// Blobs the client already holds for `conversation_id`.
 pub async fn acked(store: &Store, conversation_id: &str) -> Result<Vec<BlobId>, StoreError> {
     let rows = sqlx::query("SELECT blob_id FROM conversation_blob_acks WHERE conversation_id = ?")
