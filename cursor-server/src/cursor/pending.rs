@@ -21,18 +21,15 @@ pub enum Match {
     Active { slot: usize },
     /// For an exec that already finished: ignore it (idempotently) and log.
     Late,
+    /// For the call in batch slot `slot`, but not the kind of result its request asks for: the
+    /// call fails with a message the model can act on, and the turn goes on.
+    WrongKind { slot: usize, expected: ExecKind },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PendingError {
     #[error("exec id {0} was never issued in this run")]
     Unknown(u32),
-    #[error("exec {id} expects {expected}, got {got}")]
-    WrongKind {
-        id: u32,
-        expected: ExecKind,
-        got: ExecKind,
-    },
 }
 
 #[derive(Debug)]
@@ -95,10 +92,9 @@ impl PendingExecs {
     pub fn match_result(&self, id: u32, kind: ExecKind) -> Result<Match, PendingError> {
         match self.pending.get(&id) {
             Some(pending) if pending.expected == kind => Ok(Match::Active { slot: pending.slot }),
-            Some(pending) => Err(PendingError::WrongKind {
-                id,
+            Some(pending) => Ok(Match::WrongKind {
+                slot: pending.slot,
                 expected: pending.expected,
-                got: kind,
             }),
             None => self.not_pending(id),
         }
@@ -183,18 +179,12 @@ mod tests {
             pending.match_result(2, ExecKind::WriteResult),
             Ok(Match::Active { slot: 1 })
         );
-        let wrong = pending.match_result(1, ExecKind::WriteResult);
         assert_eq!(
-            wrong,
-            Err(PendingError::WrongKind {
-                id: 1,
-                expected: ExecKind::ReadResult,
-                got: ExecKind::WriteResult
+            pending.match_result(1, ExecKind::WriteResult),
+            Ok(Match::WrongKind {
+                slot: 0,
+                expected: ExecKind::ReadResult
             })
-        );
-        assert_eq!(
-            wrong.unwrap_err().to_string(),
-            "exec 1 expects read_result, got write_result"
         );
         assert_eq!(
             pending.match_result(9, ExecKind::ReadResult),

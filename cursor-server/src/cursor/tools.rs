@@ -25,6 +25,7 @@ use self::shell::ShellInput;
 use self::task::TaskInput;
 use self::todo::TodoWriteInput;
 use self::web::{WebFetchInput, WebSearchInput};
+use super::exec::ExecKind;
 use super::exec::{ExecPayload, QueryPayload};
 use super::proto::agent as pb;
 use super::tool_result::{
@@ -541,6 +542,15 @@ impl ToolRun {
     /// The client threw while executing: a failed result the model sees.
     pub fn on_throw(&mut self, error: &str) -> ToolOutcome {
         let message = format!("the client failed to execute the tool: {error}");
+        with_tool!(&self.input, tool => failed(tool, &self.call_id, &message))
+    }
+
+    /// The client answered with a `got` where the request asks for an `expected`: a failed
+    /// result the model can act on (whether the call had an effect is unknown).
+    pub fn on_wrong_result(&mut self, expected: ExecKind, got: ExecKind) -> ToolOutcome {
+        let message = format!(
+            "the client answered this call with a {got} where a {expected} was expected, so its result could not be read; the call may or may not have taken effect: check before trying again"
+        );
         with_tool!(&self.input, tool => failed(tool, &self.call_id, &message))
     }
 

@@ -11,7 +11,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::command::ExecControl;
 use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode};
-use crate::cursor::exec::{ExecPayload, QueryPayload};
+use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::cursor::interaction;
 use crate::cursor::run_sse::Downlink;
 use crate::cursor::tool_result::{ToolImage, ToolOutcome, ToolStep};
@@ -221,6 +221,24 @@ impl Batch {
         };
         let step = run.on_response(payload, &turn.tool_env);
         self.apply_step(turn, slot, step, out).await
+    }
+
+    /// The client answered the call in `slot` with a result of another kind than its request
+    /// asks for: the call fails, and the model is told what happened.
+    pub async fn on_wrong_result(
+        &mut self,
+        turn: &mut Turn,
+        slot: usize,
+        expected: ExecKind,
+        got: ExecKind,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let Some(run) = self.slots[slot].run.as_mut() else {
+            return Ok(());
+        };
+        let outcome = run.on_wrong_result(expected, got);
+        self.apply_step(turn, slot, ToolStep::Done(outcome), out)
+            .await
     }
 
     /// `stream_close` / `throw` for the exec of the call in `slot`.

@@ -408,13 +408,28 @@ impl TurnLoop {
     }
 
     /// The batch slot an answer (exec result or interaction response) of `kind` for `id` belongs
-    /// to; `None` for a late answer, ignored idempotently; a protocol error for an unknown id or
-    /// the wrong kind.
-    fn active_slot(&self, id: u32, kind: ExecKind) -> Result<Option<usize>, ServerError> {
+    /// to; `None` for a late answer, ignored idempotently, or for one of the wrong kind, which
+    /// fails its call (logged; the turn goes on); a protocol error for an unknown id.
+    async fn active_slot(
+        &mut self,
+        id: u32,
+        kind: ExecKind,
+        out: &mut Downlink,
+    ) -> Result<Option<usize>, ServerError> {
         match self.turn.pending.match_result(id, kind) {
             Ok(Match::Active { slot }) => Ok(Some(slot)),
             Ok(Match::Late) => {
                 tracing::info!(id, %kind, "late answer ignored");
+                Ok(None)
+            }
+            Ok(Match::WrongKind { slot, expected }) => {
+                tracing::warn!(id, %expected, got = %kind, "the client answered with the wrong kind of result; the call fails and the turn goes on");
+                self.turn.pending.finish(id);
+                if let Phase::Tools(batch) = &mut self.phase {
+                    batch
+                        .on_wrong_result(&mut self.turn, slot, expected, kind, out)
+                        .await?;
+                }
                 Ok(None)
             }
             Err(e) => Err(ProtocolError::Exec(e.to_string()).into()),
@@ -428,8 +443,8 @@ impl TurnLoop {
         payload: ExecPayload,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
-        let Some(slot) = self.active_slot(id, payload.kind())? else {
-            return Ok(LoopStep::Continue);
+        let Some(slot) = self.active_slot(id, payload.kind(), out).await? else {
+            return Ok(self.after_completion());
         };
         if !self.turn.pending.is_streaming(id) {
             self.turn.pending.finish(id);
@@ -447,8 +462,8 @@ impl TurnLoop {
         payload: QueryPayload,
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
-        let Some(slot) = self.active_slot(id, payload.kind())? else {
-            return Ok(LoopStep::Continue);
+        let Some(slot) = self.active_slot(id, payload.kind(), out).await? else {
+            return Ok(self.after_completion());
         };
         self.turn.pending.finish(id);
         if let Phase::Tools(batch) = &mut self.phase {
@@ -467,7 +482,8 @@ impl TurnLoop {
         out: &mut Downlink,
     ) -> Result<LoopStep, ServerError> {
         let slot = match self.turn.pending.match_control(id) {
-            Ok(Match::Active { slot }) => slot,
+            // A control message has no kind to mismatch: it is for the exec's call either way.
+            Ok(Match::Active { slot } | Match::WrongKind { slot, .. }) => slot,
             Ok(Match::Late) => {
                 // A stream_close after a shell's exit is the normal end of that exec.
                 tracing::debug!(exec_id = id, ?control, "control for a finished exec");
