@@ -987,3 +987,88 @@ async fn acknowledgements_of_a_stopped_run_are_kept_for_the_next_one() {
         acknowledged.len()
     );
 }
+
+/// Issue 29 (3): the user moves a running shell to the background (`background_shell_action` on
+/// the live run's uplink): its card completes as backgrounded, the model gets the output so far,
+/// and the turn goes on; the client's later messages for that exec are ignored as late.
+#[tokio::test]
+async fn a_shell_moved_to_the_background_mid_turn_completes_as_backgrounded_and_the_turn_goes_on() {
+    let provider = FakeProvider::start().await;
+    provider.push(text_then_tool(
+        "Building.",
+        "call_build",
+        "Shell",
+        r#"{"command":"make all"}"#,
+    ));
+    provider.push(Reply::sse(text_events(&["It builds on."], (5, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut session = Session::start(
+        &cursor,
+        "req-live-shell",
+        &run_request_with_env("conv-live-shell", "build it"),
+    )
+    .await;
+    let exec = session.next_exec().await;
+    let Some(args::Message::ShellStreamArgs(shell)) = &exec.message else {
+        panic!("a shell exec: {exec:?}");
+    };
+    let call_id = shell.tool_call_id.clone();
+    session
+        .send(&shell_event(
+            exec.id,
+            pb::shell_stream::Event::Start(Default::default()),
+        ))
+        .await;
+    session
+        .send(&shell_event(
+            exec.id,
+            pb::shell_stream::Event::Stdout(pb::ShellStreamStdout {
+                data: "compiling 1 of 9\n".into(),
+            }),
+        ))
+        .await;
+    session
+        .send(&pb::AgentClientMessage {
+            message: Some(pb::agent_client_message::Message::ConversationAction(
+                pb::ConversationAction {
+                    action: Some(pb::conversation_action::Action::BackgroundShellAction(
+                        pb::BackgroundShellAction {
+                            tool_call_id: call_id,
+                        },
+                    )),
+                    ..Default::default()
+                },
+            )),
+        })
+        .await;
+    // The process goes on on the client: its later output is late for this turn.
+    session
+        .send(&shell_event(
+            exec.id,
+            pb::shell_stream::Event::Stdout(pb::ShellStreamStdout {
+                data: "compiling 2 of 9\n".into(),
+            }),
+        ))
+        .await;
+    let transcript = session.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "Building.It builds on.");
+    let cards = transcript.completed_cards();
+    assert_eq!(cards.len(), 1);
+    let Some(pb::tool_call::Tool::ShellToolCall(card)) =
+        cards[0].tool_call.clone().and_then(|c| c.tool)
+    else {
+        panic!("a Shell card");
+    };
+    let result = card.result.expect("a typed result");
+    assert_eq!(result.is_background, Some(true));
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2, "the turn went on to the next call");
+    let told = fixtures::tool_result_text(&requests[1]);
+    assert!(
+        told.contains("moved the command to the background") && told.contains("compiling 1 of 9"),
+        "{told}"
+    );
+    assert!(!told.contains("compiling 2 of 9"), "{told}");
+}

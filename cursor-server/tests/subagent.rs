@@ -287,3 +287,166 @@ async fn a_background_subagent_reports_later_and_the_parent_continues_once() {
     let stored = provider.requests()[2]["messages"].to_string();
     assert_eq!(stored.matches("<background_task_ended>").count(), 1);
 }
+
+/// A `conversation_action` sent on a run already going.
+fn live_action(action: conversation_action::Action) -> AgentClientMessage {
+    AgentClientMessage {
+        message: Some(agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(action),
+                ..pb::ConversationAction::default()
+            },
+        )),
+    }
+}
+
+const AUDIT_TASK: &str = r#"{"description":"Audit the parsers","prompt":"Audit every parser.","subagent_type":"general"}"#;
+
+/// Issue 29 (3): the user moves a running subagent to the background while the parent's Task call
+/// waits for it: the Task card completes as backgrounded, the model is told, and the turn goes on
+/// (it used to end `invalid_argument: protocol error: unsupported: conversation_action`).
+#[tokio::test]
+async fn a_subagent_moved_to_the_background_mid_turn_completes_its_card_and_the_turn_goes_on() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_bg", "Task", AUDIT_TASK)],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(
+        &["It runs on its own."],
+        (20, 2, 0),
+    )));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut parent = Session::start(
+        &cursor,
+        "req-live-bg",
+        &run_request_with_env("conv-live-bg", "audit the parsers"),
+    )
+    .await;
+    let exec = parent.next_exec().await;
+    let Some(exec_server_message::Message::SubagentArgs(args)) = &exec.message else {
+        panic!("expected subagent_args, got {exec:?}");
+    };
+    let call_id = args.tool_call_id.clone();
+    parent
+        .send(&live_action(
+            conversation_action::Action::BackgroundSubagentAction(pb::BackgroundSubagentAction {
+                tool_call_id: call_id,
+            }),
+        ))
+        .await;
+    let transcript = parent.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "It runs on its own.");
+    let Some(pb::task_result::Result::Success(success)) =
+        task_card(&transcript).result.and_then(|r| r.result)
+    else {
+        panic!("a successful Task result");
+    };
+    assert!(success.is_background);
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    let told = tool_result_text(&requests[1]);
+    assert!(told.contains("is running in the background"), "{told}");
+}
+
+/// Issue 29 (3): the user cancels a subagent while the parent waits for it: the child's run on
+/// this server is stopped, the parent's turn goes on and finishes when the client reports the
+/// subagent's end.
+#[tokio::test]
+async fn a_subagent_canceled_mid_turn_stops_its_run_and_the_parent_goes_on() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_cx", "Task", AUDIT_TASK)],
+        (10, 1, 0),
+    )));
+    let child_answer = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    provider.push(Reply::Hang {
+        events: text_events(&["Auditing "], (5, 1, 0))
+            .into_iter()
+            .take(2)
+            .collect(),
+        sent: std::sync::Arc::clone(&child_answer),
+    });
+    provider.push(Reply::sse(text_events(&["Stopped it."], (20, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut parent = Session::start(
+        &cursor,
+        "req-live-cancel",
+        &run_request_with_env("conv-live-cancel", "audit the parsers"),
+    )
+    .await;
+    let exec = parent.next_exec().await;
+    let mut child = Session::start(
+        &cursor,
+        "req-live-child",
+        &child_request("conv-live-child", "Audit every parser.", "general"),
+    )
+    .await;
+    while child.transcript.text().is_empty() {
+        child.next().await.expect("the child streams");
+    }
+    parent
+        .send(&live_action(
+            conversation_action::Action::CancelSubagentAction(pb::CancelSubagentAction {
+                subagent_id: "conv-live-child".into(),
+            }),
+        ))
+        .await;
+    let child = child.finish().await;
+    assert_eq!(child.error_code(), Some("canceled"), "{:?}", child.end);
+    parent
+        .send(&exec_result(
+            exec.id,
+            exec_client_message::Message::SubagentResult(pb::SubagentResult {
+                result: Some(pb::subagent_result::Result::Error(pb::SubagentError {
+                    agent_id: Some("conv-live-child".into()),
+                    error: "canceled by the user".into(),
+                })),
+            }),
+        ))
+        .await;
+    let transcript = parent.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "Stopped it.");
+}
+
+/// Issue 29 (3): an action that can only open a run (here a resume) sent on a run already going
+/// is refused without ending the turn.
+#[tokio::test]
+async fn an_action_that_cannot_apply_mid_turn_is_refused_and_the_turn_goes_on() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_r", "Task", AUDIT_TASK)],
+        (10, 1, 0),
+    )));
+    provider.push(Reply::sse(text_events(&["Done."], (20, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let mut parent = Session::start(
+        &cursor,
+        "req-live-resume",
+        &run_request_with_env("conv-live-resume", "audit"),
+    )
+    .await;
+    let exec = parent.next_exec().await;
+    parent
+        .send(&live_action(conversation_action::Action::ResumeAction(
+            pb::ResumeAction::default(),
+        )))
+        .await;
+    parent
+        .send(&exec_result(
+            exec.id,
+            subagent_success("a9", "All fine.", false),
+        ))
+        .await;
+    let transcript = parent.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "Done.");
+}

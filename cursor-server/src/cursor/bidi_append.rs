@@ -1,5 +1,8 @@
 //! The uplink: `BidiAppendRequest` decoding (hex `data`, request id, `append_seqno`) and the translation
 //! of an `AgentClientMessage` into the loop's `ClientInput`. Both transports use `translate`.
+//!
+//! Length: one translation per client message and per conversation action (opening a run or on a
+//! run already going), with their unit tests beside them; about a third of the file is tests.
 
 use super::blob_sync::KvPayload;
 use super::checkpoint;
@@ -17,7 +20,9 @@ use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, UserAction,
 };
-use crate::run::command::{ClientInput, ContextWait, ExecControl, RunAction, RunRequestInput};
+use crate::run::command::{
+    ClientInput, ContextWait, ExecControl, LiveAction, RunAction, RunRequestInput,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -417,14 +422,35 @@ fn contextless_run(
     }))
 }
 
-/// A `conversation_action` outside a run request: only cancel is meaningful there.
+/// A `conversation_action` outside a run request, i.e. on a run already going: stop, moving a
+/// running call to the background and canceling a subagent apply to it; any other action is
+/// refused without ending the turn.
 fn conversation_action(action: pb::ConversationAction) -> ClientInput {
+    use conversation_action::Action;
     match action.action {
-        Some(conversation_action::Action::CancelAction(_)) => ClientInput::Cancel,
-        Some(other) => {
-            ClientInput::Unsupported(format!("conversation_action {}", action_name(&other)))
+        Some(Action::CancelAction(_)) => ClientInput::Cancel,
+        Some(Action::BackgroundShellAction(action)) => {
+            ClientInput::LiveAction(LiveAction::MoveToBackground {
+                tool_call_id: action.tool_call_id,
+                kind: BackgroundKind::Shell,
+            })
         }
-        None => ClientInput::Unsupported("conversation_action without an action".to_owned()),
+        Some(Action::BackgroundSubagentAction(action)) => {
+            ClientInput::LiveAction(LiveAction::MoveToBackground {
+                tool_call_id: action.tool_call_id,
+                kind: BackgroundKind::Subagent,
+            })
+        }
+        Some(Action::CancelSubagentAction(action)) => {
+            ClientInput::LiveAction(LiveAction::CancelSubagent {
+                subagent_id: action.subagent_id,
+            })
+        }
+        Some(other) => ClientInput::NotApplicable(format!(
+            "conversation_action {} on a run already going (it can only open a run)",
+            action_name(&other)
+        )),
+        None => ClientInput::NotApplicable("conversation_action without an action".to_owned()),
     }
 }
 

@@ -32,6 +32,7 @@ use super::tool_result::{
     Stage, Tool, ToolEnv, ToolOutcome, ToolStep, aborted, argument_text, bare_card, failed,
 };
 use crate::model::conversation::{Mode, SubagentRole};
+use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
 
 /// Every tool the model can be offered.
@@ -552,6 +553,27 @@ impl ToolRun {
             "the client answered this call with a {got} where a {expected} was expected, so its result could not be read; the call may or may not have taken effect: check before trying again"
         );
         with_tool!(&self.input, tool => failed(tool, &self.call_id, &message))
+    }
+
+    /// The user moved this call to the background (a running Shell, or a Task's subagent): its
+    /// backgrounded outcome, or `None` when the call is not of that kind.
+    pub fn moved_to_background(
+        &mut self,
+        kind: BackgroundKind,
+        env: &ToolEnv,
+    ) -> Option<ToolOutcome> {
+        match (&self.input, kind) {
+            (ToolInput::Shell(shell), BackgroundKind::Shell) => Some(shell::moved_by_user(
+                shell,
+                &self.call_id,
+                &mut self.stage,
+                env,
+            )),
+            (ToolInput::Task(task), BackgroundKind::Subagent) => {
+                Some(task::moved_by_user(task, &self.call_id))
+            }
+            _ => None,
+        }
     }
 
     /// `stream_close` before a terminal result: the exec ended without one.

@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{Applied, ClientInput, ExecControl, RunAction, RunCommand, RunRequestInput};
+use super::command::{
+    Applied, ClientInput, ExecControl, LiveAction, RunAction, RunCommand, RunRequestInput,
+};
 use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
@@ -538,6 +540,11 @@ impl RunActor {
                         .await,
                 )
             }
+            ClientInput::LiveAction(action) => self.act_on_the_turn(action).await,
+            ClientInput::NotApplicable(what) => {
+                tracing::warn!("refused, the turn goes on: {what}");
+                None
+            }
             ClientInput::Unsupported(what) => protocol(ProtocolError::Unsupported(what)),
             ClientInput::Invalid(error) => protocol(error),
             ClientInput::Unknown(what) => {
@@ -598,6 +605,39 @@ impl RunActor {
         }
         let usage = Usage::default();
         Some(RunEnd::Success { usage })
+    }
+
+    /// What the user did to the running turn: a call moved to the background completes as
+    /// backgrounded (its process goes on on the client); a canceled subagent's run is stopped.
+    async fn act_on_the_turn(&mut self, action: LiveAction) -> Option<RunEnd> {
+        match action {
+            LiveAction::CancelSubagent { subagent_id } => {
+                let running = self
+                    .app
+                    .runs
+                    .stop_conversation(&subagent_id, &self.request_id);
+                tracing::info!(
+                    subagent_id,
+                    running,
+                    "the user canceled a subagent during the turn; its run (if running here) is stopped and the turn goes on"
+                );
+                None
+            }
+            LiveAction::MoveToBackground { tool_call_id, kind } => {
+                let State::Running(turn) = &mut self.state else {
+                    tracing::warn!(
+                        tool_call_id,
+                        ?kind,
+                        "a call moved to the background before the turn began; nothing to move"
+                    );
+                    return None;
+                };
+                LoopStep::run_end(
+                    turn.move_to_background(&tool_call_id, kind, &mut self.downlink)
+                        .await,
+                )
+            }
+        }
     }
 
     /// Whether the run waits on the client (an exec, an answer), so its silence counts.

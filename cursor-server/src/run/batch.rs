@@ -19,6 +19,7 @@ use crate::cursor::tools::{ToolKind, ToolRun, task};
 use crate::error::ServerError;
 use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
+use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::ops::metrics;
 use crate::prompting::compiler;
@@ -237,6 +238,50 @@ impl Batch {
             return Ok(());
         };
         let outcome = run.on_wrong_result(expected, got);
+        self.apply_step(turn, slot, ToolStep::Done(outcome), out)
+            .await
+    }
+
+    /// The user moved the running call `call_id` to the background: its execs are over for this
+    /// turn (later messages for them are late), and it completes as backgrounded. A call that is
+    /// not running, or not of that kind, is left alone (logged).
+    pub async fn move_to_background(
+        &mut self,
+        turn: &mut Turn,
+        call_id: &str,
+        kind: BackgroundKind,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        let found = self
+            .slots
+            .iter()
+            .position(|slot| slot.call.call_id == call_id && slot.run.is_some());
+        let Some(slot) = found else {
+            tracing::warn!(
+                call_id,
+                ?kind,
+                "moved to the background, but no such call is running; ignored"
+            );
+            return Ok(());
+        };
+        let Some(outcome) = self.slots[slot]
+            .run
+            .as_mut()
+            .and_then(|run| run.moved_to_background(kind, &turn.tool_env))
+        else {
+            tracing::warn!(
+                call_id,
+                ?kind,
+                "moved to the background, but the call is not of that kind; ignored"
+            );
+            return Ok(());
+        };
+        tracing::info!(
+            call_id,
+            ?kind,
+            "the user moved a running call to the background; the turn goes on"
+        );
+        turn.pending.finish_slot(slot);
         self.apply_step(turn, slot, ToolStep::Done(outcome), out)
             .await
     }

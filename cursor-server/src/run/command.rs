@@ -35,6 +35,12 @@ pub enum ClientInput {
     KvResult { id: u32, payload: KvPayload },
     /// An `interaction_response` for query `id`, opaque to the loop.
     InteractionResponse { id: u32, payload: QueryPayload },
+    /// A `conversation_action` on a run already going (not its opening run_request): the user
+    /// moved a call to the background or canceled a subagent; the turn goes on.
+    LiveAction(LiveAction),
+    /// A conversation action that cannot apply to a run already going (a user message, a
+    /// resume): refused with a WARN, and the turn goes on.
+    NotApplicable(String),
     /// A client message or action this server does not handle yet; ends the run with a clear error.
     Unsupported(String),
     /// A message that decoded but breaks the protocol (an exec message without a result, a
@@ -42,6 +48,19 @@ pub enum ClientInput {
     Invalid(ProtocolError),
     /// A message whose variant this schema does not know (a newer client's): logged and ignored.
     Unknown(String),
+}
+
+/// What the user does to a run while it goes on (`conversation_action` on its uplink).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveAction {
+    /// `background_shell_action` / `background_subagent_action`: the running call `tool_call_id`
+    /// goes on in the background; its card completes as backgrounded and the turn goes on.
+    MoveToBackground {
+        tool_call_id: String,
+        kind: BackgroundKind,
+    },
+    /// `cancel_subagent_action`: that subagent's run stops; the parent's turn goes on.
+    CancelSubagent { subagent_id: String },
 }
 
 /// Exec control messages from the client.

@@ -8,6 +8,10 @@
 //! `run/compaction.rs`. It consumes only canonical `ResponseEvent`s and opaque exec payloads, and
 //! emits only through `cursor::interaction` / `cursor::tools`; it never looks at provider JSON or
 //! protobuf oneofs.
+//!
+//! Length: the phases and every transition between them (a provider event, an exec result, a
+//! response, a control message, a call moved to the background, the endings) read as one state
+//! machine; each transition is short and routes to the phase file that owns the work.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +34,7 @@ use crate::error::ServerError;
 use crate::model::conversation::Mode;
 use crate::model::message::latest_compaction;
 use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay, ThinkingSpan};
+use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::provider::{FinishReason, ProviderError, ResponseEvent};
@@ -471,6 +476,28 @@ impl TurnLoop {
                 .on_response(&mut self.turn, slot, payload, out)
                 .await?;
         }
+        Ok(self.after_completion())
+    }
+
+    /// The user moved the running call `tool_call_id` to the background: it completes as
+    /// backgrounded with what it produced so far, and the batch goes on without waiting for it.
+    pub async fn move_to_background(
+        &mut self,
+        tool_call_id: &str,
+        kind: BackgroundKind,
+        out: &mut Downlink,
+    ) -> Result<LoopStep, ServerError> {
+        let Phase::Tools(batch) = &mut self.phase else {
+            tracing::warn!(
+                tool_call_id,
+                ?kind,
+                "moved to the background while no tool runs; nothing to move"
+            );
+            return Ok(LoopStep::Continue);
+        };
+        batch
+            .move_to_background(&mut self.turn, tool_call_id, kind, out)
+            .await?;
         Ok(self.after_completion())
     }
 

@@ -275,22 +275,36 @@ fn backgrounded(
 ) -> ToolOutcome {
     let stdout = std::mem::take(&mut stage.stdout);
     let stderr = std::mem::take(&mut stage.stderr);
-    let mut text = format!(
-        "The command is running in the background (shell id {}",
-        bg.shell_id
-    );
-    if let Some(pid) = bg.pid {
-        let _ = write!(text, ", pid {pid}");
-    }
-    text.push_str(").");
-    if !env.terminals_folder.is_empty() {
-        let _ = write!(
-            text,
-            " Its output is written to {}/{}.txt; read that file to check on it.",
-            env.terminals_folder.trim_end_matches('/'),
+    let folder = env.terminals_folder.trim_end_matches('/');
+    // Shell id 0: the user moved the command (`background_shell_action`) and the client has not
+    // said which shell holds it.
+    let mut text = if bg.shell_id == 0 {
+        let mut text = "The user moved the command to the background; it keeps running.".to_owned();
+        if !folder.is_empty() {
+            let _ = write!(
+                text,
+                " Its output is written to a file in {folder}; read it to check on the command."
+            );
+        }
+        text
+    } else {
+        let mut text = format!(
+            "The command is running in the background (shell id {}",
             bg.shell_id
         );
-    }
+        if let Some(pid) = bg.pid {
+            let _ = write!(text, ", pid {pid}");
+        }
+        text.push_str(").");
+        if !folder.is_empty() {
+            let _ = write!(
+                text,
+                " Its output is written to {folder}/{}.txt; read that file to check on it.",
+                bg.shell_id
+            );
+        }
+        text
+    };
     let so_far = model_output(&stdout, &stderr, env.max_output_bytes);
     if !so_far.trim().is_empty() {
         let _ = write!(text, "\nOutput so far:\n{so_far}");
@@ -318,6 +332,22 @@ fn backgrounded(
         ..pb::ShellResult::default()
     };
     done(shell, call_id, part, text, false)
+}
+
+/// The user moved the running command to the background mid-turn (`background_shell_action`):
+/// the card completes as backgrounded with what it printed so far; the client keeps it running.
+pub fn moved_by_user(
+    shell: &ShellInput,
+    call_id: &str,
+    stage: &mut Stage,
+    env: &ToolEnv,
+) -> ToolOutcome {
+    let bg = pb::ShellStreamBackgrounded {
+        command: shell.command.clone(),
+        reason: Some(pb::ShellBackgroundReason::UserRequest as i32),
+        ..pb::ShellStreamBackgrounded::default()
+    };
+    backgrounded(shell, call_id, stage, bg, env)
 }
 
 /// stdout then stderr, labelled, within the model's byte budget.

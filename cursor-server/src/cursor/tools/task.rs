@@ -217,6 +217,29 @@ fn subagent_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult)
     }
 }
 
+/// The user moved the Task's subagent to the background mid-turn (`background_subagent_action`):
+/// the card completes as backgrounded and the model hears it will be told when the subagent ends.
+pub fn moved_by_user(task: &TaskInput, call_id: &str) -> ToolOutcome {
+    let part = pb::TaskResult {
+        result: Some(pb::task_result::Result::Success(pb::TaskSuccess {
+            is_background: true,
+            background_reason: pb::SubagentBackgroundReason::UserRequest as i32,
+            ..pb::TaskSuccess::default()
+        })),
+    };
+    let text = format!(
+        "{SUBAGENT_TAG}{:?} {SUBAGENT_BACKGROUND} (moved there by the user); you will be told when it finishes]",
+        task.description
+    );
+    let mut outcome = done(task, call_id, part, text, false);
+    outcome.meta = Some(ToolMeta::Subagent {
+        title: task.description.clone(),
+        agent_id: None,
+        backgrounded: true,
+    });
+    outcome
+}
+
 /// A Task call's title (its description), for the checkpoint's subagent list.
 fn task_title(arguments: &str) -> Option<String> {
     let text = argument_text(arguments);
