@@ -630,28 +630,74 @@ async fn start_plan_action_runs_the_message_in_plan_mode() {
     );
 }
 
+/// Issue 29 (4): a command the user typed for the agent's shell (`shell_command_action`) runs
+/// through the client's shell exec under the action's `exec_id`, streamed onto a Shell card; its
+/// command and output are stored as the user's action and the next model call sees them, once.
 #[tokio::test]
-async fn a_command_the_user_ran_is_told_once_without_a_model_call() {
+async fn a_command_the_user_ran_runs_in_the_clients_shell_and_the_next_call_sees_its_output() {
     let provider = FakeProvider::start().await;
     provider.push(Reply::sse(text_events(&["Noted."], (30, 1, 0))));
     let server = TestServer::start(&provider.base_url()).await;
     let cursor = FakeCursor::new(server.addr);
-    let ran = || {
-        conversation_action::Action::ShellCommandAction(pb::ShellCommandAction {
-            shell_command: Some(pb::ShellCommand {
-                command: "git stash".into(),
-            }),
-            exec_id: "exec-77".into(),
-        })
+    let ran = conversation_action::Action::ShellCommandAction(pb::ShellCommandAction {
+        shell_command: Some(pb::ShellCommand {
+            command: "git stash".into(),
+        }),
+        exec_id: "exec-77".into(),
+    });
+    let mut session = Session::start(&cursor, "req-ran", &action_request("conv-ran", ran)).await;
+    let exec = session.next_exec().await;
+    assert_eq!(exec.exec_id, "exec-77", "under the client's own id");
+    let Some(pb::exec_server_message::Message::ShellStreamArgs(args)) = &exec.message else {
+        panic!("a shell exec: {exec:?}");
     };
-    for request_id in ["req-ran", "req-ran-again"] {
-        let told = Session::start(&cursor, request_id, &action_request("conv-ran", ran()))
-            .await
-            .finish()
-            .await;
-        assert!(told.is_success(), "{:?}", told.end);
+    assert_eq!(args.command, "git stash");
+    let stream = |event| {
+        fixtures::exec_result(
+            exec.id,
+            pb::exec_client_message::Message::ShellStream(pb::ShellStream { event: Some(event) }),
+        )
+    };
+    session
+        .send(&stream(pb::shell_stream::Event::Stdout(
+            pb::ShellStreamStdout {
+                data: "Saved working directory and index state WIP on main\n".into(),
+            },
+        )))
+        .await;
+    session
+        .send(&stream(pb::shell_stream::Event::Exit(
+            pb::ShellStreamExit {
+                code: 0,
+                ..Default::default()
+            },
+        )))
+        .await;
+    let told = session.finish().await;
+    assert!(told.is_success(), "{:?}", told.end);
+    let kinds = told.kinds();
+    for kind in [
+        "tool_call_started",
+        "tool_call_delta",
+        "tool_call_completed",
+    ] {
+        assert!(kinds.contains(&kind), "the Shell card: {kinds:?}");
     }
-    assert!(provider.requests().is_empty(), "told, not asked");
+    let Some(pb::tool_call::Tool::ShellToolCall(card)) = told.completed_cards()[0]
+        .tool_call
+        .clone()
+        .and_then(|c| c.tool)
+    else {
+        panic!("a Shell card");
+    };
+    assert!(matches!(
+        card.result.and_then(|r| r.result),
+        Some(pb::shell_result::Result::Success(_))
+    ));
+    assert!(
+        provider.requests().is_empty(),
+        "no model call for the user's command"
+    );
     let next = Session::start(
         &cursor,
         "req-after-ran",
@@ -664,6 +710,7 @@ async fn a_command_the_user_ran_is_told_once_without_a_model_call() {
     let text = provider.requests()[0]["messages"].to_string();
     assert_eq!(text.matches("<user_ran_command>").count(), 1, "{text}");
     assert!(text.contains("git stash"), "{text}");
+    assert!(text.contains("Saved working directory"), "{text}");
 }
 
 #[tokio::test]

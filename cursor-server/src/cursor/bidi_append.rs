@@ -236,6 +236,7 @@ fn ran_command(action: pb::ShellCommandAction) -> Option<RunAction> {
     Some(RunAction::UserActed(UserAction::RanCommand {
         command,
         exec_id: action.exec_id,
+        output: None,
     }))
 }
 

@@ -50,9 +50,15 @@ pub enum RuntimeEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum UserAction {
-    /// The user ran a command in their own terminal (`shell_command_action`); the client ran it
-    /// and sent no output.
-    RanCommand { command: String, exec_id: String },
+    /// The user ran a command in the agent's shell (`shell_command_action`): the server ran it
+    /// through the client's shell exec under `exec_id`; `output` is what it printed, as the model
+    /// reads a Shell result (`None` in records made before commands were run).
+    RanCommand {
+        command: String,
+        exec_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+    },
 }
 
 /// One ended background task, as the client reports it.

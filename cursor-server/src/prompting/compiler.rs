@@ -72,14 +72,23 @@ pub fn late_answer_tag(call_id: &str, answer: &str) -> RuntimeTag {
 /// What the user did outside a turn, told once (anchored to the client's id for it).
 pub fn user_action_tag(action: &UserAction) -> RuntimeTag {
     match action {
-        UserAction::RanCommand { command, exec_id } => RuntimeTag::new(
+        UserAction::RanCommand {
+            command,
+            exec_id,
+            output,
+        } => RuntimeTag::new(
             RuntimeEvent::UserActed {
                 action: action.clone(),
             },
             exec_id,
-            format!(
-                "<user_ran_command>\nThe user ran this command in their own terminal:\n{command}\nIts output was not shared with you; if it matters, ask the user or run it yourself.\n</user_ran_command>"
-            ),
+            match output {
+                Some(output) => format!(
+                    "<user_ran_command>\nThe user ran this command in your shell:\n{command}\nWhat it returned:\n{output}\n</user_ran_command>"
+                ),
+                None => format!(
+                    "<user_ran_command>\nThe user ran this command in their own terminal:\n{command}\nIts output was not shared with you; if it matters, ask the user or run it yourself.\n</user_ran_command>"
+                ),
+            },
         ),
     }
 }

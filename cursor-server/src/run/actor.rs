@@ -19,6 +19,7 @@ use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use super::opening;
 use super::registry::{Lookup, Opener, RegistryError, RunControl, RunHandle};
+use super::user_command::{Progress, UserCommand};
 use crate::cursor::bidi_append;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
 use crate::cursor::exec::ExecPayload;
@@ -35,6 +36,9 @@ enum State {
     /// A user message came without its request context (a CLI client): the client was asked for it
     /// (exec `CONTEXT_EXEC_ID`) and nothing else happens until it answers.
     AwaitingContext(Box<RunRequestInput>),
+    /// The user's own command (`shell_command_action`) runs in the client's shell; its turn opens
+    /// once it is over.
+    UserCommand(Box<UserCommand>),
     Running(Box<TurnLoop>),
 }
 
@@ -142,7 +146,9 @@ impl RunActor {
         let end = self.drive().await;
         let (provider_calls, usage, mode) = match &self.state {
             State::Running(turn) => (turn.provider_calls(), turn.usage(), Some(turn.mode())),
-            State::AwaitingRunRequest | State::AwaitingContext(_) => (0, Usage::default(), None),
+            State::AwaitingRunRequest | State::AwaitingContext(_) | State::UserCommand(_) => {
+                (0, Usage::default(), None)
+            }
         };
         self.wind_down(&end).await;
         if let State::Running(turn) = &mut self.state {
@@ -173,6 +179,18 @@ impl RunActor {
     /// Brings the turn to its end: the final checkpoints of a success, terminal cards and the
     /// committed state of a failure, terminal cards of a cancel.
     async fn wind_down(&mut self, end: &RunEnd) {
+        if let State::UserCommand(_) = &self.state
+            && let State::UserCommand(command) =
+                std::mem::replace(&mut self.state, State::AwaitingRunRequest)
+        {
+            let reason = match end {
+                RunEnd::Canceled { reason } => reason.clone(),
+                RunEnd::Failed(error) => format!("the run failed: {error}"),
+                RunEnd::Success { .. } => "the run ended".to_owned(),
+            };
+            command.abandon(&reason, &mut self.downlink).await;
+            return;
+        }
         if let State::Running(turn) = &mut self.state {
             match end {
                 RunEnd::Success { usage } => {
@@ -474,38 +492,63 @@ impl RunActor {
         }
     }
 
+    /// The run's request: an action beside the turn ends it at once; a CLI client is asked for
+    /// its request context first; the user's own command runs before its turn opens.
+    async fn on_run_request(&mut self, request: Box<RunRequestInput>) -> Option<RunEnd> {
+        if !matches!(self.state, State::AwaitingRunRequest) {
+            return Some(RunEnd::Failed(ProtocolError::DuplicateRunRequest.into()));
+        }
+        tracing::Span::current().record(
+            "conversation_id",
+            tracing::field::display(&request.conversation_id),
+        );
+        tracing::info!("run_request");
+        if let Some(end) = self.act_beside_the_turn(&request.action) {
+            return Some(end);
+        }
+        if request.ask_context.is_some() {
+            tracing::info!(
+                "the run_request has no request context (a CLI client): asking the client for it first"
+            );
+            let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
+            self.downlink.send_message(&ask).await;
+            self.state = State::AwaitingContext(request);
+            return None;
+        }
+        let max_output = self.app.config.tool_output_max_bytes;
+        match UserCommand::start(request, max_output, &mut self.downlink).await {
+            Ok(command) => {
+                self.state = State::UserCommand(Box::new(command));
+                None
+            }
+            Err(request) => self.start_turn(*request).await,
+        }
+    }
+
     async fn handle_input(&mut self, input: ClientInput) -> Option<RunEnd> {
         self.note_answer(&input);
         let protocol = |e: ProtocolError| Some(RunEnd::Failed(e.into()));
         match input {
-            ClientInput::RunRequest(request) => {
-                if !matches!(self.state, State::AwaitingRunRequest) {
-                    return protocol(ProtocolError::DuplicateRunRequest);
-                }
-                tracing::Span::current().record(
-                    "conversation_id",
-                    tracing::field::display(&request.conversation_id),
-                );
-                tracing::info!("run_request");
-                if let Some(end) = self.act_beside_the_turn(&request.action) {
-                    return Some(end);
-                }
-                if request.ask_context.is_some() {
-                    tracing::info!(
-                        "the run_request has no request context (a CLI client): asking the client for it first"
-                    );
-                    let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
-                    self.downlink.send_message(&ask).await;
-                    self.state = State::AwaitingContext(request);
-                    return None;
-                }
-                self.start_turn(*request).await
-            }
+            ClientInput::RunRequest(request) => self.on_run_request(request).await,
             ClientInput::ExecResult { id, payload } if self.awaits_context() => {
                 self.context_arrived(id, Ok(payload)).await
             }
             ClientInput::ExecControl { id, control } if self.awaits_context() => {
                 self.context_arrived(id, Err(control)).await
+            }
+            ClientInput::ExecResult { id, payload } if self.runs_user_command() => {
+                let State::UserCommand(command) = &mut self.state else {
+                    return None;
+                };
+                let progress = command.on_result(id, payload, &mut self.downlink).await;
+                self.user_command_moved(id, progress).await
+            }
+            ClientInput::ExecControl { id, control } if self.runs_user_command() => {
+                let State::UserCommand(command) = &mut self.state else {
+                    return None;
+                };
+                let progress = command.on_control(id, control, &mut self.downlink).await;
+                self.user_command_moved(id, progress).await
             }
             ClientInput::Cancel => Some(RunEnd::Canceled {
                 reason: "canceled by the user".to_owned(),
@@ -644,13 +687,34 @@ impl RunActor {
     fn waiting_on_client(&self) -> bool {
         match &self.state {
             State::Running(turn) => turn.waiting_on_client(),
-            State::AwaitingContext(_) => true,
+            State::AwaitingContext(_) | State::UserCommand(_) => true,
             State::AwaitingRunRequest => false,
         }
     }
 
     fn awaits_context(&self) -> bool {
         matches!(self.state, State::AwaitingContext(_))
+    }
+
+    fn runs_user_command(&self) -> bool {
+        matches!(self.state, State::UserCommand(_))
+    }
+
+    /// Where a message for exec `id` left the user's command: still running, or over — then the
+    /// run's turn opens with the command and its output as the user's action.
+    async fn user_command_moved(&mut self, id: u32, progress: Option<Progress>) -> Option<RunEnd> {
+        match progress {
+            None => {
+                let error =
+                    ProtocolError::Exec(format!("exec id {id} was never issued in this run"));
+                Some(RunEnd::Failed(error.into()))
+            }
+            Some(Progress::Running) => None,
+            Some(Progress::Done(request)) => {
+                self.state = State::AwaitingRunRequest;
+                self.start_turn(*request).await
+            }
+        }
     }
 
     /// The client answered the request-context exec (a result, or a throw or close without one):
@@ -867,6 +931,8 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 async fn next_loop_event(state: &mut State) -> LoopEvent {
     match state {
         State::Running(turn) => turn.next_event().await,
-        State::AwaitingRunRequest | State::AwaitingContext(_) => std::future::pending().await,
+        State::AwaitingRunRequest | State::AwaitingContext(_) | State::UserCommand(_) => {
+            std::future::pending().await
+        }
     }
 }

@@ -10,3 +10,4 @@ pub mod loop_engine;
 mod opening;
 pub mod registry;
 mod turn;
+mod user_command;
