@@ -8,6 +8,7 @@
 use super::assets::{PromptAssets, PromptKind};
 use super::images::ImageSet;
 use crate::config::ModelConfig;
+use crate::cursor::import::Known;
 use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
@@ -27,7 +28,7 @@ pub fn context_tag(
         return None;
     }
     let text = render_context(context);
-    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+    let digest = context_digest(&text);
     // Only what the model still sees counts: a context summarized away is told again.
     let visible = latest_compaction(history).map_or(history, |(_, _, through)| &history[through..]);
     if current_context_digest(visible) == Some(digest.as_str()) {
@@ -38,6 +39,39 @@ pub fn context_tag(
         anchor,
         text,
     ))
+}
+
+/// The digest a workspace-context message is known by: of the text the model reads.
+fn context_digest(text: &str) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()))
+}
+
+/// How every workspace-context message opens (`render_context`).
+const CONTEXT_OPENING: &str = "<user_info>\n";
+
+/// What importing a client's roots must recognize (`cursor/import.rs`): this server's own system
+/// prompts and the workspace context this server injected.
+pub struct ImportKnown<'a> {
+    prompts: &'a PromptAssets,
+}
+
+impl<'a> ImportKnown<'a> {
+    pub fn new(prompts: &'a PromptAssets) -> Self {
+        ImportKnown { prompts }
+    }
+}
+
+impl Known for ImportKnown<'_> {
+    fn told(&self, instructions: &str) -> bool {
+        self.prompts.is_own_system_prompt(instructions)
+    }
+
+    fn runtime(&self, text: &str) -> Option<RuntimeEvent> {
+        text.starts_with(CONTEXT_OPENING)
+            .then(|| RuntimeEvent::WorkspaceContext {
+                digest: context_digest(text),
+            })
+    }
 }
 
 /// Messages the user sent while the agent was busy, in order, each as the user wrote it: stored
