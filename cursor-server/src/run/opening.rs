@@ -632,7 +632,7 @@ impl Import {
             .filter(|id| matches!(self.got.get(id), Some(None)))
             .copied()
             .collect();
-        let known = compiler::ImportKnown::new(&turn.app.prompts);
+        let known = compiler::ImportKnown::new(&turn.app.prompts, self.context.as_ref());
         let imported = import::import_roots(&roots, &known);
         if !self.roots.is_empty() {
             tracing::info!(
