@@ -552,6 +552,97 @@ async fn a_cli_run_request_without_context_asks_for_it_first_and_its_rules_reach
     );
 }
 
+/// A CLI client's own system prompt, which it sends both as a root and as a rule.
+const CLI_INSTRUCTIONS: &str = "You are the terminal agent (marker cli-7f3e). Keep answers short; run tests before you finish.";
+
+/// The request context a CLI client answers with when its instructions are also a rule.
+fn cli_context_with_instructions() -> pb::RequestContext {
+    let mut context = cli_context();
+    context.rules.push(pb::CursorRule {
+        full_path: "cli-instructions".into(),
+        content: CLI_INSTRUCTIONS.into(),
+        ..Default::default()
+    });
+    context
+}
+
+/// One CLI turn: the run request with `state` (its roots in `blobs`), the request context asked
+/// for and answered; returns the session, ended.
+async fn cli_turn<'a>(
+    cursor: &'a FakeCursor,
+    request_id: &str,
+    text: &str,
+    state: pb::ConversationStateStructure,
+    blobs: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+) -> Session<'a> {
+    let mut request = cli_run_request("conv-cli-twice", text);
+    if let Some(agent_client_message::Message::RunRequest(run)) = &mut request.message {
+        run.conversation_state = Some(state);
+    }
+    let mut turn = Session::start_with_blobs(cursor, request_id, &request, blobs).await;
+    let ask = turn.next_exec().await;
+    turn.send(&exec_result(
+        ask.id,
+        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
+            result: Some(pb::request_context_result::Result::Success(
+                pb::RequestContextSuccess {
+                    request_context: Some(cli_context_with_instructions()),
+                },
+            )),
+        }),
+    ))
+    .await;
+    while turn.next().await.is_some() {}
+    assert!(turn.transcript.is_success(), "{:?}", turn.transcript.end);
+    turn
+}
+
+#[tokio::test]
+async fn a_cli_clients_instructions_sent_as_a_root_and_a_rule_reach_the_model_once() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["done"], (30, 1, 0))));
+    provider.push(Reply::sse(text_events(&["again"], (40, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let root = serde_json::json!({"role": "system", "content": CLI_INSTRUCTIONS})
+        .to_string()
+        .into_bytes();
+    let root_id = BlobId::of(&root).0.to_vec();
+    let state = pb::ConversationStateStructure {
+        root_prompt_messages_json: vec![root_id.clone()],
+        ..Default::default()
+    };
+    let blobs = std::collections::HashMap::from([(root_id, root)]);
+    let first = cli_turn(&cursor, "req-cli-x1", "fix it", state, blobs.clone()).await;
+    let marker_count =
+        |request: &Value| request["messages"].to_string().matches("cli-7f3e").count();
+    assert_eq!(marker_count(&provider.requests()[0]), 1, "turn 1");
+
+    // Its next turn reaches a server without the conversation: imported from its checkpoint.
+    let state = (*first.transcript.checkpoints().last().expect("checkpoint")).clone();
+    let mut held = first.blobs.clone();
+    held.extend(blobs);
+    let other = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(other.addr);
+    cli_turn(&cursor, "req-cli-x2", "again", state, held).await;
+    let requests = provider.requests();
+    assert_eq!(marker_count(&requests[1]), 1, "turn 2");
+    let first_messages = requests[0]["messages"].as_array().unwrap();
+    let second_messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(
+        &second_messages[..first_messages.len()],
+        first_messages.as_slice(),
+        "the import reads as the original: the provider's cache still applies"
+    );
+    assert_eq!(
+        &second_messages[first_messages.len()..],
+        &[
+            serde_json::json!({"role":"assistant","content":"done"}),
+            serde_json::json!({"role":"user","content":"again"}),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_cli_client_that_throws_on_the_context_request_proceeds_without_context() {
     let provider = FakeProvider::start().await;

@@ -716,6 +716,136 @@ async fn a_conversation_only_the_client_knows_is_imported_from_its_blobs() {
     assert_eq!(gets, ids.len(), "one hash-checked read per listed root");
 }
 
+/// `request` (a user message) carrying `state` as the client's conversation state.
+fn with_client_state(
+    mut request: pb::AgentClientMessage,
+    state: &ConversationStateStructure,
+) -> pb::AgentClientMessage {
+    if let Some(pb::agent_client_message::Message::RunRequest(run)) = &mut request.message {
+        run.conversation_state = Some(state.clone());
+    }
+    request
+}
+
+#[tokio::test]
+async fn a_conversation_this_server_made_imported_by_a_server_without_it_keeps_one_system_prompt() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["First answer."], (10, 2, 0))));
+    provider.push(Reply::sse(text_events(&["Second answer."], (20, 2, 0))));
+    let first_server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(first_server.addr);
+    let mut first = Session::start(
+        &cursor,
+        "req-made-1",
+        &run_request_with_env("conv-made", "one"),
+    )
+    .await;
+    while first.next().await.is_some() {}
+    assert!(first.transcript.is_success(), "{:?}", first.transcript.end);
+    let state = (*first.transcript.checkpoints().last().expect("checkpoint")).clone();
+
+    // Another node (or a lost database): the client's checkpoint and blobs are all it has.
+    let other_server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(other_server.addr);
+    let request = with_client_state(run_request_with_env("conv-made", "two"), &state);
+    let mut second =
+        Session::start_with_blobs(&cursor, "req-made-2", &request, first.blobs.clone()).await;
+    while second.next().await.is_some() {}
+    assert!(
+        second.transcript.is_success(),
+        "{:?}",
+        second.transcript.end
+    );
+
+    let requests = provider.requests();
+    let first_messages = requests[0]["messages"].as_array().unwrap();
+    let second_messages = requests[1]["messages"].as_array().unwrap();
+    let system = first_messages[0]["content"].as_str().unwrap();
+    let copies = second_messages
+        .iter()
+        .filter(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.contains(&system[..200]))
+        })
+        .count();
+    assert_eq!(copies, 1, "the system prompt once: {second_messages:?}");
+    // The imported conversation reads as the original did: the provider's cache still applies.
+    assert_eq!(
+        &second_messages[..first_messages.len()],
+        first_messages.as_slice()
+    );
+    assert_eq!(
+        &second_messages[first_messages.len()..],
+        &[
+            serde_json::json!({"role":"assistant","content":"First answer."}),
+            serde_json::json!({"role":"user","content":"two"}),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_system_root_this_server_wrote_before_marking_its_roots_is_recognized_by_its_text() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["Again."], (10, 2, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    // An unmarked root holding another mode's prompt, as an earlier version wrote it.
+    let assets = cursor_server::prompting::assets::PromptAssets::embedded().unwrap();
+    let plan = &assets
+        .mode(cursor_server::model::conversation::Mode::Plan)
+        .system;
+    let roots = [
+        serde_json::json!({"role": "system", "content": plan}),
+        serde_json::json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+        serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}),
+    ];
+    let blobs: std::collections::HashMap<Vec<u8>, Vec<u8>> = roots
+        .iter()
+        .map(|root| {
+            let data = root.to_string().into_bytes();
+            (BlobId::of(&data).0.to_vec(), data)
+        })
+        .collect();
+    let state = ConversationStateStructure {
+        root_prompt_messages_json: roots
+            .iter()
+            .map(|root| BlobId::of(root.to_string().as_bytes()).0.to_vec())
+            .collect(),
+        ..ConversationStateStructure::default()
+    };
+    let request = with_client_state(run_request_with_env("conv-unmarked", "again"), &state);
+    let mut session = Session::start_with_blobs(&cursor, "req-unmarked", &request, blobs).await;
+    while session.next().await.is_some() {}
+    assert!(
+        session.transcript.is_success(),
+        "{:?}",
+        session.transcript.end
+    );
+
+    let messages = provider.requests()[0]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let plan_own = &plan[plan.len() - 200..];
+    assert!(
+        messages
+            .iter()
+            .all(|m| !m["content"].as_str().is_some_and(|c| c.contains(plan_own))),
+        "{messages:?}"
+    );
+    assert_eq!(
+        messages[1],
+        serde_json::json!({"role":"user","content":"hi"})
+    );
+    assert_eq!(messages[2]["content"], "Hello.");
+    assert_eq!(
+        messages.len(),
+        5,
+        "system, the two imported, context, message"
+    );
+}
+
 #[tokio::test]
 async fn a_get_result_whose_hash_does_not_match_is_rejected() {
     let provider = FakeProvider::start().await;

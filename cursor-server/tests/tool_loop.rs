@@ -496,6 +496,37 @@ async fn a_thrown_exec_is_a_failed_result_the_model_sees() {
     );
 }
 
+/// Cursor counts a file's lines as its newline-separated parts: "one\n" is two.
+#[tokio::test]
+async fn a_whole_one_line_file_ending_in_a_newline_is_not_reported_as_truncated() {
+    let h = Harness::new(vec![
+        tool_call_events(
+            None,
+            &[("call_one", "Read", r#"{"path":"one.txt"}"#)],
+            (10, 3, 0),
+        ),
+        text_events(&["It says one."], (20, 1, 0)),
+    ])
+    .await;
+    let mut session = h.session("req-one-line", "read one.txt").await;
+    let exec = session.next_exec().await;
+    let answer = result::Message::ReadResult(pb::ReadResult {
+        result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+            path: "one.txt".into(),
+            total_lines: 2,
+            file_size: 4,
+            output: Some(pb::read_success::Output::Content("one\n".into())),
+            ..Default::default()
+        })),
+    });
+    session.send(&exec_result(exec.id, answer)).await;
+    let transcript = session.finish().await;
+
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    let text = tool_messages(&h.request_messages(1))[0].1.to_owned();
+    assert_eq!(text, "     1|one\n", "nothing more to read, so no note");
+}
+
 #[tokio::test]
 async fn an_unknown_tool_and_invalid_arguments_become_errors_the_model_can_fix() {
     let h = Harness::new(vec![

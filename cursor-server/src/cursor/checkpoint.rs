@@ -5,13 +5,6 @@
 //! `ConversationTurnStructure` blobs → `UserMessage` + `ConversationStep` blobs. The
 //! `ConversationStateStructure` that names them all is the checkpoint.
 
-use std::collections::HashMap;
-
-use super::tools::{ToolKind, task};
-use crate::model::message::{
-    AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
-};
-use crate::model::tool::ToolResult;
 use bytes::Bytes;
 use prost::Message;
 use serde_json::{Value, json};
@@ -389,12 +382,23 @@ pub fn update_message(state: ConversationStateStructure) -> pb::AgentServerMessa
     }
 }
 
+/// The `providerOptions` key under which this server marks its own roots (AI SDK providers
+/// ignore options that are not theirs).
+pub const OWN_SYSTEM_PROMPT: &str = "cursorByok";
+
 /// AI SDK model-message JSON for the roots.
 pub mod roots {
     use super::*;
 
+    /// This server's own system prompt, marked as such: a client that takes the conversation to a
+    /// server without it (another node, a lost database) brings the root back, and the import
+    /// must not tell the model the prompt a second time, whatever the prompt's version.
     pub fn system(text: &str) -> Value {
-        json!({ "role": "system", "content": text })
+        json!({
+            "role": "system",
+            "content": text,
+            "providerOptions": { OWN_SYSTEM_PROMPT: { "systemPrompt": true } },
+        })
     }
 
     pub fn user(text: &str) -> Value {
@@ -432,213 +436,9 @@ pub mod roots {
     }
 }
 
-/// Reads model-message roots (AI SDK JSON, as Cursor or this server wrote them) back into canonical
-/// history, for conversations this server has never seen. Tool calls are grouped onto the assistant
-/// message they follow (this server writes one root per call; AI SDK writes them together); each
-/// call becomes a stored call/result pair when its result is found.
-pub fn import_roots(roots: &[Value]) -> Vec<CanonicalMessage> {
-    let mut import = Import::default();
-    for root in roots {
-        let content = &root["content"];
-        match root["role"].as_str() {
-            Some("system") => import.system(content),
-            Some("user") => import.user(content),
-            Some("assistant") => import.assistant(content),
-            Some("tool") => import.tool_results(content),
-            other => tracing::warn!("imported root with role {other:?} left out"),
-        }
-    }
-    import.out
-}
-
-/// The state of one `import_roots` pass.
-#[derive(Default)]
-struct Import {
-    out: Vec<CanonicalMessage>,
-    /// toolCallId → (model_call_id, index, call), until its result is found.
-    calls: HashMap<String, (String, u32, ToolCall)>,
-    /// The assistant message later tool-call-only roots add their calls to.
-    current_assistant: Option<usize>,
-    imported: usize,
-}
-
-impl Import {
-    fn text_of(content: &Value, kind: &str) -> String {
-        match content {
-            Value::String(text) if kind == "text" => text.clone(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter(|p| p["type"] == kind)
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join(""),
-            _ => String::new(),
-        }
-    }
-
-    fn user_message(origin: Origin, text: String) -> CanonicalMessage {
-        CanonicalMessage::User(UserMessage {
-            images: Vec::new(),
-            shown_as: None,
-            state_before: None,
-            origin,
-            text,
-            client_message_id: String::new(),
-            mode: None,
-            runtime: None,
-        })
-    }
-
-    /// The client's own instructions: kept, as a runtime message, never dropped.
-    fn system(&mut self, content: &Value) {
-        let text = Self::text_of(content, "text");
-        if !text.is_empty() {
-            self.out.push(Self::user_message(
-                Origin::Runtime,
-                format!("<client_instructions>\n{text}\n</client_instructions>"),
-            ));
-        }
-        self.current_assistant = None;
-    }
-
-    fn user(&mut self, content: &Value) {
-        self.out.push(Self::user_message(
-            Origin::User,
-            Self::text_of(content, "text"),
-        ));
-        self.current_assistant = None;
-    }
-
-    fn assistant(&mut self, content: &Value) {
-        let text = Self::text_of(content, "text");
-        let thinking = Self::text_of(content, "reasoning");
-        let parts: Vec<&Value> = content
-            .as_array()
-            .map(|p| p.iter().filter(|p| p["type"] == "tool-call").collect())
-            .unwrap_or_default();
-        let continues = self.current_assistant.is_some()
-            && text.is_empty()
-            && thinking.is_empty()
-            && !parts.is_empty();
-        let slot = match (continues, self.current_assistant) {
-            (true, Some(slot)) => slot,
-            _ => {
-                self.imported += 1;
-                self.out.push(CanonicalMessage::Assistant(AssistantMessage {
-                    thinking_spans: Vec::new(),
-                    text,
-                    thinking,
-                    model_id: String::new(),
-                    replay: None,
-                    model_call_id: format!("import-{}", self.imported),
-                    planned_calls: Vec::new(),
-                }));
-                self.out.len() - 1
-            }
-        };
-        self.current_assistant = Some(slot);
-        if let CanonicalMessage::Assistant(assistant) = &mut self.out[slot] {
-            for part in parts {
-                let id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
-                let call = ToolCall {
-                    call_id: id.clone(),
-                    provider_call_id: id.clone(),
-                    name: part["toolName"].as_str().unwrap_or_default().to_owned(),
-                    arguments: part
-                        .get("args")
-                        .or_else(|| part.get("input"))
-                        .map_or_else(|| "{}".to_owned(), Value::to_string),
-                };
-                let index = u32::try_from(assistant.planned_calls.len()).unwrap_or(u32::MAX);
-                assistant.planned_calls.push(call.clone());
-                self.calls
-                    .insert(id, (assistant.model_call_id.clone(), index, call));
-            }
-        }
-    }
-
-    fn tool_results(&mut self, content: &Value) {
-        for part in content
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["type"] == "tool-result")
-        {
-            let id = part["toolCallId"].as_str().unwrap_or_default();
-            let Some((model_call_id, index, call)) = self.calls.get(id).cloned() else {
-                tracing::warn!("imported tool result {id:?} has no call; left out");
-                continue;
-            };
-            let result = match &part["result"] {
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
-            };
-            // The client's record of a Task says only whether it failed.
-            let meta =
-                (call.name == ToolKind::Task.name()).then(|| task::untold_meta(&call.arguments));
-            self.out.push(CanonicalMessage::ToolCall(ToolCallRecord {
-                model_call_id: model_call_id.clone(),
-                index,
-                call,
-            }));
-            self.out
-                .push(CanonicalMessage::ToolResult(ToolResultRecord {
-                    card: None,
-                    model_call_id,
-                    index,
-                    result: ToolResult {
-                        images: Vec::new(),
-                        call_id: id.to_owned(),
-                        content: result,
-                        is_error: part["isError"].as_bool().unwrap_or(false),
-                        meta,
-                    },
-                }));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn imported_roots_become_canonical_history_with_paired_tool_calls() {
-        use crate::model::message::CanonicalMessage;
-        let roots = vec![
-            roots::system("client rules"),
-            roots::user("read it"),
-            roots::assistant("Reading.", "plan"),
-            roots::tool_call("t1", "Read", r#"{"path":"a"}"#),
-            roots::tool_result("t1", "Read", "     1|ay", false),
-            roots::assistant("Done.", ""),
-        ];
-        let history = import_roots(&roots);
-        assert!(
-            matches!(&history[0], CanonicalMessage::User(u) if u.text.contains("client rules"))
-        );
-        assert!(matches!(&history[1], CanonicalMessage::User(u) if u.text == "read it"));
-        let CanonicalMessage::Assistant(first) = &history[2] else {
-            panic!("{history:?}")
-        };
-        assert_eq!(
-            (first.text.as_str(), first.thinking.as_str()),
-            ("Reading.", "plan")
-        );
-        assert_eq!(
-            first.planned_calls.len(),
-            1,
-            "the call root joins the assistant it follows"
-        );
-        assert!(
-            matches!(&history[3], CanonicalMessage::ToolCall(c) if c.call.arguments == r#"{"path":"a"}"# && c.model_call_id == first.model_call_id)
-        );
-        assert!(
-            matches!(&history[4], CanonicalMessage::ToolResult(r) if r.result.content == "     1|ay")
-        );
-        assert!(matches!(&history[5], CanonicalMessage::Assistant(a) if a.text == "Done."));
-        assert_eq!(history.len(), 6);
-    }
 
     /// A graph with two roots and one turn holding one assistant step, the blobs that built it, the
     /// turn and its state.

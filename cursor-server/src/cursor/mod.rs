@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod connect;
 pub mod exec;
 pub mod handlers;
+pub mod import;
 pub mod interaction;
 pub mod pending;
 pub mod projection;

@@ -135,6 +135,8 @@ pub struct PromptSet {
 pub struct PromptAssets {
     sets: HashMap<PromptKind, PromptSet>,
     mode_change: Template,
+    /// What every system prompt starts with (recognizes this server's own prompts of any kind).
+    common_prefix: String,
 }
 
 impl PromptAssets {
@@ -204,7 +206,11 @@ impl PromptAssets {
             &required(mode_change_path)?,
             &["previous_mode", "mode"],
         )?;
-        Ok(PromptAssets { sets, mode_change })
+        Ok(PromptAssets {
+            sets,
+            mode_change,
+            common_prefix: common_prefix.trim_end().to_owned(),
+        })
     }
 
     pub fn set(&self, kind: PromptKind) -> &PromptSet {
@@ -214,6 +220,15 @@ impl PromptAssets {
 
     pub fn mode(&self, mode: Mode) -> &PromptSet {
         self.set(PromptKind::Mode(mode))
+    }
+
+    /// Whether `text` is a system prompt of this server: any kind's as it stands, or one that
+    /// starts with the common prefix (a mode's prompt of an earlier version, a subagent's with its
+    /// own instructions). A conversation taken elsewhere and back brings it as a root.
+    pub fn is_own_system_prompt(&self, text: &str) -> bool {
+        let text = text.trim();
+        (!self.common_prefix.is_empty() && text.starts_with(&self.common_prefix))
+            || self.sets.values().any(|set| set.system.trim() == text)
     }
 
     /// The notice appended when the user switches modes.
@@ -405,6 +420,20 @@ mod tests {
                 .mode_change(Mode::Agent, Mode::Plan)
                 .contains("from Agent mode to Plan mode")
         );
+    }
+
+    #[test]
+    fn every_kinds_system_prompt_is_recognized_as_this_servers_own_and_others_are_not() {
+        let assets = PromptAssets::embedded().expect("embedded assets are valid");
+        for kind in PromptKind::ALL {
+            let system = &assets.set(kind).system;
+            assert!(assets.is_own_system_prompt(system), "{kind:?}");
+            // An earlier version of the mode's own part.
+            let (prefix, _) = system.split_at(assets.common_prefix.len());
+            assert!(assets.is_own_system_prompt(&format!("{prefix}\n\nOlder rules.")));
+        }
+        assert!(!assets.is_own_system_prompt("You are the terminal agent."));
+        assert!(!assets.is_own_system_prompt(""));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use super::assets::{PromptAssets, PromptKind};
 use super::images::ImageSet;
 use crate::config::ModelConfig;
+use crate::cursor::import::Known;
 use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
@@ -27,7 +28,7 @@ pub fn context_tag(
         return None;
     }
     let text = render_context(context);
-    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+    let digest = context_digest(&text);
     // Only what the model still sees counts: a context summarized away is told again.
     let visible = latest_compaction(history).map_or(history, |(_, _, through)| &history[through..]);
     if current_context_digest(visible) == Some(digest.as_str()) {
@@ -38,6 +39,48 @@ pub fn context_tag(
         anchor,
         text,
     ))
+}
+
+/// The digest a workspace-context message is known by: of the text the model reads.
+fn context_digest(text: &str) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()))
+}
+
+/// How every workspace-context message opens (`render_context`).
+const CONTEXT_OPENING: &str = "<user_info>\n";
+
+/// What importing a client's roots must recognize (`cursor/import.rs`): this server's own system
+/// prompts, the instructions the run's request context tells (a CLI client also sends its own
+/// prompt as a rule), and the workspace context this server injected.
+pub struct ImportKnown<'a> {
+    prompts: &'a PromptAssets,
+    context: Option<&'a WorkspaceContext>,
+}
+
+impl<'a> ImportKnown<'a> {
+    pub fn new(prompts: &'a PromptAssets, context: Option<&'a WorkspaceContext>) -> Self {
+        ImportKnown { prompts, context }
+    }
+}
+
+impl Known for ImportKnown<'_> {
+    fn told(&self, instructions: &str) -> bool {
+        let text = instructions.trim();
+        self.prompts.is_own_system_prompt(text)
+            || self.context.is_some_and(|context| {
+                // A rule asked for on request shows only its description, not its text.
+                context.rules.iter().any(|rule| {
+                    !matches!(rule.applies, RuleScope::OnRequest(_)) && rule.content.trim() == text
+                })
+            })
+    }
+
+    fn runtime(&self, text: &str) -> Option<RuntimeEvent> {
+        text.starts_with(CONTEXT_OPENING)
+            .then(|| RuntimeEvent::WorkspaceContext {
+                digest: context_digest(text),
+            })
+    }
 }
 
 /// Messages the user sent while the agent was busy, in order, each as the user wrote it: stored
@@ -488,6 +531,35 @@ pub fn compile<'a>(
 mod tests {
     use super::*;
     use crate::model::conversation::Rule;
+
+    #[test]
+    fn an_import_knows_the_servers_prompts_the_rules_shown_and_the_context_it_injected() {
+        let prompts = PromptAssets::embedded().unwrap();
+        let rule = |applies, content: &str| Rule {
+            path: "r.mdc".into(),
+            applies,
+            content: content.into(),
+        };
+        let context = WorkspaceContext {
+            rules: vec![
+                rule(RuleScope::Always, "Shown always.\n"),
+                rule(RuleScope::Files(vec!["*.rs".into()]), "Shown for Rust."),
+                rule(RuleScope::OnRequest("db".into()), "Only described."),
+            ],
+            ..WorkspaceContext::default()
+        };
+        let known = ImportKnown::new(&prompts, Some(&context));
+        assert!(known.told(&prompts.mode(Mode::Ask).system));
+        assert!(known.told("Shown always."));
+        assert!(known.told("  Shown for Rust.\n"));
+        assert!(!known.told("Only described."), "its text is not shown");
+        assert!(!known.told("A foreign client's own rules."));
+        assert!(!ImportKnown::new(&prompts, None).told("Shown always."));
+        // The context this server injects is read back with the digest it was injected under.
+        let tag = context_tag(&[], &context, "req").expect("a context");
+        assert_eq!(known.runtime(&tag.text), Some(tag.event));
+        assert_eq!(known.runtime("<user_info> typed on one line"), None);
+    }
 
     #[test]
     fn the_context_renders_each_rule_by_scope_and_is_injected_only_when_it_changes() {

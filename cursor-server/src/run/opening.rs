@@ -17,8 +17,8 @@ use super::turn::{
 use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
 use crate::cursor::bidi_append;
 use crate::cursor::blob_sync::KvOutcome;
-use crate::cursor::checkpoint;
 use crate::cursor::exec::ExecPayload;
+use crate::cursor::import;
 use crate::cursor::pending::PendingExecs;
 use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::cursor::run_sse::Downlink;
@@ -632,7 +632,8 @@ impl Import {
             .filter(|id| matches!(self.got.get(id), Some(None)))
             .copied()
             .collect();
-        let imported = checkpoint::import_roots(&roots);
+        let known = compiler::ImportKnown::new(&turn.app.prompts, self.context.as_ref());
+        let imported = import::import_roots(&roots, &known);
         if !self.roots.is_empty() {
             tracing::info!(
                 roots = roots.len(),

@@ -111,14 +111,19 @@ fn read_outcome(
                     return done(
                         read,
                         call_id,
-                        read_success(&success, String::new(), None),
+                        read_success(&success, told_lines(&success), String::new(), None),
                         text,
                         false,
                     );
                 }
                 None => String::new(),
             };
-            let total = usize::try_from(success.total_lines.max(0)).unwrap_or(0);
+            let total = file_lines(
+                &content,
+                told_lines(&success),
+                success.range_applied,
+                success.truncated,
+            );
             let (first_line, lines) = select_lines(
                 &content,
                 read.offset,
@@ -126,24 +131,13 @@ fn read_outcome(
                 total,
                 success.range_applied,
             );
-            let mut text = String::new();
-            for (i, line) in lines.iter().enumerate() {
-                let _ = writeln!(text, "{:>6}|{line}", first_line + i);
-            }
-            if lines.is_empty() {
-                text.push_str(if total == 0 {
-                    "(the file is empty)"
-                } else {
-                    "(no lines in the requested range)"
-                });
-            }
             let shown_end = first_line + lines.len().saturating_sub(1);
-            if success.truncated || (total > 0 && shown_end < total) {
-                let _ = write!(
-                    text,
-                    "\n[showing lines {first_line}-{shown_end} of {total}; use offset and limit to read more]"
-                );
-            }
+            let total = if success.range_applied && !lines.is_empty() {
+                without_final_empty_part(&content, shown_end, total)
+            } else {
+                total
+            };
+            let text = numbered(first_line, &lines, total, success.truncated);
             let range = pb::ReadRange {
                 start_line: u32::try_from(first_line).unwrap_or(u32::MAX),
                 end_line: u32::try_from(shown_end).unwrap_or(u32::MAX),
@@ -153,7 +147,7 @@ fn read_outcome(
             done(
                 read,
                 call_id,
-                read_success(&success, shown, Some(range)),
+                read_success(&success, total, shown, Some(range)),
                 model_text,
                 false,
             )
@@ -167,16 +161,70 @@ fn read_outcome(
     }
 }
 
+/// The lines as the model reads them, numbered, with a note when there is more to read (the
+/// client cut the content short, or lines remain after those shown).
+fn numbered(first_line: usize, lines: &[&str], total: usize, truncated: bool) -> String {
+    let mut text = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        let _ = writeln!(text, "{:>6}|{line}", first_line + i);
+    }
+    if lines.is_empty() {
+        text.push_str(if total == 0 {
+            "(the file is empty)"
+        } else {
+            "(no lines in the requested range)"
+        });
+    }
+    let shown_end = first_line + lines.len().saturating_sub(1);
+    if truncated || (total > 0 && shown_end < total) {
+        let _ = write!(
+            text,
+            "\n[showing lines {first_line}-{shown_end} of {total}; use offset and limit to read more]"
+        );
+    }
+    text
+}
+
+/// The line count the client sent (it counts newline-separated parts).
+fn told_lines(success: &pb::ReadSuccess) -> usize {
+    usize::try_from(success.total_lines.max(0)).unwrap_or(0)
+}
+
+/// How many lines the file has. Content the client sent whole (range not applied, not truncated)
+/// is the file: its own line count is the truth, since the client counts the empty part after a
+/// final newline as a line. Otherwise the client's count is all there is (at least what was sent).
+fn file_lines(content: &str, told: usize, range_applied: bool, truncated: bool) -> usize {
+    let own = content.lines().count();
+    match (range_applied, truncated) {
+        (false, false) => own,
+        (false, true) => told.max(own),
+        (true, _) => told,
+    }
+}
+
+/// The file's line count for a range the client applied: the client counts the empty part after
+/// a final newline as a line, so when the range shown ends with a newline right before that part,
+/// nothing is left to read.
+fn without_final_empty_part(range: &str, shown_end: usize, told: usize) -> usize {
+    if range.ends_with('\n') && shown_end + 1 == told {
+        shown_end
+    } else {
+        told
+    }
+}
+
+/// The card's result; `total` is the file's line count as this server reads it.
 fn read_success(
     success: &pb::ReadSuccess,
+    total: usize,
     content: String,
     range: Option<pb::ReadRange>,
 ) -> pb::ReadToolResult {
     pb::ReadToolResult {
         result: Some(pb::read_tool_result::Result::Success(pb::ReadToolSuccess {
-            is_empty: success.total_lines == 0,
+            is_empty: total == 0,
             exceeded_limit: success.truncated,
-            total_lines: u32::try_from(success.total_lines.max(0)).unwrap_or(0),
+            total_lines: u32::try_from(total).unwrap_or(u32::MAX),
             file_size: u32::try_from(success.file_size.max(0)).unwrap_or(u32::MAX),
             path: success.path.clone(),
             read_range: range,
@@ -266,6 +314,74 @@ mod tests {
                 error_message: "file not found: src/a.rs".into()
             }))
         );
+    }
+
+    /// The model text of a Read of `read` answered with `content` and the client's `total_lines`.
+    fn model_text(read: &str, content: &str, total_lines: i32, range_applied: bool) -> String {
+        let result = pb::ReadResult {
+            result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+                path: "src/a.rs".into(),
+                total_lines,
+                range_applied,
+                output: Some(pb::read_success::Output::Content(content.into())),
+                ..Default::default()
+            })),
+        };
+        ended(ReadInput::parse(read).unwrap().on_result(
+            "c1",
+            exec_client_message::Message::ReadResult(result),
+            &mut Stage::default(),
+            &env(),
+        ))
+        .model_text
+    }
+
+    #[test]
+    fn a_read_notes_more_to_read_only_when_lines_really_remain() {
+        let whole = r#"{"path":"a"}"#;
+        // Cursor counts "one\n" as two lines (its newline-separated parts).
+        assert_eq!(model_text(whole, "one\n", 2, false), "     1|one\n");
+        assert_eq!(
+            model_text(whole, "a\nb\n", 3, false),
+            "     1|a\n     2|b\n"
+        );
+        // Counting from the end of a whole file uses its own line count.
+        assert_eq!(
+            model_text(r#"{"path":"a","offset":-1}"#, "a\nb\n", 3, false),
+            "     2|b\n"
+        );
+        // A range the client applied, reaching the empty part after the final newline.
+        assert_eq!(
+            model_text(r#"{"path":"a","offset":2,"limit":5}"#, "b\n", 3, true),
+            "     2|b\n"
+        );
+        // A range the client applied with a real line after it.
+        assert_eq!(
+            model_text(r#"{"path":"a","limit":1}"#, "a\n", 3, true),
+            "     1|a\n\n[showing lines 1-1 of 3; use offset and limit to read more]"
+        );
+        // A limit on a whole file leaves lines to read.
+        assert_eq!(
+            model_text(r#"{"path":"a","limit":1}"#, "a\nb\n", 3, false),
+            "     1|a\n\n[showing lines 1-1 of 2; use offset and limit to read more]"
+        );
+        // The client said it cut the content short: the note stays.
+        let truncated = pb::ReadResult {
+            result: Some(pb::read_result::Result::Success(pb::ReadSuccess {
+                total_lines: 2,
+                truncated: true,
+                output: Some(pb::read_success::Output::Content("one\n".into())),
+                ..Default::default()
+            })),
+        };
+        let outcome = ended(read().on_result(
+            "c1",
+            exec_client_message::Message::ReadResult(truncated),
+            &mut Stage::default(),
+            &env(),
+        ));
+        assert!(outcome.model_text.contains("[showing lines 1-1 of 2;"));
+        assert_eq!(model_text(whole, "", 1, false), "(the file is empty)");
     }
 
     #[test]
