@@ -102,6 +102,9 @@ fn main() {
             extra_body: Default::default(),
         },
         pricing: None,
+        aliases: Vec::new(),
+        fallbacks: Vec::new(),
+        context_fallback: None,
     };
     println!(
         "{:>8} {:>16} {:>14} {:>18} {:>18}",

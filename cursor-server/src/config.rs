@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod file;
+mod routing;
+
+pub use routing::{Alias, RouteRequest, Routed, RoutedBy, Routing};
 
 pub const DEFAULT_CONFIG_PATH: &str = "cursor-byok.toml";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3000";
@@ -107,6 +110,8 @@ pub enum ConfigError {
         "provider {provider:?}: api_key_env must name an environment variable (like OPENAI_API_KEY), but its value looks like a key itself (not printed); put the key in that variable, or use api_key"
     )]
     KeyInEnvName { provider: String },
+    #[error("{0}")]
+    Routing(String),
     #[error("{} problems in the configuration:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Several(Vec<ConfigError>),
 }
@@ -175,6 +180,14 @@ pub struct ModelConfig {
     pub quirks: Quirks,
     /// Prices for the console's cost figures (`[providers.models.pricing]`); `None`: unknown.
     pub pricing: Option<Pricing>,
+    /// Other names Cursor may send for this model (exact, or patterns with `*`).
+    pub aliases: Vec<String>,
+    /// Configured models a call goes to, in order, when it fails before streaming with a
+    /// retryable error after its own retries.
+    pub fallbacks: Vec<String>,
+    /// A configured model with a larger context window that takes a request too large for this
+    /// one, instead of compacting the history (`None`: compact).
+    pub context_fallback: Option<String>,
 }
 
 /// A model's prices in US dollars per million tokens, per usage bucket. A bucket without a price
@@ -398,6 +411,8 @@ pub struct Config {
     pub console_token: Option<Secret>,
     /// What is valid but probably not what the user meant, said once at start-up (and by `check`).
     pub warnings: Vec<String>,
+    /// Aliases, the model per mode and per subagent type (`config/routing.rs`).
+    pub routing: Routing,
 }
 
 /// The bounds of one accepted connection.
@@ -479,51 +494,50 @@ impl Config {
 
     /// The configured model Cursor's `model_id` names: exactly, or with a reasoning-effort or
     /// mode suffix Cursor's picker adds (`-high`, `-thinking`, `-fast`, ...), which becomes a
-    /// request parameter.
+    /// request parameter; Auto (`default`) is the configured default. Aliases, modes and subagent
+    /// types are `route`'s (`config/routing.rs`).
     pub fn resolve_model(&self, model_id: &str) -> Option<ModelChoice> {
         // Cursor's "Auto" is the configured default, unless a model is configured under that id.
-        let configured = |id: &str| {
-            self.providers
-                .iter()
-                .any(|p| p.models.iter().any(|m| m.id == id))
-        };
-        let model_id = if model_id == AUTO_MODEL_ID && !configured(model_id) {
-            self.default_model.as_str()
-        } else {
-            model_id
-        };
-        let find = |id: &str| {
-            self.providers
-                .iter()
-                .enumerate()
-                .find_map(|(i, p)| p.models.iter().position(|m| m.id == id).map(|j| (i, j)))
-        };
-        if let Some((provider, model)) = find(model_id) {
+        if model_id == AUTO_MODEL_ID && self.find_model(model_id).is_none() {
+            return self.resolve_configured(&self.default_model);
+        }
+        self.resolve_configured(model_id)
+    }
+
+    /// A configured model by its id, or by its id with an effort suffix.
+    pub(crate) fn resolve_configured(&self, model_id: &str) -> Option<ModelChoice> {
+        if let Some((provider, model)) = self.find_model(model_id) {
             return Some(ModelChoice {
                 provider,
                 model,
                 implied: Vec::new(),
             });
         }
-        const SUFFIXES: [(&str, &str, &str); 8] = [
-            ("-thinking", "reasoning_effort", "medium"),
-            ("-minimal", "reasoning_effort", "minimal"),
-            ("-low", "reasoning_effort", "low"),
-            ("-medium", "reasoning_effort", "medium"),
-            ("-high", "reasoning_effort", "high"),
-            ("-xhigh", "reasoning_effort", "max"),
-            ("-max", "reasoning_effort", "max"),
-            ("-fast", "fast", "true"),
-        ];
-        SUFFIXES.iter().find_map(|(suffix, parameter, value)| {
-            let base = model_id.strip_suffix(suffix)?;
-            let (provider, model) = find(base)?;
-            Some(ModelChoice {
-                provider,
-                model,
-                implied: vec![((*parameter).to_owned(), (*value).to_owned())],
+        EFFORT_SUFFIXES
+            .iter()
+            .find_map(|(suffix, parameter, value)| {
+                let base = model_id.strip_suffix(suffix)?;
+                let (provider, model) = self.find_model(base)?;
+                Some(ModelChoice {
+                    provider,
+                    model,
+                    implied: vec![((*parameter).to_owned(), (*value).to_owned())],
+                })
             })
-        })
+    }
+
+    /// Where model `id` is configured: (provider index, model index).
+    pub(crate) fn find_model(&self, id: &str) -> Option<(usize, usize)> {
+        self.providers
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| p.models.iter().position(|m| m.id == id).map(|j| (i, j)))
+    }
+
+    /// The provider and model a choice names.
+    pub fn chosen(&self, choice: &ModelChoice) -> (&ProviderConfig, &ModelConfig) {
+        let provider = &self.providers[choice.provider];
+        (provider, &provider.models[choice.model])
     }
 
     pub fn model_ids(&self) -> impl Iterator<Item = &str> {
@@ -532,6 +546,18 @@ impl Config {
             .flat_map(|p| p.models.iter().map(|m| m.id.as_str()))
     }
 }
+
+/// Suffixes Cursor's picker adds to a model id, and the request parameter each implies.
+const EFFORT_SUFFIXES: [(&str, &str, &str); 8] = [
+    ("-thinking", "reasoning_effort", "medium"),
+    ("-minimal", "reasoning_effort", "minimal"),
+    ("-low", "reasoning_effort", "low"),
+    ("-medium", "reasoning_effort", "medium"),
+    ("-high", "reasoning_effort", "high"),
+    ("-xhigh", "reasoning_effort", "max"),
+    ("-max", "reasoning_effort", "max"),
+    ("-fast", "fast", "true"),
+];
 
 /// A model's context window when the configuration does not give one.
 pub const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;

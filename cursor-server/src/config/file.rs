@@ -4,13 +4,14 @@
 //! A file of its own so that `config.rs` (the types, model resolution) and the validation rules
 //! each stay readable; only `Config::from_toml` calls in here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::*;
+use crate::model::conversation::Mode;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,6 +49,37 @@ pub(super) struct FileConfig {
     console_token_env: Option<String>,
     #[serde(default)]
     providers: Vec<FileProvider>,
+    /// The model each mode runs on when Cursor sends Auto or an aliased name.
+    #[serde(default)]
+    modes: FileModes,
+    /// The model each subagent type runs on (`default`: any other type), likewise.
+    #[serde(default)]
+    subagents: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModes {
+    agent: Option<String>,
+    ask: Option<String>,
+    plan: Option<String>,
+    debug: Option<String>,
+    multitask: Option<String>,
+}
+
+impl FileModes {
+    fn into_map(self) -> BTreeMap<Mode, String> {
+        [
+            (Mode::Agent, self.agent),
+            (Mode::Ask, self.ask),
+            (Mode::Plan, self.plan),
+            (Mode::Debug, self.debug),
+            (Mode::Multitask, self.multitask),
+        ]
+        .into_iter()
+        .filter_map(|(mode, model)| Some((mode, model?)))
+        .collect()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -79,6 +111,11 @@ struct FileModel {
     #[serde(default)]
     quirks: FileQuirks,
     pricing: Option<Pricing>,
+    #[serde(default)]
+    aliases: Vec<String>,
+    #[serde(default)]
+    fallbacks: Vec<String>,
+    context_fallback: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +156,7 @@ impl FileConfig {
             warnings.extend(provider.warnings());
         }
         let providers = validate_providers(self.providers, env, &mut problems);
+        let routing = validate_routing(&providers, self.modes, self.subagents, &mut problems);
         // Without a valid provider there is no model to check the default against.
         let default_model = if providers.is_empty() {
             String::new()
@@ -272,12 +310,45 @@ impl FileConfig {
             )
             .report(&mut problems),
             warnings,
+            routing,
         };
         if !problems.0.is_empty() {
             return Err(problems.into_error());
         }
         Ok(config)
     }
+}
+
+/// The routing table checked against the configured models (`config/routing.rs`), and each
+/// model's context fallback: a configured model with a larger window.
+fn validate_routing(
+    providers: &[ProviderConfig],
+    modes: FileModes,
+    subagents: BTreeMap<String, String>,
+    problems: &mut Problems,
+) -> Routing {
+    let models: Vec<&ModelConfig> = providers.iter().flat_map(|p| &p.models).collect();
+    for model in &models {
+        let Some(larger) = &model.context_fallback else {
+            continue;
+        };
+        match models.iter().find(|m| &m.id == larger) {
+            Some(other) if other.context_window > model.context_window => {}
+            Some(other) => problems.push(ConfigError::Routing(format!(
+                "model {:?}: context_fallback {larger:?} has a context window of {}, not larger than its own {}",
+                model.id, other.context_window, model.context_window
+            ))),
+            None => problems.push(ConfigError::Routing(format!(
+                "model {:?}: context_fallback {larger:?} is not a configured model",
+                model.id
+            ))),
+        }
+    }
+    let table: Vec<(String, Vec<String>, Vec<String>)> = models
+        .iter()
+        .map(|m| (m.id.clone(), m.aliases.clone(), m.fallbacks.clone()))
+        .collect();
+    routing::validate(&table, modes.into_map(), subagents, &mut problems.0)
 }
 
 /// Every problem found in the file, so one run of `check` (or one failed start) names them all.
@@ -648,6 +719,9 @@ impl FileModel {
                 extra_body,
             },
             pricing: model.pricing,
+            aliases: model.aliases,
+            fallbacks: model.fallbacks,
+            context_fallback: model.context_fallback,
             id: model.id,
         })
     }

@@ -5,6 +5,7 @@
 //! file).
 
 use super::*;
+use crate::model::conversation::Mode;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml(text, Path::new("test.toml"), &|name| match name {
@@ -269,4 +270,116 @@ fn a_key_pasted_as_api_key_env_is_refused_without_being_printed() {
         parse(&PROVIDER.replace("TEST_KEY", "MY_LLM_KEY_2"))
             .is_err_and(|e| !e.to_string().contains("looks like a key"))
     );
+}
+
+const ROUTED: &str = r#"
+        default_model = "big"
+        [[providers]]
+        name = "p"
+        kind = "openai-chat"
+        base_url = "http://127.0.0.1:9/v1/"
+        api_key_env = "TEST_KEY"
+        [[providers.models]]
+        id = "big"
+        aliases = ["composer-*", "gpt-5"]
+        fallbacks = ["small"]
+        [[providers.models]]
+        id = "small"
+        context_window = 8000
+        aliases = ["*"]
+        context_fallback = "big"
+        [modes]
+        ask = "small"
+        [subagents]
+        explore = "small"
+    "#;
+
+#[test]
+fn names_cursor_sends_are_routed_by_alias_pattern_mode_and_subagent() {
+    let config = parse(ROUTED).expect("valid");
+    let route = |name: &str, mode: Mode, subagent: Option<&str>| {
+        let routed = config
+            .route(RouteRequest {
+                name,
+                mode,
+                subagent,
+            })
+            .expect("routed");
+        let (_, model) = config.chosen(&routed.choice);
+        (model.id.clone(), routed.by, routed.choice.implied)
+    };
+    assert_eq!(route("big", Mode::Ask, None).0, "big", "an exact id wins");
+    assert_eq!(
+        route("composer-1", Mode::Agent, None),
+        ("big".into(), RoutedBy::Alias("composer-*".into()), vec![])
+    );
+    assert_eq!(
+        route("gpt-5-high", Mode::Agent, None).2,
+        vec![("reasoning_effort".to_owned(), "high".to_owned())],
+        "an alias keeps its effort suffix as a parameter"
+    );
+    assert_eq!(
+        route("anything", Mode::Agent, None).0,
+        "small",
+        "the catch-all"
+    );
+    assert_eq!(
+        route("default", Mode::Ask, None),
+        ("small".into(), RoutedBy::Mode(Mode::Ask), vec![])
+    );
+    assert_eq!(
+        route("default", Mode::Agent, None),
+        ("big".into(), RoutedBy::Auto, vec![])
+    );
+    assert_eq!(
+        route("composer-2", Mode::Agent, Some("explore")).1,
+        RoutedBy::Subagent("explore".into())
+    );
+    assert_eq!(
+        route("big", Mode::Agent, Some("explore")).0,
+        "big",
+        "the subagent's own configured model wins"
+    );
+    let fallbacks = config.fallbacks_of("big");
+    assert_eq!(config.chosen(&fallbacks[0]).1.id, "small");
+    let table = config.routing_table().join("\n");
+    for line in [
+        "alias \"gpt-5\" → big",
+        "pattern \"composer-*\" → big",
+        "pattern \"*\" → small",
+        "mode ask (Auto or an alias) → small",
+        "subagent explore (Auto or an alias) → small",
+        "fallbacks of big: small",
+        "too large for small: big (instead of compacting)",
+    ] {
+        assert!(table.contains(line), "{line:?} missing in\n{table}");
+    }
+}
+
+#[test]
+fn bad_routing_is_reported_with_every_other_problem() {
+    let text = ROUTED
+        .replace(
+            r#"fallbacks = ["small"]"#,
+            r#"fallbacks = ["big", "nowhere"]"#,
+        )
+        .replace(
+            r#"context_fallback = "big""#,
+            r#"context_fallback = "small""#,
+        )
+        .replace(r#"ask = "small""#, r#"ask = "missing""#)
+        .replace(r#"aliases = ["*"]"#, r#"aliases = ["gpt-5"]"#);
+    let error = parse(&text).expect_err("invalid").to_string();
+    for expected in [
+        "model \"big\": falls back to itself",
+        "model \"big\": fallback \"nowhere\" is not a configured model",
+        "not larger than its own",
+        "[modes] ask names \"missing\"",
+        "alias \"gpt-5\" is claimed by two models",
+    ] {
+        assert!(
+            error.contains(expected),
+            "{expected:?} missing in:\n{error}"
+        );
+    }
 }

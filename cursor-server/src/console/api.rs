@@ -130,6 +130,7 @@ pub async fn run(
                 "cost_usd": pricing(&state.config, &call.model_id).and_then(|p| p.cost(&call.usage)),
                 "finish_reason": call.finish_reason,
                 "error": call.error,
+                "fallback_from": call.fallback_from,
             })
         })
         .collect();
@@ -159,6 +160,7 @@ fn run_json(config: &Config, run: &RunSummary) -> Value {
         "request_id": record.request_id,
         "conversation_id": record.conversation_id,
         "model": record.model_id,
+        "requested_model": record.requested_model,
         "mode": run.mode,
         "transport": run.transport,
         "status": record.outcome.status.as_str(),

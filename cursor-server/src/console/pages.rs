@@ -235,15 +235,25 @@ fn since_options(chosen: Option<i64>) -> String {
     options
 }
 
+/// "`requested` → " before the model a run was routed to, when Cursor asked for another name.
+fn requested(requested: &Value, model: &Value) -> String {
+    match requested {
+        Value::Null => String::new(),
+        name if name == model => String::new(),
+        name => format!("{} → ", show(name)),
+    }
+}
+
 pub async fn run(
     State(state): State<Arc<AppState>>,
     Path(request_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let run = api::run(State(state), Path(request_id.clone())).await?.0;
     let mut body = format!(
-        "<p>conversation <a href=\"/console/conversations/{c}\">{c}</a> · model {} · mode {} · \
+        "<p>conversation <a href=\"/console/conversations/{c}\">{c}</a> · model {}{} · mode {} · \
          transport {} · <span class=\"{s}\">{s}</span> · started {} · first token {} ms · \
          duration {} ms · cost {}</p>",
+        requested(&run["requested_model"], &run["model"]),
         show(&run["model"]),
         show(&run["mode"]),
         show(&run["transport"]),
@@ -263,7 +273,8 @@ pub async fn run(
         );
     }
     body.push_str(
-        "<h2>Provider calls</h2><table><tr><th>model call</th><th>purpose</th><th>attempts</th>\
+        "<h2>Provider calls</h2><table><tr><th>model call</th><th>provider / model</th>\
+         <th>purpose</th><th>attempts</th>\
          <th>first event</th><th>total</th><th>request</th><th>tokens in/out/cache read</th>\
          <th>cost</th><th>ending</th></tr>",
     );
@@ -274,9 +285,15 @@ pub async fn run(
         };
         let _ = write!(
             body,
-            "<tr class=\"call\"><td>{}</td><td>{}</td><td>{}</td><td>{} ms</td><td>{} ms</td>\
-             <td>{} B</td><td>{} / {} / {}</td><td>{}</td><td>{ending}</td></tr>",
+            "<tr class=\"call\"><td>{}</td><td>{} / {}{}</td><td>{}</td><td>{}</td><td>{} ms</td>\
+             <td>{} ms</td><td>{} B</td><td>{} / {} / {}</td><td>{}</td><td>{ending}</td></tr>",
             show(&call["model_call_id"]),
+            show(&call["provider"]),
+            show(&call["model"]),
+            match &call["fallback_from"] {
+                Value::Null => String::new(),
+                from => format!(" (fallback of {})", show(from)),
+            },
             show(&call["purpose"]),
             show(&call["attempts"]),
             show(&call["first_event_ms"]),

@@ -50,7 +50,9 @@ impl std::fmt::Display for BlobId {
 
 /// Cursor's agent modes this server runs. Each has its own system prompt and tool set
 /// (`prompt/<mode>/`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     #[default]

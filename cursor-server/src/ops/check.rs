@@ -167,6 +167,10 @@ pub async fn run(config: &Config) -> bool {
             return false;
         }
     };
+    println!("routing:");
+    for line in config.routing_table() {
+        println!("  {line}");
+    }
     let mut all_ok = true;
     for provider_config in &config.providers {
         println!(

@@ -25,6 +25,7 @@ pub const KV_BLOBS: &str = "cursor_byok_kv_blobs_total";
 pub const CHECKPOINT_PUBLISH: &str = "cursor_byok_checkpoint_publish_seconds";
 pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
 pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
+pub const FALLBACKS: &str = "cursor_byok_provider_fallbacks_total";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -86,6 +87,12 @@ pub fn run_ended(transport: Transport, status: &'static str) {
 /// A new run was refused because a limit on open runs was reached (`limit` names which).
 pub fn run_refused(limit: &'static str) {
     counter!(RUNS_REFUSED, "limit" => limit).increment(1);
+}
+
+/// A call on model `from` failed before streaming and went to its fallback `to` (both configured
+/// model ids: the labels stay bounded).
+pub fn fallback(from: &str, to: &str) {
+    counter!(FALLBACKS, "from" => from.to_owned(), "to" => to.to_owned()).increment(1);
 }
 
 /// What one provider call did, as recorded when it ended.

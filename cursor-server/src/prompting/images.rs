@@ -238,6 +238,9 @@ mod tests {
                 extra_body: serde_json::Map::new(),
             },
             pricing: None,
+            aliases: Vec::new(),
+            fallbacks: Vec::new(),
+            context_fallback: None,
         }
     }
 

@@ -69,6 +69,24 @@ impl ProviderError {
         }
     }
 
+    /// Whether a call that failed this way before its first streamed event may go to the model's
+    /// fallback: the provider was rate limited, down or unreachable (429, 5xx, 529, connection,
+    /// no headers or no first byte in time). A request it refused (4xx) would be refused
+    /// elsewhere too, and a stream that broke mid-way is never restarted on another model.
+    pub fn falls_back(&self) -> bool {
+        match self {
+            ProviderError::Http { status, .. } => *status == 429 || *status >= 500,
+            ProviderError::Connect { .. }
+            | ProviderError::HeadersTimeout { .. }
+            | ProviderError::Idle { .. } => true,
+            ProviderError::Stream { .. }
+            | ProviderError::Truncated { .. }
+            | ProviderError::Decode { .. }
+            | ProviderError::InBand { .. }
+            | ProviderError::Unsupported(_) => false,
+        }
+    }
+
     /// Short title for Cursor's error card.
     pub fn title(&self) -> &'static str {
         match self {

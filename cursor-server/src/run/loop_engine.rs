@@ -37,6 +37,7 @@ use crate::model::message::{AssistantMessage, CanonicalMessage, ProviderReplay, 
 use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
+use crate::ops::metrics;
 use crate::provider::{FinishReason, ProviderError, ResponseEvent};
 use crate::state::AppState;
 use crate::store::now_ms;
@@ -163,8 +164,14 @@ impl TurnLoop {
     /// Calls the model with the history so far — first compacting it, if the prompt would fill
     /// more of the context window than the configured share.
     pub(super) fn start_provider_call(&mut self) {
+        self.turn.use_primary();
         let turn = &self.turn;
-        let body = turn.project(&turn.system, &turn.history, &turn.offered_tools);
+        let mut body = turn.project(&turn.system, &turn.history, &turn.offered_tools);
+        if compaction::due(turn, body.len()) && self.turn.use_context_fallback() {
+            let turn = &self.turn;
+            body = turn.project(&turn.system, &turn.history, &turn.offered_tools);
+        }
+        let turn = &self.turn;
         if compaction::due(turn, body.len())
             && let Some(through) = compaction::point(turn)
         {
@@ -239,7 +246,13 @@ impl TurnLoop {
                 self.on_event(event, out).await
             }
             LoopEvent::Provider(Err(error)) => {
+                let streamed = self
+                    .call_timing()
+                    .is_none_or(|timing| timing.first_event.is_some());
                 self.record_call(CallEnd::Failed(&error)).await;
+                if !streamed && error.falls_back() && self.fall_back(&error) {
+                    return Ok(LoopStep::Continue);
+                }
                 if matches!(self.phase, Phase::Compacting(_)) {
                     return Err(ServerError::Compaction(error));
                 }
@@ -252,6 +265,33 @@ impl TurnLoop {
                 Ok(self.after_completion())
             }
         }
+    }
+
+    /// A turn call that failed before streaming goes to the next fallback of the run's model,
+    /// projected for that model's family (thinking another family cannot take stays in history
+    /// and out of the request); `false` when there is none (the run fails with `error`).
+    fn fall_back(&mut self, error: &ProviderError) -> bool {
+        if !matches!(self.phase, Phase::Streaming(_)) || !self.turn.use_next_fallback() {
+            return false;
+        }
+        let turn = &self.turn;
+        tracing::warn!(
+            from = turn.route.fallback_from.as_deref().unwrap_or_default(),
+            to = %turn.model.id,
+            "the call failed before streaming ({error}); trying the model's fallback"
+        );
+        metrics::fallback(
+            turn.route.fallback_from.as_deref().unwrap_or_default(),
+            &turn.model.id,
+        );
+        let body = turn.project(&turn.system, &turn.history, &turn.offered_tools);
+        let call = self.turn.send(body, CallPurpose::Turn);
+        self.phase = Phase::Streaming(Streaming {
+            call,
+            draft: Draft::default(),
+            step: None,
+        });
+        true
     }
 
     fn call_timing(&mut self) -> Option<&mut super::turn::CallTiming> {

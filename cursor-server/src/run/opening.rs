@@ -12,9 +12,10 @@ use std::sync::Arc;
 use super::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use super::turn::{
-    Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos, load_images,
+    ResolvedModel, Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos,
+    load_images,
 };
-use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
+use crate::config::{AUTO_MODEL_ID, ModelConfig, ProviderKind};
 use crate::cursor::bidi_append;
 use crate::cursor::blob_sync::KvOutcome;
 use crate::cursor::exec::ExecPayload;
@@ -220,19 +221,28 @@ pub(super) async fn open(
     input: RunRequestInput,
     out: &mut Downlink,
 ) -> Result<(Turn, First), ServerError> {
-    let model_id = input
+    let requested = input
         .model_id
         .clone()
-        .unwrap_or_else(|| app.config.default_model.clone());
+        .unwrap_or_else(|| AUTO_MODEL_ID.to_owned());
     let ResolvedModel {
         provider,
         model,
         parameters,
-    } = resolve_model(&app.config, &model_id, &input.parameters)?;
+        route,
+    } = ResolvedModel::of(&app.config, &requested, &input)?;
     tracing::Span::current()
         .record("provider", tracing::field::display(&provider.name))
         .record("model", tracing::field::display(&model.id));
-    runs::start(&app.store, request_id, &input.conversation_id, &model_id).await?;
+    let model_id = model.id.clone();
+    runs::start(
+        &app.store,
+        request_id,
+        &input.conversation_id,
+        &model_id,
+        &requested,
+    )
+    .await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let request = Request::of(&app, (&model, provider.kind), request_id, &input);
     let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
@@ -279,40 +289,10 @@ pub(super) async fn open(
         checkpoints: opened.checkpoints,
         provider,
         model,
+        route,
         app,
     };
     Ok((turn, opened.first))
-}
-
-/// The configured model a run calls.
-struct ResolvedModel {
-    provider: ProviderConfig,
-    model: ModelConfig,
-    parameters: Vec<(String, String)>,
-}
-
-/// The configured model for Cursor's id, with the parameters the id implies (a suffix such as
-/// `-high` counts unless Cursor also sent the parameter) followed by those Cursor sent.
-fn resolve_model(
-    config: &Config,
-    model_id: &str,
-    sent: &[(String, String)],
-) -> Result<ResolvedModel, ServerError> {
-    let choice = config.resolve_model(model_id).ok_or_else(|| {
-        ServerError::NotFound(format!(
-            "model {model_id:?} is not configured (configured models: {})",
-            config.model_ids().collect::<Vec<_>>().join(", ")
-        ))
-    })?;
-    let provider = config.providers[choice.provider].clone();
-    let model = provider.models[choice.model].clone();
-    let mut parameters = choice.implied;
-    parameters.extend(sent.iter().cloned());
-    Ok(ResolvedModel {
-        provider,
-        model,
-        parameters,
-    })
 }
 
 fn log_subagent(request_id: &str, conversation_id: &str, role: Option<&SubagentRole>) {

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::command::RunRequestInput;
 use super::lifecycle::Checkpoints;
-use crate::config::{ModelConfig, ProviderConfig};
+use crate::config::{Config, ModelChoice, ModelConfig, ProviderConfig, RouteRequest, RoutedBy};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::pending::PendingExecs;
 use crate::cursor::tool_result::ToolEnv;
@@ -62,9 +63,13 @@ const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 pub(super) struct Turn {
     pub app: Arc<AppState>,
     pub request_id: String,
-    /// The model this run calls, resolved once from Cursor's id.
+    /// The model this call goes to: the run's model (resolved once from Cursor's name), or one of
+    /// its fallbacks while the run's model fails.
     pub provider: ProviderConfig,
     pub model: ModelConfig,
+    /// The run's model and its fallbacks; `fallback_from` names the model whose failure made the
+    /// current call go to a fallback.
+    pub route: CallRoute,
     pub parameters: RequestParameters,
     pub history: Vec<CanonicalMessage>,
     /// Exec and query ids of the whole request (one sequence; late answers recognised).
@@ -99,6 +104,67 @@ pub(super) struct Turn {
     pub model_call_id: String,
     /// The bytes of the images history shows (loaded when the run opens and as results bring more).
     pub images: ImageSet,
+}
+
+/// Where a run's provider calls go: each call starts on the run's model and moves down its
+/// fallbacks, in order, when it fails before streaming with an error another provider may not
+/// have (`ProviderError::falls_back`).
+#[derive(Debug, Clone)]
+pub(super) struct CallRoute {
+    pub primary: ModelChoice,
+    pub fallbacks: Vec<ModelChoice>,
+    /// How many fallbacks the current call has used.
+    pub used: usize,
+    pub fallback_from: Option<String>,
+}
+
+/// The configured model a run calls, and where its calls fall back to.
+pub(super) struct ResolvedModel {
+    pub provider: ProviderConfig,
+    pub model: ModelConfig,
+    pub parameters: Vec<(String, String)>,
+    pub route: CallRoute,
+}
+
+/// The configured model for Cursor's name (routed: an alias, Auto, the model of the run's mode or
+/// subagent type), with the parameters the name implies (a suffix such as `-high` counts unless
+/// Cursor also sent the parameter) followed by those Cursor sent.
+impl ResolvedModel {
+    pub fn of(
+        config: &Config,
+        requested: &str,
+        input: &RunRequestInput,
+    ) -> Result<ResolvedModel, ServerError> {
+        let routed = config
+            .route(RouteRequest {
+                name: requested,
+                mode: input.mode,
+                subagent: input.subagent.as_ref().map(|role| role.type_name.as_str()),
+            })
+            .ok_or_else(|| {
+                ServerError::NotFound(format!(
+                    "model {requested:?} is not configured (configured models: {})",
+                    config.model_ids().collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+        let (provider, model) = config.chosen(&routed.choice);
+        if routed.by != RoutedBy::Exact {
+            tracing::info!(requested, model = %model.id, by = ?routed.by, "model routed");
+        }
+        let mut parameters = routed.choice.implied.clone();
+        parameters.extend(input.parameters.iter().cloned());
+        Ok(ResolvedModel {
+            route: CallRoute {
+                fallbacks: config.fallbacks_of(&model.id),
+                primary: routed.choice.clone(),
+                used: 0,
+                fallback_from: None,
+            },
+            provider: provider.clone(),
+            model: model.clone(),
+            parameters,
+        })
+    }
 }
 
 /// A provider call in flight: its events, its record, and its cancellation when dropped.
@@ -155,6 +221,47 @@ impl Turn {
             &self.images,
         );
         RequestBody::from_json(&projector::project(self.provider.kind, &request))
+    }
+
+    /// A new provider call starts on the run's own model.
+    pub fn use_primary(&mut self) {
+        if self.route.used > 0 {
+            let (provider, model) = self.app.config.chosen(&self.route.primary);
+            (self.provider, self.model) = (provider.clone(), model.clone());
+        }
+        self.route.used = 0;
+        self.route.fallback_from = None;
+    }
+
+    /// A request too large for the run's model goes to its `context_fallback` (a configured
+    /// model with a larger window) instead of being compacted; `false` when it has none.
+    pub fn use_context_fallback(&mut self) -> bool {
+        let Some(larger) = self.model.context_fallback.clone() else {
+            return false;
+        };
+        let Some(choice) = self.app.config.resolve_configured(&larger) else {
+            return false;
+        };
+        let (provider, model) = self.app.config.chosen(&choice);
+        tracing::info!(from = %self.model.id, to = %model.id, "the request does not fit the model's context window; sending it to its context fallback");
+        self.route.fallback_from = Some(std::mem::replace(&mut self.model, model.clone()).id);
+        self.provider = provider.clone();
+        // Its failures fall back along the larger model's own chain.
+        self.route.fallbacks = self.app.config.fallbacks_of(&larger);
+        self.route.used = 0;
+        true
+    }
+
+    /// Moves the current call to the next fallback; `false` when none is left.
+    pub fn use_next_fallback(&mut self) -> bool {
+        let Some(next) = self.route.fallbacks.get(self.route.used) else {
+            return false;
+        };
+        let (provider, model) = self.app.config.chosen(next);
+        self.route.fallback_from = Some(std::mem::replace(&mut self.model, model.clone()).id);
+        self.provider = provider.clone();
+        self.route.used += 1;
+        true
     }
 
     /// Loads the bytes of the images in `messages` this run does not hold yet.
@@ -233,7 +340,7 @@ impl Turn {
         let retries = call.events.retries();
         metrics::provider_call(&metrics::CallReport {
             provider: &self.provider.name,
-            model: self.model_id(),
+            model: &self.model.id,
             outcome,
             attempts: u32::try_from(retries.len())
                 .unwrap_or(u32::MAX)
@@ -248,7 +355,7 @@ impl Turn {
             request_id: self.request_id.clone(),
             conversation_id: self.conversation_id().to_owned(),
             provider: self.provider.name.clone(),
-            model_id: self.model_id().to_owned(),
+            model_id: self.model.id.clone(),
             purpose: timing.purpose,
             request_bytes: timing.request_bytes as u64,
             started_at_ms: timing.started_at_ms,
@@ -258,6 +365,7 @@ impl Turn {
             finish_reason,
             error,
             retries,
+            fallback_from: self.route.fallback_from.clone(),
         };
         tracing::info!(
             model_call_id = %record.model_call_id,

@@ -249,12 +249,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = temp_store(&dir).await;
         let user = |text: &str| user_in(None, text);
-        crate::store::runs::start(&store, "old", "c", "m")
+        crate::store::runs::start(&store, "old", "c", "m", "m")
             .await
             .unwrap();
         append(&store, "c", "old", &[user("first")]).await.unwrap();
         // A new message takes the conversation over while the old run is still working.
-        crate::store::runs::start(&store, "new", "c", "m")
+        crate::store::runs::start(&store, "new", "c", "m", "m")
             .await
             .unwrap();
         append(&store, "c", "new", &[user("second")]).await.unwrap();
@@ -289,7 +289,7 @@ mod tests {
             let store = store.clone();
             tasks.spawn(async move {
                 let (request, conversation) = (format!("r{run}"), format!("c{}", run % 20));
-                crate::store::runs::start(&store, &request, &conversation, "m").await?;
+                crate::store::runs::start(&store, &request, &conversation, "m", "m").await?;
                 for turn in 0..5 {
                     let tag = RuntimeTag::new(
                         RuntimeEvent::ModeReminder { mode: Mode::Agent },

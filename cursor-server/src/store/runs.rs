@@ -49,7 +49,11 @@ pub struct RunOutcome {
 pub struct RunRecord {
     pub request_id: String,
     pub conversation_id: String,
+    /// The configured model the run was routed to.
     pub model_id: String,
+    /// The name Cursor asked for (an alias, Auto, an exact id); `None` in runs recorded before
+    /// routing was recorded.
+    pub requested_model: Option<String>,
     pub outcome: RunOutcome,
 }
 
@@ -58,16 +62,19 @@ pub async fn start(
     request_id: &str,
     conversation_id: &str,
     model_id: &str,
+    requested_model: &str,
 ) -> Result<(), StoreError> {
     let mut tx = store.begin_write().await?;
     conversations::ensure(&mut tx, conversation_id).await?;
     sqlx::query(
-        "INSERT INTO runs (request_id, conversation_id, status, model_id, started_at_ms)
-         VALUES (?, ?, 'running', ?, ?)",
+        "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
+             started_at_ms)
+         VALUES (?, ?, 'running', ?, ?, ?)",
     )
     .bind(request_id)
     .bind(conversation_id)
     .bind(model_id)
+    .bind(requested_model)
     .bind(now_ms())
     .execute(&mut *tx)
     .await
@@ -192,6 +199,8 @@ pub struct ProviderCallRecord {
     pub error: Option<String>,
     /// The attempts that failed before the one that streamed (or the last one that failed).
     pub retries: Vec<FailedAttempt>,
+    /// The model whose call failed before streaming, so that this one was made instead.
+    pub fallback_from: Option<String>,
 }
 
 impl ProviderCallRecord {
@@ -212,8 +221,8 @@ pub async fn record_provider_call(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
-             error, attempts, retries_json)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             error, attempts, retries_json, fallback_from)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&call.model_call_id)
     .bind(&call.request_id)
@@ -238,6 +247,7 @@ pub async fn record_provider_call(
     } else {
         Some(serde_json::to_string(&call.retries)?)
     })
+    .bind(&call.fallback_from)
     .execute(store.writer())
     .await
     .context("recording a provider call")?;
@@ -291,6 +301,7 @@ pub async fn provider_calls(
                     Some(json) => serde_json::from_str(&json)?,
                     None => Vec::new(),
                 },
+                fallback_from: row.get("fallback_from"),
             })
         })
         .collect()
@@ -380,6 +391,7 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
             request_id,
             conversation_id: row.get("conversation_id"),
             model_id: row.get("model_id"),
+            requested_model: row.get("requested_model"),
             outcome: RunOutcome {
                 status,
                 provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),

@@ -26,6 +26,9 @@ fn model(reasoning: bool) -> ModelConfig {
             extra_body: Map::new(),
         },
         pricing: None,
+        aliases: Vec::new(),
+        fallbacks: Vec::new(),
+        context_fallback: None,
     }
 }
 
