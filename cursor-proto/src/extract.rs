@@ -352,6 +352,10 @@ impl Schema {
         self.is_message(parent).then(|| parent.to_owned())
     }
 
+    /// One file per package and syntax, so any valid mix of proto2 and proto3 compiles (a proto2 default value
+    /// or required field never lands in a proto3 file). The well-known types keep their usual files; a type
+    /// whose syntax is not its well-known file's (`descriptor.proto` is proto2, the others proto3) goes into
+    /// a sibling file named by its syntax.
     fn file_of(&self, full_name: &str, syntax: Syntax) -> String {
         let package = self.package_of(full_name);
         if package == "google.protobuf" {
@@ -360,7 +364,17 @@ impl Schema {
                 .split('.')
                 .next()
                 .unwrap_or_default();
-            return format!("google/protobuf/{}.proto", well_known_file(top));
+            let base = well_known_file(top);
+            let natural = if base == "descriptor" {
+                Syntax::Proto2
+            } else {
+                Syntax::Proto3
+            };
+            return match (syntax == natural, syntax) {
+                (true, _) => format!("google/protobuf/{base}.proto"),
+                (false, Syntax::Proto2) => format!("google/protobuf/{base}_proto2.proto"),
+                (false, Syntax::Proto3) => format!("google/protobuf/{base}_proto3.proto"),
+            };
         }
         let base = package.replace('.', "_");
         match syntax {
@@ -369,8 +383,10 @@ impl Schema {
         }
     }
 
-    /// The syntax a type's file has: its own for a message, its top-level message's for nested types,
-    /// proto3 for top-level enums and services.
+    /// The syntax a type's file has: its own for a message, its top-level message's for nested types. A
+    /// top-level enum has its file's syntax when that is known (v2, or a v1 runtime that says); otherwise it
+    /// is proto3 (usable from both syntaxes) unless its first value is not zero, which only proto2 allows.
+    /// Services are proto3.
     fn syntax_of(&self, full_name: &str) -> Syntax {
         let mut name = full_name.to_owned();
         let mut found = self.messages.get(&name).map(|m| m.syntax);
@@ -378,7 +394,15 @@ impl Schema {
             found = self.messages.get(&parent).map(|m| m.syntax).or(found);
             name = parent;
         }
-        found.unwrap_or(Syntax::Proto3)
+        found
+            .or_else(|| {
+                let value = self.enums.get(full_name)?;
+                value.syntax.or_else(|| {
+                    let open = value.values.first().is_none_or(|(number, _)| *number == 0);
+                    (!open).then_some(Syntax::Proto2)
+                })
+            })
+            .unwrap_or(Syntax::Proto3)
     }
 
     fn counts(&self) -> BTreeMap<String, Counts> {

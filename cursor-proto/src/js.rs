@@ -1,4 +1,5 @@
-//! Reading protobuf-es (v1) metadata out of one JavaScript bundle.
+//! Reading protobuf-es metadata out of one JavaScript bundle: v1's generated classes, and v2's embedded
+//! descriptors (found here, decoded in `js/v2.rs`).
 //!
 //! Owns the JavaScript side of extraction: parsing with oxc, scope resolution with oxc_semantic, and turning
 //! what the generated code *means* into [`Bundle`] (messages, enums and services with every referenced type
@@ -46,6 +47,7 @@ use read::{
 
 mod nesting;
 mod read;
+mod v2;
 
 /// How deep an expression is followed through aliases and members before giving up (cycles are cut earlier).
 const MAX_DEPTH: u32 = 48;
@@ -58,6 +60,16 @@ pub(crate) struct Bundle {
     pub services: Vec<RawService>,
     /// Fields left out because their type could not be resolved, or whose metadata could not be read.
     pub problems: Vec<Problem>,
+    /// The `.proto` files embedded as protobuf-es v2 descriptors (`fileDesc("…")`), by name.
+    pub v2_files: Vec<String>,
+}
+
+/// Where a declaration was read: its byte offset in the text parsed (to tell which file of several gave it)
+/// and whether it came from protobuf-es v2's embedded descriptors or v1's generated classes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Site {
+    pub at: u32,
+    pub v2: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -71,6 +83,7 @@ pub(crate) struct RawMessage {
     pub full_name: String,
     pub syntax: Syntax,
     pub fields: Vec<RawField>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,12 +122,17 @@ pub(crate) enum MapValue {
 pub(crate) struct RawEnum {
     pub full_name: String,
     pub values: Vec<(i32, String)>,
+    /// The syntax of the file that declares it, when known (v2 descriptors; v1 enums made by a runtime whose
+    /// syntax is readable). A top-level enum's file is chosen by it.
+    pub syntax: Option<Syntax>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RawService {
     pub full_name: String,
     pub methods: Vec<RawMethod>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -213,6 +231,20 @@ fn read_here(source: &str, shape: nesting::Shape) -> Result<Bundle, ReadFailure>
     Ok(collector.into_bundle())
 }
 
+/// The runtime a `setEnumType`/`makeEnum` call was made through: `X` of `X.util.setEnumType(...)` or
+/// `X.makeEnum(...)`.
+fn callee_runtime<'a>(call: &'a CallExpression<'a>) -> Option<&'a Expression<'a>> {
+    let Expression::StaticMemberExpression(callee) = call.callee.without_parentheses() else {
+        return None;
+    };
+    match callee.object.without_parentheses() {
+        Expression::StaticMemberExpression(util) if util.property.name == "util" => {
+            Some(&util.object)
+        }
+        other => Some(other),
+    }
+}
+
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     let text = panic
         .downcast_ref::<&str>()
@@ -291,7 +323,17 @@ enum Def<'a> {
     Enum {
         name: &'a str,
         values: &'a Expression<'a>,
+        /// The runtime the enum was made with (`proto2.util.setEnumType`, `proto3.makeEnum`).
+        runtime: Option<&'a Expression<'a>>,
     },
+}
+
+/// A protobuf-es v2 file: `fileDesc("<base64 FileDescriptorProto>", [deps])` (the function name minified).
+struct EmbeddedFile<'a> {
+    /// Start of the call: its owner is `Owner::Call(start)`, so a dependency reference can be followed to it.
+    start: u32,
+    base64: &'a str,
+    deps: Vec<&'a Expression<'a>>,
 }
 
 struct Collector<'s, 'a> {
@@ -308,6 +350,9 @@ struct Collector<'s, 'a> {
     services: Vec<&'a ObjectExpression<'a>>,
     /// webpack module id → its `exports` parameter.
     modules: HashMap<String, SymbolId>,
+    /// protobuf-es v2 embedded files, in source order; `embedded_at` finds one by the start of its call.
+    embedded: Vec<EmbeddedFile<'a>>,
+    embedded_at: HashMap<u32, usize>,
 }
 
 impl<'s, 'a> Collector<'s, 'a> {
@@ -323,6 +368,8 @@ impl<'s, 'a> Collector<'s, 'a> {
             enum_order: Vec::new(),
             services: Vec::new(),
             modules: HashMap::new(),
+            embedded: Vec::new(),
+            embedded_at: HashMap::new(),
         }
     }
 
@@ -438,6 +485,29 @@ impl<'s, 'a> Collector<'s, 'a> {
             .iter()
             .filter_map(Argument::as_expression)
             .collect();
+        // protobuf-es v2: the callee is minified, so the call is known by its argument, a base64 string that
+        // opens like a serialized FileDescriptorProto with a `.proto` name (checked in `js/v2.rs`).
+        if let [Expression::StringLiteral(text), rest @ ..] = args.as_slice()
+            && rest.len() <= 1
+            && v2::looks_embedded(text.value.as_str())
+        {
+            let deps = match rest {
+                [Expression::ArrayExpression(list)] => list
+                    .elements
+                    .iter()
+                    .filter_map(|e| e.as_expression())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            self.embedded_at
+                .insert(call.span.start, self.embedded.len());
+            self.embedded.push(EmbeddedFile {
+                start: call.span.start,
+                base64: text.value.as_str(),
+                deps,
+            });
+            return;
+        }
         let callee_name = callee_property(call);
         match (callee_name, args.as_slice()) {
             (Some("setEnumType"), [target, Expression::StringLiteral(name), values, ..]) => {
@@ -447,6 +517,7 @@ impl<'s, 'a> Collector<'s, 'a> {
                         Def::Enum {
                             name: name.value.as_str(),
                             values,
+                            runtime: callee_runtime(call),
                         },
                     );
                 }
@@ -457,6 +528,7 @@ impl<'s, 'a> Collector<'s, 'a> {
                     Def::Enum {
                         name: name.value.as_str(),
                         values,
+                        runtime: callee_runtime(call),
                     },
                 );
             }
@@ -626,7 +698,9 @@ impl<'s, 'a> Collector<'s, 'a> {
                     }
                     _ => {
                         let owner = Owner::Call(call.span.start);
-                        if self.defs.contains_key(&owner) {
+                        if self.defs.contains_key(&owner)
+                            || self.embedded_at.contains_key(&call.span.start)
+                        {
                             out.push(owner);
                         }
                     }
@@ -730,28 +804,88 @@ impl<'s, 'a> Collector<'s, 'a> {
         let mut owners: Vec<(&Owner, &Def<'a>)> = self.defs.iter().collect();
         // Source order, so output and problems are deterministic.
         owners.sort_by_key(|(owner, _)| self.order_key(**owner));
-        for (_, def) in owners {
+        for (owner, def) in owners {
+            let site = Site {
+                at: self.order_key(*owner),
+                v2: false,
+            };
             match def {
                 Def::Message {
                     name,
                     fields,
                     runtime,
                 } => {
-                    let message = self.read_message(name, fields, *runtime, &mut bundle.problems);
+                    let mut message =
+                        self.read_message(name, fields, *runtime, &mut bundle.problems);
+                    message.site = site;
                     bundle.messages.push(message);
                 }
-                Def::Enum { name, values } => {
-                    let value = self.read_enum(name, values, &mut bundle.problems);
+                Def::Enum {
+                    name,
+                    values,
+                    runtime,
+                } => {
+                    let mut value = self.read_enum(name, values, &mut bundle.problems);
+                    value.syntax = self.syntax(*runtime);
+                    value.site = site;
                     bundle.enums.push(value);
                 }
             }
         }
         for object in &self.services {
-            if let Some(service) = self.read_service(object, &mut bundle.problems) {
+            if let Some(mut service) = self.read_service(object, &mut bundle.problems) {
+                service.site = Site {
+                    at: object.span.start,
+                    v2: false,
+                };
                 bundle.services.push(service);
             }
         }
+        self.read_embedded(&mut bundle);
         bundle
+    }
+
+    /// Decodes every protobuf-es v2 embedded file and adds its types. A dependency is followed like any
+    /// reference (aliases, webpack modules) to another embedded file; one that leads nowhere is reported, and
+    /// the file is kept: its descriptor names every type it uses in full, so those resolve by name wherever
+    /// they are declared.
+    fn read_embedded(&self, bundle: &mut Bundle) {
+        for file in &self.embedded {
+            let descriptor = match v2::decode(file.base64) {
+                Ok(descriptor) => descriptor,
+                Err(failure) => {
+                    bundle.problems.push(Problem {
+                        owner: failure.file,
+                        member: String::new(),
+                        reason: format!(
+                            "the embedded descriptor (line {}) was left out: {}",
+                            line_column(self.source, file.start as usize).0,
+                            failure.reason
+                        ),
+                    });
+                    continue;
+                }
+            };
+            for (index, dep) in file.deps.iter().enumerate() {
+                let found = self.owners(dep).into_iter().any(|owner| {
+                    matches!(owner, Owner::Call(start) if self.embedded_at.contains_key(&start))
+                });
+                if !found {
+                    bundle.problems.push(Problem {
+                        owner: descriptor.name().to_owned(),
+                        member: String::new(),
+                        reason: format!(
+                            "dependency #{} (`{}`) names no embedded file the bundle declares; the types it \
+                             uses are looked up by full name",
+                            index + 1,
+                            self.snippet(dep)
+                        ),
+                    });
+                }
+            }
+            bundle.v2_files.push(descriptor.name().to_owned());
+            v2::add_types(&descriptor, file.start, bundle);
+        }
     }
 
     fn order_key(&self, owner: Owner) -> u32 {
