@@ -64,6 +64,8 @@ fn main() {
 struct SchemaSource {
     dir: PathBuf,
     description: String,
+    /// The Cursor version it was extracted from, when known (the install's, or a schema directory's record).
+    cursor_version: Option<String>,
 }
 
 fn run() -> Result<(), String> {
@@ -97,6 +99,14 @@ fn run() -> Result<(), String> {
     println!(
         "cargo:rustc-env=CURSOR_SCHEMA_SOURCE={}",
         source.description.replace('\n', " ")
+    );
+    println!(
+        "cargo:rustc-env=CURSOR_SCHEMA_CURSOR_VERSION={}",
+        source
+            .cursor_version
+            .as_deref()
+            .unwrap_or("")
+            .replace('\n', " ")
     );
 
     let mut set = own;
@@ -157,12 +167,13 @@ fn find_schema(
 }
 
 fn schema_dir(dir: &Path, how: &str) -> SchemaSource {
-    for file in [AGENT_FILE, AISERVER_FILE] {
+    for file in [AGENT_FILE, AISERVER_FILE, install::RECORD_FILE] {
         println!("cargo:rerun-if-changed={}", dir.join(file).display());
     }
     SchemaSource {
         dir: dir.to_owned(),
         description: format!("schema directory {} ({how})", dir.display()),
+        cursor_version: install::recorded_version(dir),
     }
 }
 
@@ -170,8 +181,10 @@ fn schema_dir(dir: &Path, how: &str) -> SchemaSource {
 /// `OUT_DIR/cursor-schema`.
 fn extract_into(path: Option<&Path>, out_dir: &Path) -> Result<SchemaSource, InstallError> {
     let found = install::locate(path)?;
-    println!("cargo:rerun-if-changed={}", found.bundle.display());
-    let extraction = cursor_proto::extract::extract_file(&found.bundle)?;
+    for bundle in &found.bundles {
+        println!("cargo:rerun-if-changed={}", bundle.display());
+    }
+    let extraction = cursor_proto::extract::extract_files(&found.bundles)?;
     let dir = out_dir.join("cursor-schema");
     cursor_proto::write::write_schema(&dir, &extraction.files).map_err(|e| InstallError::Io {
         path: dir.clone(),
@@ -189,7 +202,11 @@ fn extract_into(path: Option<&Path>, out_dir: &Path) -> Result<SchemaSource, Ins
             extraction.unresolved.len()
         );
     }
-    Ok(SchemaSource { dir, description })
+    Ok(SchemaSource {
+        dir,
+        description,
+        cursor_version: found.version,
+    })
 }
 
 /// Sets aside an `agent.v1.AgentService` declared by the schema (warning where it disagrees with the

@@ -40,9 +40,10 @@ use oxc_span::{GetSpan, SourceType};
 use oxc_syntax::node::NodeId;
 use oxc_syntax::symbol::SymbolId;
 
+use nesting::{line_column, panic_text};
 use read::{
-    arrow_result, callee_property, descriptor_value, key_name, number_key, object_entries,
-    webpack_export_list,
+    arrow_result, callee_property, callee_runtime, descriptor_value, key_name, number_key,
+    object_entries, webpack_export_list,
 };
 
 mod nesting;
@@ -70,6 +71,8 @@ pub(crate) struct Bundle {
 pub(crate) struct Site {
     pub at: u32,
     pub v2: bool,
+    /// Which of the files read together it came from (an index into them; set by `extract/merge.rs`).
+    pub file: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -231,29 +234,6 @@ fn read_here(source: &str, shape: nesting::Shape) -> Result<Bundle, ReadFailure>
     Ok(collector.into_bundle())
 }
 
-/// The runtime a `setEnumType`/`makeEnum` call was made through: `X` of `X.util.setEnumType(...)` or
-/// `X.makeEnum(...)`.
-fn callee_runtime<'a>(call: &'a CallExpression<'a>) -> Option<&'a Expression<'a>> {
-    let Expression::StaticMemberExpression(callee) = call.callee.without_parentheses() else {
-        return None;
-    };
-    match callee.object.without_parentheses() {
-        Expression::StaticMemberExpression(util) if util.property.name == "util" => {
-            Some(&util.object)
-        }
-        other => Some(other),
-    }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message");
-    format!("the reader panicked: {text}")
-}
-
 fn parse<'a>(
     allocator: &'a Allocator,
     source: &'a str,
@@ -295,15 +275,6 @@ fn parse<'a>(
     }))
 }
 
-/// 1-based line and column (in characters) of a byte offset; an offset inside a character counts as that
-/// character.
-fn line_column(source: &str, offset: usize) -> (usize, usize) {
-    let before = &source[..source.floor_char_boundary(offset)];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
 /// Something that can have members and be a type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Owner {
@@ -328,14 +299,6 @@ enum Def<'a> {
     },
 }
 
-/// A protobuf-es v2 file: `fileDesc("<base64 FileDescriptorProto>", [deps])` (the function name minified).
-struct EmbeddedFile<'a> {
-    /// Start of the call: its owner is `Owner::Call(start)`, so a dependency reference can be followed to it.
-    start: u32,
-    base64: &'a str,
-    deps: Vec<&'a Expression<'a>>,
-}
-
 struct Collector<'s, 'a> {
     source: &'s str,
     scoping: &'s Scoping,
@@ -351,7 +314,7 @@ struct Collector<'s, 'a> {
     /// webpack module id → its `exports` parameter.
     modules: HashMap<String, SymbolId>,
     /// protobuf-es v2 embedded files, in source order; `embedded_at` finds one by the start of its call.
-    embedded: Vec<EmbeddedFile<'a>>,
+    embedded: Vec<v2::EmbeddedFile<'a>>,
     embedded_at: HashMap<u32, usize>,
 }
 
@@ -485,27 +448,7 @@ impl<'s, 'a> Collector<'s, 'a> {
             .iter()
             .filter_map(Argument::as_expression)
             .collect();
-        // protobuf-es v2: the callee is minified, so the call is known by its argument, a base64 string that
-        // opens like a serialized FileDescriptorProto with a `.proto` name (checked in `js/v2.rs`).
-        if let [Expression::StringLiteral(text), rest @ ..] = args.as_slice()
-            && rest.len() <= 1
-            && v2::looks_embedded(text.value.as_str())
-        {
-            let deps = match rest {
-                [Expression::ArrayExpression(list)] => list
-                    .elements
-                    .iter()
-                    .filter_map(|e| e.as_expression())
-                    .collect(),
-                _ => Vec::new(),
-            };
-            self.embedded_at
-                .insert(call.span.start, self.embedded.len());
-            self.embedded.push(EmbeddedFile {
-                start: call.span.start,
-                base64: text.value.as_str(),
-                deps,
-            });
+        if self.on_embedded(call, &args) {
             return;
         }
         let callee_name = callee_property(call);
@@ -807,7 +750,7 @@ impl<'s, 'a> Collector<'s, 'a> {
         for (owner, def) in owners {
             let site = Site {
                 at: self.order_key(*owner),
-                v2: false,
+                ..Site::default()
             };
             match def {
                 Def::Message {
@@ -836,56 +779,13 @@ impl<'s, 'a> Collector<'s, 'a> {
             if let Some(mut service) = self.read_service(object, &mut bundle.problems) {
                 service.site = Site {
                     at: object.span.start,
-                    v2: false,
+                    ..Site::default()
                 };
                 bundle.services.push(service);
             }
         }
         self.read_embedded(&mut bundle);
         bundle
-    }
-
-    /// Decodes every protobuf-es v2 embedded file and adds its types. A dependency is followed like any
-    /// reference (aliases, webpack modules) to another embedded file; one that leads nowhere is reported, and
-    /// the file is kept: its descriptor names every type it uses in full, so those resolve by name wherever
-    /// they are declared.
-    fn read_embedded(&self, bundle: &mut Bundle) {
-        for file in &self.embedded {
-            let descriptor = match v2::decode(file.base64) {
-                Ok(descriptor) => descriptor,
-                Err(failure) => {
-                    bundle.problems.push(Problem {
-                        owner: failure.file,
-                        member: String::new(),
-                        reason: format!(
-                            "the embedded descriptor (line {}) was left out: {}",
-                            line_column(self.source, file.start as usize).0,
-                            failure.reason
-                        ),
-                    });
-                    continue;
-                }
-            };
-            for (index, dep) in file.deps.iter().enumerate() {
-                let found = self.owners(dep).into_iter().any(|owner| {
-                    matches!(owner, Owner::Call(start) if self.embedded_at.contains_key(&start))
-                });
-                if !found {
-                    bundle.problems.push(Problem {
-                        owner: descriptor.name().to_owned(),
-                        member: String::new(),
-                        reason: format!(
-                            "dependency #{} (`{}`) names no embedded file the bundle declares; the types it \
-                             uses are looked up by full name",
-                            index + 1,
-                            self.snippet(dep)
-                        ),
-                    });
-                }
-            }
-            bundle.v2_files.push(descriptor.name().to_owned());
-            v2::add_types(&descriptor, file.start, bundle);
-        }
     }
 
     fn order_key(&self, owner: Owner) -> u32 {

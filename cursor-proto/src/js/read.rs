@@ -573,3 +573,17 @@ pub(super) fn field_array<'a>(expr: &'a Expression<'a>) -> Option<&'a ArrayExpre
         _ => None,
     }
 }
+
+/// The runtime a `setEnumType`/`makeEnum` call was made through: `X` of `X.util.setEnumType(...)` or
+/// `X.makeEnum(...)`.
+pub(super) fn callee_runtime<'a>(call: &'a CallExpression<'a>) -> Option<&'a Expression<'a>> {
+    let Expression::StaticMemberExpression(callee) = call.callee.without_parentheses() else {
+        return None;
+    };
+    match callee.object.without_parentheses() {
+        Expression::StaticMemberExpression(util) if util.property.name == "util" => {
+            Some(&util.object)
+        }
+        other => Some(other),
+    }
+}

@@ -18,9 +18,11 @@ use prost_types::{
     DescriptorProto, EnumDescriptorProto, FieldDescriptorProto, FileDescriptorProto,
 };
 
+use oxc_ast::ast::{CallExpression, Expression};
+
 use super::{
-    Bundle, FieldKind, Idempotency, MapValue, MethodKind, Problem, RawEnum, RawField, RawMessage,
-    RawMethod, RawService, Site, Syntax,
+    Bundle, Collector, FieldKind, Idempotency, MapValue, MethodKind, Owner, Problem, RawEnum,
+    RawField, RawMessage, RawMethod, RawService, Site, Syntax, line_column,
 };
 
 /// Shorter strings are never a descriptor (a name `x.proto` and a package take more than this).
@@ -133,7 +135,11 @@ pub(super) fn decode(text: &str) -> Result<FileDescriptorProto, DecodeFailure> {
 
 /// Adds the messages, enums and services of one decoded file to `bundle`; `at` is where its call starts.
 pub(super) fn add_types(file: &FileDescriptorProto, at: u32, bundle: &mut Bundle) {
-    let site = Site { at, v2: true };
+    let site = Site {
+        at,
+        v2: true,
+        file: 0,
+    };
     let syntax = match file.syntax() {
         "proto3" => Syntax::Proto3,
         "" | "proto2" => Syntax::Proto2,
@@ -336,6 +342,91 @@ fn default_json_name(name: &str) -> String {
         }
     }
     out
+}
+
+/// A protobuf-es v2 file: `fileDesc("<base64 FileDescriptorProto>", [deps])` (the function name minified).
+pub(super) struct EmbeddedFile<'a> {
+    /// Start of the call: its owner is `Owner::Call(start)`, so a dependency reference can be followed to it.
+    pub start: u32,
+    pub base64: &'a str,
+    pub deps: Vec<&'a Expression<'a>>,
+}
+
+impl<'a> Collector<'_, 'a> {
+    /// Records `call` when it is a v2 `fileDesc(...)`; `true` when it was.
+    pub(super) fn on_embedded(
+        &mut self,
+        call: &'a CallExpression<'a>,
+        args: &[&'a Expression<'a>],
+    ) -> bool {
+        // protobuf-es v2: the callee is minified, so the call is known by its argument, a base64 string that
+        // opens like a serialized FileDescriptorProto with a `.proto` name (checked in `js/v2.rs`).
+        if let [Expression::StringLiteral(text), rest @ ..] = args
+            && rest.len() <= 1
+            && looks_embedded(text.value.as_str())
+        {
+            let deps = match rest {
+                [Expression::ArrayExpression(list)] => list
+                    .elements
+                    .iter()
+                    .filter_map(|e| e.as_expression())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            self.embedded_at
+                .insert(call.span.start, self.embedded.len());
+            self.embedded.push(EmbeddedFile {
+                start: call.span.start,
+                base64: text.value.as_str(),
+                deps,
+            });
+            return true;
+        }
+        false
+    }
+
+    /// Decodes every protobuf-es v2 embedded file and adds its types. A dependency is followed like any
+    /// reference (aliases, webpack modules) to another embedded file; one that leads nowhere is reported, and
+    /// the file is kept: its descriptor names every type it uses in full, so those resolve by name wherever
+    /// they are declared.
+    pub(super) fn read_embedded(&self, bundle: &mut Bundle) {
+        for file in &self.embedded {
+            let descriptor = match decode(file.base64) {
+                Ok(descriptor) => descriptor,
+                Err(failure) => {
+                    bundle.problems.push(Problem {
+                        owner: failure.file,
+                        member: String::new(),
+                        reason: format!(
+                            "the embedded descriptor (line {}) was left out: {}",
+                            line_column(self.source, file.start as usize).0,
+                            failure.reason
+                        ),
+                    });
+                    continue;
+                }
+            };
+            for (index, dep) in file.deps.iter().enumerate() {
+                let found = self.owners(dep).into_iter().any(|owner| {
+                    matches!(owner, Owner::Call(start) if self.embedded_at.contains_key(&start))
+                });
+                if !found {
+                    bundle.problems.push(Problem {
+                        owner: descriptor.name().to_owned(),
+                        member: String::new(),
+                        reason: format!(
+                            "dependency #{} (`{}`) names no embedded file the bundle declares; the types it \
+                             uses are looked up by full name",
+                            index + 1,
+                            self.snippet(dep)
+                        ),
+                    });
+                }
+            }
+            bundle.v2_files.push(descriptor.name().to_owned());
+            add_types(&descriptor, file.start, bundle);
+        }
+    }
 }
 
 #[cfg(test)]
