@@ -1,5 +1,5 @@
-//! How long extraction takes: the legacy (esbuild, assignments after the class) and webpack (cross-module
-//! exports) reference bundles, 3 MB each, from file to compiled schema.
+//! How long extraction takes: the legacy (esbuild, assignments after the class), webpack (cross-module
+//! exports) and v2-esbuild (protobuf-es v2 embedded descriptors) reference bundles, from file to compiled schema.
 //!
 //! A plain timing loop (no benchmark framework, so no extra dependencies): one warm-up, then `RUNS` timed runs of
 //! [`extract_file`] per bundle, printed as min / median / max. Run it in release: `cargo bench --bench extract`
@@ -32,7 +32,7 @@ fn main() {
         .find_map(|arg| arg.parse::<usize>().ok())
         .unwrap_or(RUNS)
         .max(1);
-    for shape in ["legacy", "webpack"] {
+    for shape in ["legacy", "webpack", "v2-esbuild"] {
         let path = Path::new(BUNDLES).join(shape).join("main.js");
         let bytes = match std::fs::metadata(&path) {
             Ok(meta) => meta.len(),
@@ -72,7 +72,7 @@ fn main() {
         times.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
-            "extract {shape:<8} {:.1} MB ({summary}): min {:.0} ms, median {:.0} ms, max {:.0} ms over {runs} runs",
+            "extract {shape:<10} {:.1} MB ({summary}): min {:.0} ms, median {:.0} ms, max {:.0} ms over {runs} runs",
             bytes as f64 / 1e6,
             ms(times[0]),
             ms(times[times.len() / 2]),

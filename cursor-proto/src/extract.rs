@@ -20,9 +20,13 @@ use prost_types::{
     field_options::JsType, method_options::IdempotencyLevel,
 };
 
-use crate::js::{self, Bundle, FieldKind, MapValue, MethodKind, Problem, ReadFailure, Syntax};
+use crate::js::{self, FieldKind, MapValue, MethodKind, Problem, ReadFailure, Syntax};
 
+mod merge;
 mod sound;
+
+use merge::Input;
+pub use merge::{Source, Superseded, extract_file, extract_files};
 
 /// Why a bundle gave no schema. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +109,10 @@ pub struct Extraction {
     pub unresolved: Vec<Unresolved>,
     /// Identical copies of one class met more than once (real installs bundle some classes twice).
     pub duplicates: usize,
+    /// Every file read, in order, with what it gave.
+    pub sources: Vec<Source>,
+    /// Types two files define differently: the newest file's copy was used.
+    pub superseded: Vec<Superseded>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -133,27 +141,18 @@ impl std::fmt::Display for Unresolved {
     }
 }
 
-/// Extracts the schema from one bundle on disk.
-pub fn extract_file(path: &Path) -> Result<Extraction, ExtractError> {
-    let source = std::fs::read(path).map_err(|source| ExtractError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let source = String::from_utf8(source).map_err(|e| ExtractError::NotText {
-        path: path.to_owned(),
-        offset: e.utf8_error().valid_up_to(),
-    })?;
-    extract_source(path, &source)
-}
-
 /// Extracts the schema from a bundle's text; `path` only names it in errors.
 pub fn extract_source(path: &Path, source: &str) -> Result<Extraction, ExtractError> {
-    if source.trim().is_empty() {
-        return Err(ExtractError::Empty {
-            path: path.to_owned(),
-        });
-    }
-    let bundle = js::read_bundle(source).map_err(|failure| match failure {
+    extract_inputs(vec![Input {
+        path: path.to_owned(),
+        text: source.to_owned(),
+        modified: None,
+    }])
+}
+
+/// A reader's failure as an error naming the file.
+fn read_failure(path: &Path, failure: ReadFailure) -> ExtractError {
+    match failure {
         ReadFailure::Syntax {
             line,
             column,
@@ -180,26 +179,86 @@ pub fn extract_source(path: &Path, source: &str) -> Result<Extraction, ExtractEr
             path: path.to_owned(),
             message,
         },
-    })?;
-    if bundle.messages.is_empty() {
-        return Err(ExtractError::NoProtobuf {
-            path: path.to_owned(),
-        });
     }
-    let (mut schema, duplicates) =
-        Schema::from_bundle(bundle).map_err(|(type_name, detail)| ExtractError::Conflict {
-            path: path.to_owned(),
-            type_name,
-            detail,
+}
+
+fn extract_inputs(inputs: Vec<Input>) -> Result<Extraction, ExtractError> {
+    let Some(first) = inputs.first() else {
+        return Err(ExtractError::Internal {
+            path: PathBuf::new(),
+            message: "no file to read".to_owned(),
+        });
+    };
+    let path = first.path.clone();
+    for input in &inputs {
+        if input.text.trim().is_empty() {
+            return Err(ExtractError::Empty {
+                path: input.path.clone(),
+            });
+        }
+    }
+    let bundle = merge::read_all(&inputs)?;
+    if bundle.messages.is_empty() {
+        return Err(ExtractError::NoProtobuf { path });
+    }
+    let mut sources: Vec<Source> = inputs
+        .iter()
+        .map(|input| Source {
+            path: input.path.clone(),
+            ..Source::default()
+        })
+        .collect();
+    let sites = bundle
+        .messages
+        .iter()
+        .map(|m| m.site)
+        .chain(bundle.enums.iter().map(|e| e.site))
+        .chain(bundle.services.iter().map(|s| s.site));
+    for site in sites {
+        if let Some(source) = sources.get_mut(site.file) {
+            if site.v2 {
+                source.v2_types += 1;
+            } else {
+                source.v1_types += 1;
+            }
+        }
+    }
+    let modified: Vec<Option<std::time::SystemTime>> =
+        inputs.iter().map(|input| input.modified).collect();
+    let (mut schema, duplicates, replaced) =
+        Schema::from_bundle(bundle, &modified).map_err(|conflict| ExtractError::Conflict {
+            path: inputs[conflict.file].path.clone(),
+            type_name: conflict.type_name,
+            detail: conflict.detail,
         })?;
+    let superseded = replaced
+        .into_iter()
+        .map(|r| Superseded {
+            type_name: r.type_name,
+            used: inputs[r.used].path.clone(),
+            dropped: inputs[r.dropped].path.clone(),
+            detail: r.detail,
+        })
+        .collect();
     schema.make_sound();
+    let used = schema
+        .messages
+        .values()
+        .map(|m| m.site.file)
+        .chain(schema.enums.values().map(|e| e.site.file))
+        .chain(schema.services.values().map(|s| s.site.file));
+    for file in used {
+        if let Some(source) = sources.get_mut(file) {
+            source.used += 1;
+        }
+    }
     let rough = schema.descriptors();
     let files = crate::printer::render_set(&rough).map_err(|source| ExtractError::Print {
-        path: path.to_owned(),
+        path: path.clone(),
         source,
     })?;
     let descriptors = compile(&files).map_err(|message| ExtractError::Compile {
-        path: path.to_owned(),
+        path: path.clone(),
         message,
     })?;
     let counts = schema.counts();
@@ -221,6 +280,8 @@ pub fn extract_source(path: &Path, source: &str) -> Result<Extraction, ExtractEr
         counts,
         unresolved,
         duplicates,
+        sources,
+        superseded,
     })
 }
 
@@ -260,75 +321,7 @@ struct Schema {
     problems: Vec<Problem>,
 }
 
-type Conflict = (String, String);
-
 impl Schema {
-    fn from_bundle(bundle: Bundle) -> Result<(Self, usize), Conflict> {
-        let mut duplicates = 0;
-        let mut messages = BTreeMap::new();
-        for message in bundle.messages {
-            duplicates += insert_unique(
-                &mut messages,
-                message.full_name.clone(),
-                message,
-                |a, b| {
-                    a.syntax == b.syntax
-                        && sorted(&a.fields, |f| f.number) == sorted(&b.fields, |f| f.number)
-                },
-                |a, b| {
-                    let show = |f: &js::RawField| format!("{} = {}", f.name, f.number);
-                    describe_difference(&a.fields, &b.fields, show, "field")
-                },
-            )?;
-        }
-        let mut enums = BTreeMap::new();
-        for value in bundle.enums {
-            duplicates += insert_unique(
-                &mut enums,
-                value.full_name.clone(),
-                value,
-                |a, b| sorted(&a.values, |v| v.clone()) == sorted(&b.values, |v| v.clone()),
-                |a, b| {
-                    let show = |(number, name): &(i32, String)| format!("{name} = {number}");
-                    describe_difference(&a.values, &b.values, show, "value")
-                },
-            )?;
-        }
-        let mut services = BTreeMap::new();
-        for service in bundle.services {
-            duplicates += insert_unique(
-                &mut services,
-                service.full_name.clone(),
-                service,
-                |a, b| {
-                    sorted(&a.methods, |m| m.name.clone()) == sorted(&b.methods, |m| m.name.clone())
-                },
-                |a, b| {
-                    let show =
-                        |m: &js::RawMethod| format!("{}({}) → {}", m.name, m.input, m.output);
-                    describe_difference(&a.methods, &b.methods, show, "method")
-                },
-            )?;
-        }
-        for name in enums.keys() {
-            if messages.contains_key(name) {
-                return Err((
-                    name.clone(),
-                    "declared both as a message and as an enum".to_owned(),
-                ));
-            }
-        }
-        Ok((
-            Self {
-                messages,
-                enums,
-                services,
-                problems: bundle.problems,
-            },
-            duplicates,
-        ))
-    }
-
     fn is_message(&self, name: &str) -> bool {
         self.messages.contains_key(name)
     }
@@ -352,6 +345,10 @@ impl Schema {
         self.is_message(parent).then(|| parent.to_owned())
     }
 
+    /// One file per package and syntax, so any valid mix of proto2 and proto3 compiles (a proto2 default value
+    /// or required field never lands in a proto3 file). The well-known types keep their usual files; a type
+    /// whose syntax is not its well-known file's (`descriptor.proto` is proto2, the others proto3) goes into
+    /// a sibling file named by its syntax.
     fn file_of(&self, full_name: &str, syntax: Syntax) -> String {
         let package = self.package_of(full_name);
         if package == "google.protobuf" {
@@ -360,7 +357,17 @@ impl Schema {
                 .split('.')
                 .next()
                 .unwrap_or_default();
-            return format!("google/protobuf/{}.proto", well_known_file(top));
+            let base = well_known_file(top);
+            let natural = if base == "descriptor" {
+                Syntax::Proto2
+            } else {
+                Syntax::Proto3
+            };
+            return match (syntax == natural, syntax) {
+                (true, _) => format!("google/protobuf/{base}.proto"),
+                (false, Syntax::Proto2) => format!("google/protobuf/{base}_proto2.proto"),
+                (false, Syntax::Proto3) => format!("google/protobuf/{base}_proto3.proto"),
+            };
         }
         let base = package.replace('.', "_");
         match syntax {
@@ -369,8 +376,10 @@ impl Schema {
         }
     }
 
-    /// The syntax a type's file has: its own for a message, its top-level message's for nested types,
-    /// proto3 for top-level enums and services.
+    /// The syntax a type's file has: its own for a message, its top-level message's for nested types. A
+    /// top-level enum has its file's syntax when that is known (v2, or a v1 runtime that says); otherwise it
+    /// is proto3 (usable from both syntaxes) unless its first value is not zero, which only proto2 allows.
+    /// Services are proto3.
     fn syntax_of(&self, full_name: &str) -> Syntax {
         let mut name = full_name.to_owned();
         let mut found = self.messages.get(&name).map(|m| m.syntax);
@@ -378,7 +387,15 @@ impl Schema {
             found = self.messages.get(&parent).map(|m| m.syntax).or(found);
             name = parent;
         }
-        found.unwrap_or(Syntax::Proto3)
+        found
+            .or_else(|| {
+                let value = self.enums.get(full_name)?;
+                value.syntax.or_else(|| {
+                    let open = value.values.first().is_none_or(|(number, _)| *number == 0);
+                    (!open).then_some(Syntax::Proto2)
+                })
+            })
+            .unwrap_or(Syntax::Proto3)
     }
 
     fn counts(&self) -> BTreeMap<String, Counts> {
@@ -586,28 +603,6 @@ impl Schema {
             })
             .collect();
         descriptor
-    }
-}
-
-/// Inserts `value` under `name`; a copy that is the `same` (an identical copy, declaration order aside)
-/// counts as a duplicate, a different one is a conflict, described by `describe`.
-fn insert_unique<T>(
-    map: &mut BTreeMap<String, T>,
-    name: String,
-    value: T,
-    same: impl Fn(&T, &T) -> bool,
-    describe: impl Fn(&T, &T) -> String,
-) -> Result<usize, Conflict> {
-    match map.get(&name) {
-        None => {
-            map.insert(name, value);
-            Ok(0)
-        }
-        Some(existing) if same(existing, &value) => Ok(1),
-        Some(existing) => {
-            let detail = describe(existing, &value);
-            Err((name, detail))
-        }
     }
 }
 

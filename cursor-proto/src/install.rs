@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use prost_types::FileDescriptorSet;
 
-use crate::extract::{ExtractError, Extraction, extract_file};
+use crate::extract::{ExtractError, Extraction, extract_files};
 
 /// The extension whose bundle carries the agent protocol.
 pub const EXTENSION: &str = "cursor-always-local";
@@ -29,7 +29,11 @@ const APP_DIRS: &[&str] = &[
 /// A bundle found for a path, with what is known about its install.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Located {
+    /// The agent extension's bundle (or the file named).
     pub bundle: PathBuf,
+    /// Every file to read: `bundle` first, then the other bundles of the install (or of the extension named)
+    /// that carry protocol types, such as lazy-loaded chunks and other extensions, in path order.
+    pub bundles: Vec<PathBuf>,
     /// `resources/app` of the install, when the bundle sits inside one.
     pub app_dir: Option<PathBuf>,
     /// Cursor's version from the app's `product.json` or `package.json`.
@@ -125,6 +129,7 @@ fn locate_in(path: &Path) -> Result<Located, InstallError> {
             .map(Path::to_path_buf);
         return Ok(Located {
             bundle: path.to_owned(),
+            bundles: vec![path.to_owned()],
             version: app_dir.as_deref().and_then(version_of),
             app_dir,
         });
@@ -134,18 +139,24 @@ fn locate_in(path: &Path) -> Result<Located, InstallError> {
         let app_dir = path.join(app);
         let bundle = app_dir.join("extensions").join(BUNDLE_IN_EXTENSIONS);
         if bundle.is_file() {
+            let mut bundles = vec![bundle.clone()];
+            bundles.extend(protocol_bundles(&app_dir.join("extensions"), &bundle));
             return Ok(Located {
                 bundle,
+                bundles,
                 version: version_of(&app_dir),
                 app_dir: Some(app_dir),
             });
         }
         looked.push(bundle);
     }
-    // An `extensions` directory, or the extension's own directory.
+    // An `extensions` directory, or the extension's own directory: its bundles (every extension's for an
+    // `extensions` directory) are read besides the main one.
     for candidate in [path.join(BUNDLE_IN_EXTENSIONS), path.join("dist/main.js")] {
         if candidate.is_file() {
-            return locate_in(&candidate);
+            let mut found = locate_in(&candidate)?;
+            found.bundles.extend(protocol_bundles(path, &found.bundle));
+            return Ok(found);
         }
         looked.push(candidate);
     }
@@ -153,6 +164,115 @@ fn locate_in(path: &Path) -> Result<Located, InstallError> {
         path: path.to_owned(),
         looked,
     })
+}
+
+/// Directories never searched for bundles: dependencies carry no build of Cursor's own protocol.
+const SKIPPED_DIRS: &[&str] = &["node_modules", ".git"];
+
+/// Every `.js` file below `root` (other than `main`) that carries protocol types, in path order. Only the
+/// text is searched, for the package names as v1 writes them (`"agent.v1.`) or as they appear inside v2's
+/// base64 descriptors, so files without the protocol cost one read.
+pub fn protocol_bundles(root: &Path, main: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    collect_js(root, &mut files, 0);
+    files.sort();
+    let needles = protocol_needles();
+    files
+        .into_iter()
+        .filter(|file| file != main)
+        .filter(|file| {
+            std::fs::read(file).is_ok_and(|bytes| {
+                needles
+                    .iter()
+                    .any(|n| memchr::memmem::find(&bytes, n).is_some())
+            })
+        })
+        .collect()
+}
+
+fn collect_js(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) {
+    // Extensions keep their bundles a few levels down (`extensions/x/dist/chunks/1.js`).
+    if depth > 6 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            let skipped = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| SKIPPED_DIRS.contains(&name));
+            if !skipped {
+                collect_js(&path, out, depth + 1);
+            }
+        } else if kind.is_file() && path.extension().is_some_and(|e| e == "js") {
+            out.push(path);
+        }
+    }
+}
+
+/// The protocol packages as v1 writes them, and as their bytes read in base64 at each of the three
+/// alignments (the characters that depend on the bytes around them dropped).
+fn protocol_needles() -> Vec<Vec<u8>> {
+    let mut needles = Vec::new();
+    for package in ["agent.v1", "aiserver.v1"] {
+        needles.push(format!("\"{package}.").into_bytes());
+        for shift in 0..3 {
+            let mut bytes = vec![0u8; shift];
+            bytes.extend_from_slice(package.as_bytes());
+            let text = base64(&bytes);
+            // Character i covers bits 6i..6i+6; keep those inside the package's bits.
+            let first = (8 * shift).div_ceil(6);
+            let last = (8 * bytes.len()) / 6;
+            needles.push(text.as_bytes()[first..last].to_vec());
+        }
+    }
+    needles
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// The file `extract` writes beside the `.proto` files: which Cursor version and files the schema came from,
+/// so a server built from the directory later can say it (the `.proto` files themselves cannot).
+pub const RECORD_FILE: &str = "SOURCE";
+
+/// The text of [`RECORD_FILE`] for a schema extracted from `found`.
+pub fn record(found: &Located, fingerprint: &str) -> String {
+    let mut text =
+        String::from("# Written by `cursor-proto extract`: where this schema came from.\n");
+    if let Some(version) = &found.version {
+        text.push_str(&format!("cursor-version {version}\n"));
+    }
+    text.push_str(&format!("fingerprint {fingerprint}\n"));
+    for bundle in &found.bundles {
+        text.push_str(&format!("bundle {}\n", bundle.display()));
+    }
+    text
+}
+
+/// The Cursor version a schema directory was extracted from, when its [`RECORD_FILE`] says.
+pub fn recorded_version(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(RECORD_FILE)).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("cursor-version "))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// Cursor's version as the app states it.
@@ -219,8 +339,12 @@ pub fn load(path: &Path) -> Result<Loaded, InstallError> {
             extraction: None,
         });
     }
-    let found = locate(Some(path))?;
-    let extraction = extract_file(&found.bundle)?;
+    load_found(locate(Some(path))?)
+}
+
+/// Extracts the schema of a located install: every bundle of it that carries protocol types.
+pub fn load_found(found: Located) -> Result<Loaded, InstallError> {
+    let extraction = extract_files(&found.bundles)?;
     Ok(Loaded {
         descriptors: extraction.descriptors.clone(),
         origin: Origin::Bundle(found),
@@ -297,9 +421,58 @@ mod tests {
             ] {
                 let again = locate(Some(&named)).expect("named");
                 assert_eq!(again.bundle, found.bundle);
+                assert_eq!(again.bundles, vec![found.bundle.clone()]);
                 assert_eq!(again.version.as_deref(), Some("1.2.3"));
             }
         }
+    }
+
+    #[test]
+    fn other_bundles_of_an_install_are_read_when_they_carry_protocol_types() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let app = root.path().join("resources/app");
+        let extensions = app.join("extensions");
+        let main = extensions.join(BUNDLE_IN_EXTENSIONS);
+        touch(&main, r#"x.typeName="agent.v1.A""#);
+        let chunk = extensions.join("cursor-always-local/dist/chunks/7.js");
+        touch(&chunk, r#"x.typeName="aiserver.v1.B""#);
+        // A v2 descriptor: the package name only inside base64, here at the second alignment.
+        let v2 = extensions.join("other/dist/extension.js");
+        touch(&v2, &format!("y(\"{}\")", base64(b"\x12\x08agent.v1\x22")));
+        touch(
+            &extensions.join("other/dist/unrelated.js"),
+            "var agent = 1;",
+        );
+        touch(
+            &extensions.join("other/node_modules/dep/index.js"),
+            r#""agent.v1.X""#,
+        );
+        let found = locate(Some(root.path())).expect("install");
+        assert_eq!(found.bundles, vec![main, chunk, v2]);
+    }
+
+    #[test]
+    fn the_record_gives_back_the_version_it_was_written_with() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let found = Located {
+            bundle: root.path().join("main.js"),
+            bundles: vec![root.path().join("main.js")],
+            app_dir: None,
+            version: Some("2.3.4".into()),
+        };
+        touch(&root.path().join(RECORD_FILE), &record(&found, "abc"));
+        assert_eq!(recorded_version(root.path()).as_deref(), Some("2.3.4"));
+        touch(
+            &root.path().join(RECORD_FILE),
+            &record(
+                &Located {
+                    version: None,
+                    ..found
+                },
+                "abc",
+            ),
+        );
+        assert_eq!(recorded_version(root.path()), None);
     }
 
     #[test]

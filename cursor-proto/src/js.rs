@@ -1,4 +1,5 @@
-//! Reading protobuf-es (v1) metadata out of one JavaScript bundle.
+//! Reading protobuf-es metadata out of one JavaScript bundle: v1's generated classes, and v2's embedded
+//! descriptors (found here, decoded in `js/v2.rs`).
 //!
 //! Owns the JavaScript side of extraction: parsing with oxc, scope resolution with oxc_semantic, and turning
 //! what the generated code *means* into [`Bundle`] (messages, enums and services with every referenced type
@@ -39,13 +40,15 @@ use oxc_span::{GetSpan, SourceType};
 use oxc_syntax::node::NodeId;
 use oxc_syntax::symbol::SymbolId;
 
+use nesting::{line_column, panic_text};
 use read::{
-    arrow_result, callee_property, descriptor_value, key_name, number_key, object_entries,
-    webpack_export_list,
+    arrow_result, callee_property, callee_runtime, descriptor_value, key_name, number_key,
+    object_entries, webpack_export_list,
 };
 
 mod nesting;
 mod read;
+mod v2;
 
 /// How deep an expression is followed through aliases and members before giving up (cycles are cut earlier).
 const MAX_DEPTH: u32 = 48;
@@ -58,6 +61,18 @@ pub(crate) struct Bundle {
     pub services: Vec<RawService>,
     /// Fields left out because their type could not be resolved, or whose metadata could not be read.
     pub problems: Vec<Problem>,
+    /// The `.proto` files embedded as protobuf-es v2 descriptors (`fileDesc("…")`), by name.
+    pub v2_files: Vec<String>,
+}
+
+/// Where a declaration was read: its byte offset in the text parsed (to tell which file of several gave it)
+/// and whether it came from protobuf-es v2's embedded descriptors or v1's generated classes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Site {
+    pub at: u32,
+    pub v2: bool,
+    /// Which of the files read together it came from (an index into them; set by `extract/merge.rs`).
+    pub file: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -71,6 +86,7 @@ pub(crate) struct RawMessage {
     pub full_name: String,
     pub syntax: Syntax,
     pub fields: Vec<RawField>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,12 +125,17 @@ pub(crate) enum MapValue {
 pub(crate) struct RawEnum {
     pub full_name: String,
     pub values: Vec<(i32, String)>,
+    /// The syntax of the file that declares it, when known (v2 descriptors; v1 enums made by a runtime whose
+    /// syntax is readable). A top-level enum's file is chosen by it.
+    pub syntax: Option<Syntax>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RawService {
     pub full_name: String,
     pub methods: Vec<RawMethod>,
+    pub site: Site,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -213,15 +234,6 @@ fn read_here(source: &str, shape: nesting::Shape) -> Result<Bundle, ReadFailure>
     Ok(collector.into_bundle())
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message");
-    format!("the reader panicked: {text}")
-}
-
 fn parse<'a>(
     allocator: &'a Allocator,
     source: &'a str,
@@ -263,15 +275,6 @@ fn parse<'a>(
     }))
 }
 
-/// 1-based line and column (in characters) of a byte offset; an offset inside a character counts as that
-/// character.
-fn line_column(source: &str, offset: usize) -> (usize, usize) {
-    let before = &source[..source.floor_char_boundary(offset)];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
 /// Something that can have members and be a type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Owner {
@@ -291,6 +294,8 @@ enum Def<'a> {
     Enum {
         name: &'a str,
         values: &'a Expression<'a>,
+        /// The runtime the enum was made with (`proto2.util.setEnumType`, `proto3.makeEnum`).
+        runtime: Option<&'a Expression<'a>>,
     },
 }
 
@@ -308,6 +313,9 @@ struct Collector<'s, 'a> {
     services: Vec<&'a ObjectExpression<'a>>,
     /// webpack module id → its `exports` parameter.
     modules: HashMap<String, SymbolId>,
+    /// protobuf-es v2 embedded files, in source order; `embedded_at` finds one by the start of its call.
+    embedded: Vec<v2::EmbeddedFile<'a>>,
+    embedded_at: HashMap<u32, usize>,
 }
 
 impl<'s, 'a> Collector<'s, 'a> {
@@ -323,6 +331,8 @@ impl<'s, 'a> Collector<'s, 'a> {
             enum_order: Vec::new(),
             services: Vec::new(),
             modules: HashMap::new(),
+            embedded: Vec::new(),
+            embedded_at: HashMap::new(),
         }
     }
 
@@ -438,6 +448,9 @@ impl<'s, 'a> Collector<'s, 'a> {
             .iter()
             .filter_map(Argument::as_expression)
             .collect();
+        if self.on_embedded(call, &args) {
+            return;
+        }
         let callee_name = callee_property(call);
         match (callee_name, args.as_slice()) {
             (Some("setEnumType"), [target, Expression::StringLiteral(name), values, ..]) => {
@@ -447,6 +460,7 @@ impl<'s, 'a> Collector<'s, 'a> {
                         Def::Enum {
                             name: name.value.as_str(),
                             values,
+                            runtime: callee_runtime(call),
                         },
                     );
                 }
@@ -457,6 +471,7 @@ impl<'s, 'a> Collector<'s, 'a> {
                     Def::Enum {
                         name: name.value.as_str(),
                         values,
+                        runtime: callee_runtime(call),
                     },
                 );
             }
@@ -626,7 +641,9 @@ impl<'s, 'a> Collector<'s, 'a> {
                     }
                     _ => {
                         let owner = Owner::Call(call.span.start);
-                        if self.defs.contains_key(&owner) {
+                        if self.defs.contains_key(&owner)
+                            || self.embedded_at.contains_key(&call.span.start)
+                        {
                             out.push(owner);
                         }
                     }
@@ -730,27 +747,44 @@ impl<'s, 'a> Collector<'s, 'a> {
         let mut owners: Vec<(&Owner, &Def<'a>)> = self.defs.iter().collect();
         // Source order, so output and problems are deterministic.
         owners.sort_by_key(|(owner, _)| self.order_key(**owner));
-        for (_, def) in owners {
+        for (owner, def) in owners {
+            let site = Site {
+                at: self.order_key(*owner),
+                ..Site::default()
+            };
             match def {
                 Def::Message {
                     name,
                     fields,
                     runtime,
                 } => {
-                    let message = self.read_message(name, fields, *runtime, &mut bundle.problems);
+                    let mut message =
+                        self.read_message(name, fields, *runtime, &mut bundle.problems);
+                    message.site = site;
                     bundle.messages.push(message);
                 }
-                Def::Enum { name, values } => {
-                    let value = self.read_enum(name, values, &mut bundle.problems);
+                Def::Enum {
+                    name,
+                    values,
+                    runtime,
+                } => {
+                    let mut value = self.read_enum(name, values, &mut bundle.problems);
+                    value.syntax = self.syntax(*runtime);
+                    value.site = site;
                     bundle.enums.push(value);
                 }
             }
         }
         for object in &self.services {
-            if let Some(service) = self.read_service(object, &mut bundle.problems) {
+            if let Some(mut service) = self.read_service(object, &mut bundle.problems) {
+                service.site = Site {
+                    at: object.span.start,
+                    ..Site::default()
+                };
                 bundle.services.push(service);
             }
         }
+        self.read_embedded(&mut bundle);
         bundle
     }
 

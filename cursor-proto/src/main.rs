@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use cursor_proto::compare::{compare, summary};
-use cursor_proto::extract::{Extraction, extract_file};
+use cursor_proto::extract::{Extraction, extract_files};
 use cursor_proto::fingerprint::fingerprint;
 use cursor_proto::install::{self, Located, load};
 use cursor_proto::write::write_schema;
@@ -63,7 +63,7 @@ fn main() -> ExitCode {
 fn run_extract(path: Option<&Path>, out: &Path, strict: bool) -> Result<ExitCode, String> {
     let found = install::locate(path).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let extraction = extract_file(&found.bundle).map_err(|e| e.to_string())?;
+    let extraction = extract_files(&found.bundles).map_err(|e| e.to_string())?;
     let took = started.elapsed();
     print_extraction(&found, &extraction, took.as_secs_f64());
     if strict && !extraction.unresolved.is_empty() {
@@ -74,17 +74,18 @@ fn run_extract(path: Option<&Path>, out: &Path, strict: bool) -> Result<ExitCode
             out.display()
         ));
     }
-    write_schema(out, &extraction.files).map_err(|e| e.to_string())?;
-    println!(
-        "wrote {} files to {}",
-        extraction.files.len(),
-        out.display()
-    );
+    let mut files = extraction.files.clone();
+    files.push((
+        install::RECORD_FILE.to_owned(),
+        install::record(&found, &fingerprint(&extraction.descriptors)),
+    ));
+    write_schema(out, &files).map_err(|e| e.to_string())?;
+    println!("wrote {} files to {}", files.len(), out.display());
     Ok(ExitCode::SUCCESS)
 }
 
 fn print_extraction(found: &Located, extraction: &Extraction, seconds: f64) {
-    println!("read {}", found.bundle.display());
+    print_sources(extraction);
     match &found.version {
         Some(version) => println!("Cursor version {version}"),
         None => {
@@ -124,6 +125,37 @@ fn print_extraction(found: &Located, extraction: &Extraction, seconds: f64) {
         for unresolved in &extraction.unresolved {
             eprintln!("  {unresolved}");
         }
+    }
+}
+
+/// Which files were read and what each gave: one line for a single v1 bundle (as before), one per file
+/// otherwise, saying which protobuf-es generation each type came from.
+fn print_sources(extraction: &Extraction) {
+    let single = extraction.sources.len() == 1;
+    for source in &extraction.sources {
+        let what = match (source.v1_types, source.v2_types) {
+            (0, 0) => "no protocol types".to_owned(),
+            // One v1 bundle: the line stays as it always was.
+            (_, 0) if single => String::new(),
+            (v1, 0) => format!("{v1} types from protobuf-es v1 classes"),
+            (0, v2) => format!("{v2} types from protobuf-es v2 embedded descriptors"),
+            (v1, v2) => format!(
+                "{v1} types from protobuf-es v1 classes and {v2} from v2 embedded descriptors (both generations: each type is taken from wherever it is)"
+            ),
+        };
+        let used = if single {
+            String::new()
+        } else {
+            format!("; {} used", source.used)
+        };
+        if what.is_empty() {
+            println!("read {}", source.path.display());
+        } else {
+            println!("read {}: {what}{used}", source.path.display());
+        }
+    }
+    for superseded in &extraction.superseded {
+        eprintln!("warning: {superseded}");
     }
 }
 

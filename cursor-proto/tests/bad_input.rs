@@ -493,7 +493,16 @@ fn cli_extract_writes_one_file_per_package_and_reports_the_counts() {
     );
     assert_eq!(
         entries(&out),
-        ["agent_v1.proto", "aiserver_v1.proto", "google"]
+        ["SOURCE", "agent_v1.proto", "aiserver_v1.proto", "google"]
+    );
+    // The record says which files the schema came from, for the server's banner and `schema-check`.
+    let record = std::fs::read_to_string(out.join("SOURCE")).expect("SOURCE written");
+    assert_names(
+        &record,
+        &[
+            "fingerprint ",
+            &format!("bundle {}", shown(&legacy_bundle())),
+        ],
     );
     let well_known = entries(&out.join("google/protobuf"));
     assert!(
@@ -542,7 +551,7 @@ fn cli_strict_with_an_unresolved_field_fails_and_writes_nothing() {
     let run = cursor_proto(&["extract", arg(&bundle), "--out", arg(&out)], &[]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     assert_names(&text(&run.stderr), &["warning", "1 field", "x.v1.A.b"]);
-    assert_eq!(entries(&out), ["x_v1.proto"]);
+    assert_eq!(entries(&out), ["SOURCE", "x_v1.proto"]);
 }
 
 /// The reference schema's package files, copied to `dir`; `edit` may change `agent_v1.proto` on the way.

@@ -1,5 +1,5 @@
 //! Known answer: each reference bundle in `../shared/reference/bundles/` (real protobuf-es code generated
-//! from `../shared/reference/proto/`, bundled four ways) must give back, by meaning, every message, field,
+//! from `../shared/reference/proto/`, bundled four ways with protobuf-es v1 and once with v2) must give back, by meaning, every message, field,
 //! enum value and service method of the reference schema, plus `agent.v1.AgentService`, which the bundles
 //! declare and the reference `.proto` files do not. Descriptors are compared field by field, not text.
 
@@ -117,8 +117,13 @@ fn webpack_bundle_with_cross_module_exports() {
 }
 
 #[test]
+fn protobuf_es_v2_bundle_with_embedded_descriptors() {
+    assert_bundle_means_the_reference("v2-esbuild");
+}
+
+#[test]
 fn every_bundle_shape_gives_one_fingerprint() {
-    let prints: Vec<String> = ["legacy", "modern", "static-blocks", "webpack"]
+    let prints: Vec<String> = ["legacy", "modern", "static-blocks", "webpack", "v2-esbuild"]
         .iter()
         .map(|shape| {
             let bundle = shared().join("bundles").join(shape).join("main.js");

@@ -182,11 +182,25 @@ fn log_banner(config: &Config) {
             "pass-through is off: routes this server does not serve get unimplemented"
         ),
     }
+    use cursor_server::cursor::proto;
     tracing::info!(
-        fingerprint = cursor_server::cursor::proto::SCHEMA_FINGERPRINT,
-        source = cursor_server::cursor::proto::SCHEMA_SOURCE,
+        fingerprint = proto::SCHEMA_FINGERPRINT,
+        source = proto::SCHEMA_SOURCE,
+        cursor_version = proto::schema_cursor_version().unwrap_or("unknown"),
         "Cursor schema"
     );
+    // An install on this machine (the standard places; only its version is read, nothing is extracted) that
+    // is not the one the schema came from may speak fields the schema lacks: say so once, with the fix.
+    let installed = cursor_proto::install::locate(None).ok();
+    if let Some(found) = &installed
+        && let Some(note) =
+            proto::version_note(proto::schema_cursor_version(), found.version.as_deref())
+    {
+        tracing::warn!(
+            install = %found.bundle.display(),
+            "{note}: run `cursor-server schema-check` to see whether a rebuild is needed"
+        );
+    }
 }
 
 async fn collect_garbage(config_path: &std::path::Path, database_url: Option<&str>) -> ExitCode {

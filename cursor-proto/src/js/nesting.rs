@@ -346,6 +346,24 @@ fn is_word_byte(byte: u8) -> bool {
 }
 
 /// The deepest estimate `source` reaches (for tests and for choosing the limit).
+/// 1-based line and column (in characters) of a byte offset; an offset inside a character counts as that
+/// character.
+pub(super) fn line_column(source: &str, offset: usize) -> (usize, usize) {
+    let before = &source[..source.floor_char_boundary(offset)];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+pub(super) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    format!("the reader panicked: {text}")
+}
+
 #[cfg(test)]
 pub(crate) fn estimate(source: &str) -> usize {
     let (mut low, mut high) = (0, source.len() + 1);

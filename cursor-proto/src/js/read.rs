@@ -14,7 +14,7 @@ use oxc_ast::ast::{
 
 use super::{
     Collector, FieldKind, Idempotency, MapValue, MethodKind, Problem, RawEnum, RawField,
-    RawMessage, RawMethod, RawService, Syntax,
+    RawMessage, RawMethod, RawService, Site, Syntax,
 };
 
 impl<'a> Collector<'_, 'a> {
@@ -30,6 +30,7 @@ impl<'a> Collector<'_, 'a> {
             full_name: name.to_owned(),
             syntax,
             fields: Vec::new(),
+            site: Site::default(),
         };
         let Some(list) = field_array(fields) else {
             problems.push(Problem {
@@ -209,6 +210,8 @@ impl<'a> Collector<'_, 'a> {
         let mut out = RawEnum {
             full_name: name.to_owned(),
             values: Vec::new(),
+            syntax: None,
+            site: Site::default(),
         };
         let Expression::ArrayExpression(list) = values.without_parentheses() else {
             problems.push(Problem {
@@ -298,6 +301,7 @@ impl<'a> Collector<'_, 'a> {
         let mut service = RawService {
             full_name: full_name.to_owned(),
             methods: Vec::new(),
+            site: Site::default(),
         };
         for (local, method) in object_entries(methods) {
             let read = match method.without_parentheses() {
@@ -567,5 +571,19 @@ pub(super) fn field_array<'a>(expr: &'a Expression<'a>) -> Option<&'a ArrayExpre
             .filter_map(Argument::as_expression)
             .find_map(field_array),
         _ => None,
+    }
+}
+
+/// The runtime a `setEnumType`/`makeEnum` call was made through: `X` of `X.util.setEnumType(...)` or
+/// `X.makeEnum(...)`.
+pub(super) fn callee_runtime<'a>(call: &'a CallExpression<'a>) -> Option<&'a Expression<'a>> {
+    let Expression::StaticMemberExpression(callee) = call.callee.without_parentheses() else {
+        return None;
+    };
+    match callee.object.without_parentheses() {
+        Expression::StaticMemberExpression(util) if util.property.name == "util" => {
+            Some(&util.object)
+        }
+        other => Some(other),
     }
 }

@@ -142,6 +142,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
          const a=document.createElement('a');a.href='/console/runs/'+encodeURIComponent(id);\
          a.textContent=id+' ';list.append(a)}});</script>",
     );
+    drift_section(&mut body);
     Ok(page("Overview", &body))
 }
 
@@ -494,6 +495,34 @@ pub async fn logs() -> Response {
     }
     body.push_str("</table>");
     page("Logs", &body)
+}
+
+/// What connected clients sent that the schema does not know (`ops/drift.rs`), with the fix.
+fn drift_section(body: &mut String) {
+    let seen = crate::ops::drift::seen();
+    if seen.is_empty() {
+        return;
+    }
+    let _ = write!(
+        body,
+        "<h2>Schema drift</h2><p class=\"failed\">Cursor clients sent {} field(s) this server's schema \
+         does not know (ignored). Rebuild against your Cursor install: <code>cursor-server \
+         schema-check</code>.</p><table><tr><th>message</th><th>field</th><th>what</th>\
+         <th>client version</th><th>messages</th></tr>",
+        seen.len()
+    );
+    for drift in seen {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(drift.message),
+            drift.number,
+            esc(&drift.what),
+            esc(drift.client_version.as_deref().unwrap_or("unknown")),
+            drift.count
+        );
+    }
+    body.push_str("</table>");
 }
 
 #[cfg(test)]

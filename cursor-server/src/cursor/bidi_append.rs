@@ -48,6 +48,15 @@ pub struct Append {
 
 /// Decodes the protobuf payload of a BidiAppend body.
 pub fn decode(payload: &[u8]) -> Result<Append, BidiAppendError> {
+    decode_from(payload, None)
+}
+
+/// [`decode`], noting what the client (of `client_version`, from its headers) sent that the schema does
+/// not know (`ops/drift.rs`).
+pub fn decode_from(
+    payload: &[u8],
+    client_version: Option<&str>,
+) -> Result<Append, BidiAppendError> {
     let request: BidiAppendRequest = decode_message(payload, "aiserver.v1.BidiAppendRequest")?;
     let request_id = request
         .request_id
@@ -61,6 +70,7 @@ pub fn decode(payload: &[u8]) -> Result<Append, BidiAppendError> {
         hex::decode(request.data.trim()).map_err(|e| BidiAppendError::BadHex(e.to_string()))?;
     let message = <AgentClientMessage as prost::Message>::decode(bytes.as_slice())
         .map_err(|e| BidiAppendError::BadMessage(e.to_string()))?;
+    crate::ops::drift::observe(&bytes, client_version);
     Ok(Append {
         request_id,
         seqno: request.append_seqno,

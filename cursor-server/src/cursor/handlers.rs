@@ -126,6 +126,9 @@ async fn unknown_route(
     Ok(reply)
 }
 
+/// The header a Cursor client names its version in (kept with what it sent beyond the schema).
+const CLIENT_VERSION_HEADER: &str = "x-cursor-client-version";
+
 /// `POST /aiserver.v1.BidiService/BidiAppend`: one client message for a RunSSE run.
 async fn bidi_append_route(
     State(state): State<Arc<AppState>>,
@@ -134,7 +137,9 @@ async fn bidi_append_route(
 ) -> Result<Response, ConnectError> {
     let append = connect::unary_payload(&headers, &body, state.config.max_frame_bytes)
         .map_err(bidi_append::BidiAppendError::from)
-        .and_then(|payload| bidi_append::decode(&payload))
+        .and_then(|payload| {
+            bidi_append::decode_from(&payload, header_str(&headers, CLIENT_VERSION_HEADER))
+        })
         .map_err(invalid("BidiAppend"))?;
     // From here on the append takes its seqno: a message the run cannot use is the run's to
     // answer (ignore or end with invalid_argument), never a 400 that leaves a gap.
@@ -245,7 +250,14 @@ async fn start_run_bidi(
         )));
     }
     let max = state.config.max_frame_bytes;
-    tokio::spawn(forward_uplink(request.into_body(), handle, encoding, max));
+    let client_version = header_str(request.headers(), CLIENT_VERSION_HEADER).map(str::to_owned);
+    let uplink = Uplink {
+        handle,
+        encoding,
+        max_frame_bytes: max,
+        client_version,
+    };
+    tokio::spawn(forward_uplink(request.into_body(), uplink));
     Ok(run_sse::stream_response(body))
 }
 
@@ -262,10 +274,20 @@ enum UplinkError {
     RunEnded,
 }
 
+/// Where a `Run` request stream's messages go and how they are read.
+struct Uplink {
+    handle: RunHandle,
+    encoding: Encoding,
+    max_frame_bytes: usize,
+    /// The client's version (its `x-cursor-client-version` header), for the drift record.
+    client_version: Option<String>,
+}
+
 /// Reads the `Run` request stream and hands each message to the run, until the run ends.
-async fn forward_uplink(body: Body, handle: RunHandle, encoding: Encoding, max_frame_bytes: usize) {
+async fn forward_uplink(body: Body, uplink: Uplink) {
+    let handle = &uplink.handle;
     let mut stream = body.into_data_stream();
-    let mut decoder = FrameDecoder::new(max_frame_bytes);
+    let mut decoder = FrameDecoder::new(uplink.max_frame_bytes);
     let done = handle.done().clone();
     let failure = loop {
         let chunk = tokio::select! {
@@ -287,9 +309,7 @@ async fn forward_uplink(body: Body, handle: RunHandle, encoding: Encoding, max_f
             }
             Some(Ok(bytes)) => {
                 decoder.push(&bytes);
-                if let Err(failure) =
-                    drain_frames(&mut decoder, &handle, encoding, max_frame_bytes).await
-                {
+                if let Err(failure) = drain_frames(&mut decoder, &uplink).await {
                     break failure;
                 }
             }
@@ -303,21 +323,22 @@ async fn forward_uplink(body: Body, handle: RunHandle, encoding: Encoding, max_f
 }
 
 /// Hands every complete frame the decoder holds to the run, in order.
-async fn drain_frames(
-    decoder: &mut FrameDecoder,
-    handle: &RunHandle,
-    encoding: Encoding,
-    max_frame_bytes: usize,
-) -> Result<(), UplinkError> {
+async fn drain_frames(decoder: &mut FrameDecoder, uplink: &Uplink) -> Result<(), UplinkError> {
     while let Some(frame) = decoder.next_frame()? {
         if frame.is_end_stream() {
             return Err(UplinkError::EndStream);
         }
-        let payload = connect::payload_of(&frame, encoding, max_frame_bytes)?;
+        let payload = connect::payload_of(&frame, uplink.encoding, uplink.max_frame_bytes)?;
         let message: AgentClientMessage =
             connect::decode_message(&payload, "agent.v1.AgentClientMessage")?;
+        crate::ops::drift::observe(&payload, uplink.client_version.as_deref());
         let input = bidi_append::input(message);
-        if handle.send_input(RunCommand::Ordered(input)).await.is_err() {
+        if uplink
+            .handle
+            .send_input(RunCommand::Ordered(input))
+            .await
+            .is_err()
+        {
             return Err(UplinkError::RunEnded);
         }
     }

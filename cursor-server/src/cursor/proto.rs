@@ -20,6 +20,29 @@ pub const SCHEMA_FINGERPRINT: &str = env!("CURSOR_SCHEMA_FINGERPRINT");
 /// Where the build took the schema from: a schema directory, or the Cursor install it was extracted from.
 pub const SCHEMA_SOURCE: &str = env!("CURSOR_SCHEMA_SOURCE");
 
+/// The Cursor version the schema was extracted from (the install's, or the `SOURCE` record `cursor-proto
+/// extract` writes beside the `.proto` files); empty when not known.
+pub const SCHEMA_CURSOR_VERSION: &str = env!("CURSOR_SCHEMA_CURSOR_VERSION");
+
+/// [`SCHEMA_CURSOR_VERSION`], or `None` when the build did not know it.
+pub fn schema_cursor_version() -> Option<&'static str> {
+    Some(SCHEMA_CURSOR_VERSION).filter(|v| !v.is_empty())
+}
+
+/// One sentence naming the schema's Cursor version and the installed one, when they differ (or the schema's
+/// is unknown); `None` when they are the same or nothing is known of the install.
+pub fn version_note(schema: Option<&str>, installed: Option<&str>) -> Option<String> {
+    match (schema, installed) {
+        (Some(schema), Some(installed)) if schema != installed => Some(format!(
+            "the schema came from Cursor {schema}, the installed Cursor is {installed}"
+        )),
+        (None, Some(installed)) => Some(format!(
+            "the schema's Cursor version was not recorded, the installed Cursor is {installed}"
+        )),
+        _ => None,
+    }
+}
+
 /// The built-in schema's descriptors, for `schema-check`.
 const SCHEMA_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cursor_schema.fds"));
 
@@ -29,6 +52,8 @@ pub struct SchemaCheck {
     /// The install (or schema directory) compared against.
     pub origin: String,
     pub fingerprint: String,
+    /// The installed Cursor's version, when the comparison was with an install.
+    pub installed_version: Option<String>,
     /// Every difference from the built-in schema.
     pub differences: Vec<cursor_proto::compare::Difference>,
 }
@@ -39,8 +64,16 @@ impl SchemaCheck {
         self.differences.iter().any(|d| d.used_by_server)
     }
 
-    /// The verdict in one line.
+    /// The verdict in one line, with the two Cursor versions when they differ.
     pub fn verdict(&self) -> String {
+        let verdict = self.verdict_alone();
+        match version_note(schema_cursor_version(), self.installed_version.as_deref()) {
+            Some(note) => format!("{verdict} ({note})"),
+            None => verdict,
+        }
+    }
+
+    fn verdict_alone(&self) -> String {
         let used = self.differences.iter().filter(|d| d.used_by_server).count();
         let first_used = self.differences.iter().find(|d| d.used_by_server);
         match (self.differences.len(), first_used) {
@@ -68,15 +101,21 @@ pub fn check_schema(path: Option<&std::path::Path>) -> Result<SchemaCheck, Strin
         .map_err(|e| format!("the built-in schema does not decode: {e}"))?;
     let loaded = match path {
         Some(path) => cursor_proto::install::load(path),
-        None => cursor_proto::install::locate(None)
-            .and_then(|found| cursor_proto::install::load(&found.bundle)),
+        None => cursor_proto::install::locate(None).and_then(cursor_proto::install::load_found),
     }
     .map_err(|e| e.to_string())?;
+    let installed_version = match &loaded.origin {
+        cursor_proto::install::Origin::Bundle(found) => found.version.clone(),
+        cursor_proto::install::Origin::SchemaDir(dir) => {
+            cursor_proto::install::recorded_version(dir)
+        }
+    };
     let mut installed = loaded.descriptors;
     cursor_proto::compare::take_service(&mut installed, "agent.v1.AgentService");
     Ok(SchemaCheck {
         origin: loaded.origin.to_string(),
         fingerprint: cursor_proto::fingerprint::fingerprint(&installed),
+        installed_version,
         differences: cursor_proto::compare::compare(&built_in, &installed),
     })
 }

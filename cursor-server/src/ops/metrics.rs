@@ -26,6 +26,7 @@ pub const CHECKPOINT_PUBLISH: &str = "cursor_byok_checkpoint_publish_seconds";
 pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
 pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
 pub const FALLBACKS: &str = "cursor_byok_provider_fallbacks_total";
+pub const SCHEMA_DRIFT: &str = "cursor_byok_schema_drift_total";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -167,4 +168,12 @@ pub fn connection_opened() {
 
 pub fn connection_closed() {
     gauge!(CONNECTIONS_OPEN).decrement(1.0);
+}
+
+/// A client sent something the schema does not know, for the first time: one series per (message,
+/// field number), `kind` `field` or `enum_value` (`ops/drift.rs`). Counted once per distinct field, so
+/// the series' value is 1 and their number is how many distinct fields drifted.
+pub fn schema_drift(message: &'static str, field: u32, kind: &'static str) {
+    counter!(SCHEMA_DRIFT, "message" => message, "field" => field.to_string(), "kind" => kind)
+        .increment(1);
 }

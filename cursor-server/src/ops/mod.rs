@@ -1,9 +1,11 @@
 //! The operator's routes, answered by this server itself and never passed through to Cursor's
 //! backend: `GET /healthz` (the process is up), `GET /readyz` (the database takes a write, the
 //! prompts are loaded, the server is not shutting down) and `GET /metrics` (Prometheus text).
-//! `check.rs` is the pre-flight check (`cursor-server check`).
+//! `check.rs` is the pre-flight check (`cursor-server check`); `drift.rs` notices what connected
+//! clients send that the schema does not know.
 
 pub mod check;
+pub mod drift;
 pub mod metrics;
 
 use std::sync::Arc;
