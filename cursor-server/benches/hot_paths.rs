@@ -9,6 +9,8 @@
 //!   `turn_ended` to the end of stream of an HTTP/2 `Run` turn (40 ms when the accepted socket
 //!   runs with Nagle's algorithm and the client delays its ACKs; about 1 ms with TCP_NODELAY).
 //!
+//! - routing a run's model through a 30-model table of aliases and patterns (once per run start).
+//!
 //! Under `cargo test` it runs one quick iteration of each as a smoke test.
 
 #[path = "../tests/support/fake_cursor.rs"]
@@ -163,6 +165,7 @@ fn main() {
         "chat parser: {:.2} µs per chunk",
         per_chunk.as_secs_f64() * 1e6
     );
+    route_per_run_start(iterations * 10);
     let turns = if benching { 200 } else { 2 };
     let mut tails = tokio::runtime::Runtime::new()
         .expect("runtime")
@@ -177,6 +180,58 @@ fn main() {
     if !benching {
         // Under `cargo test` this binary is a smoke test; say so in the plain summary form.
         println!("smoke: 1 passed, 0 failed");
+    }
+}
+
+/// Routing a run's model (once per run start): 30 models with 3 aliases each (one a pattern), a
+/// catch-all, models per mode and subagent type; names that hit an exact id, a pattern near the end
+/// of the table, Auto in a mode, and the catch-all.
+fn route_per_run_start(iterations: u32) {
+    use cursor_server::config::{Config, RouteRequest};
+    use cursor_server::model::conversation::Mode;
+    let mut text = String::from(
+        "default_model = \"m0\"\n[[providers]]\nname = \"p\"\nkind = \"openai-chat\"\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key = \"k\"\n",
+    );
+    for i in 0..30 {
+        let catch_all = if i == 29 { ", \"*\"" } else { "" };
+        text.push_str(&format!(
+            "[[providers.models]]\nid = \"m{i}\"\naliases = [\"alias-{i}\", \"cursor-{i}-x\", \"family-{i}-*\"{catch_all}]\nfallbacks = [\"m{}\"]\n",
+            (i + 1) % 30
+        ));
+    }
+    text = text.replace("fallbacks = [\"m0\"]", "fallbacks = []");
+    text.push_str("[modes]\nplan = \"m3\"\n[subagents]\nexplore = \"m4\"\n");
+    let config = Config::from_toml(&text, std::path::Path::new("bench.toml"), &|_| None)
+        .expect("bench config");
+    for (label, name, mode, subagent) in [
+        ("exact id", "m17", Mode::Agent, None),
+        (
+            "pattern near the end",
+            "family-28-pro-high",
+            Mode::Agent,
+            None,
+        ),
+        ("Auto in a mode", "default", Mode::Plan, None),
+        (
+            "alias for a subagent",
+            "cursor-9-x",
+            Mode::Agent,
+            Some("explore"),
+        ),
+        ("catch-all", "unheard-of", Mode::Agent, None),
+    ] {
+        let per_route = time(iterations, || {
+            black_box(config.route(RouteRequest {
+                name,
+                mode,
+                subagent,
+            }))
+            .expect("routed");
+        });
+        println!(
+            "routing ({label}): {:.3} µs per run start",
+            per_route.as_secs_f64() * 1e6
+        );
     }
 }
 
