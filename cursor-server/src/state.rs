@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::prompting::assets::PromptAssets;
+use crate::provider::keys::KeyPools;
 use crate::run::registry::RunRegistry;
 use crate::store::Store;
 
@@ -21,6 +22,8 @@ pub struct AppState {
     pub store: Store,
     /// The single HTTP client for every provider call (connection pooling, TLS sessions).
     pub http: reqwest::Client,
+    /// Each provider's keys: which is in use and which is cooling down, shared by every run.
+    pub keys: KeyPools,
     /// The client for pass-through to Cursor's backend (its own proxy setting, no redirects
     /// followed, bodies never decoded), when pass-through is on.
     pub upstream: Option<reqwest::Client>,

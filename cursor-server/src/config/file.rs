@@ -44,6 +44,8 @@ pub(super) struct FileConfig {
     h2_ping_timeout_secs: Option<u64>,
     max_runs: Option<usize>,
     max_unattached_runs: Option<usize>,
+    key_cooldown_secs: Option<u64>,
+    key_refused_cooldown_secs: Option<u64>,
     console_token: Option<String>,
     console_token_env: Option<String>,
     #[serde(default)]
@@ -58,6 +60,10 @@ struct FileProvider {
     base_url: String,
     api_key: Option<String>,
     api_key_env: Option<String>,
+    /// Several keys written in the file (calls are spread over them).
+    api_keys: Option<Vec<String>>,
+    /// Several environment variables, one key each.
+    api_key_envs: Option<Vec<String>>,
     /// An outbound proxy for this provider only (`http://`, `https://`, `socks5://`).
     proxy: Option<String>,
     #[serde(default)]
@@ -264,6 +270,20 @@ impl FileConfig {
                 "max_unattached_runs",
             )
             .report(&mut problems),
+            key_cooldown: KeyCooldown {
+                rate_limited: positive_secs(
+                    self.key_cooldown_secs,
+                    DEFAULT_KEY_COOLDOWN_SECS,
+                    "key_cooldown_secs",
+                )
+                .report(&mut problems),
+                refused: positive_secs(
+                    self.key_refused_cooldown_secs,
+                    DEFAULT_KEY_REFUSED_COOLDOWN_SECS,
+                    "key_refused_cooldown_secs",
+                )
+                .report(&mut problems),
+            },
             console_token: resolve_key(
                 "console_token",
                 self.console_token,
@@ -434,6 +454,7 @@ fn resolve_key(
     match (api_key, api_key_env) {
         (Some(_), Some(_)) => Err(ConfigError::AmbiguousKey {
             provider: owner.to_owned(),
+            given: "api_key, api_key_env".to_owned(),
         }),
         (Some(key), None) if !key.is_empty() => Ok(Some(Secret::new(key))),
         (Some(_), None) => Err(ConfigError::MissingKey {
@@ -448,9 +469,91 @@ fn resolve_key(
             _ => Err(ConfigError::MissingKeyEnv {
                 provider: owner.to_owned(),
                 var,
+                field: "api_key_env",
             }),
         },
     }
+}
+
+/// A provider's keys, from exactly one of `api_key`, `api_key_env`, `api_keys`, `api_key_envs`;
+/// every problem is noted (each unset variable of a list, not only the first), and an empty list
+/// comes back with them.
+fn resolve_keys(
+    provider: &FileProvider,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Problems,
+) -> Vec<ProviderKey> {
+    let owner = || provider.name.clone();
+    let given: Vec<&str> = [
+        ("api_key", provider.api_key.is_some()),
+        ("api_key_env", provider.api_key_env.is_some()),
+        ("api_keys", provider.api_keys.is_some()),
+        ("api_key_envs", provider.api_key_envs.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect();
+    if given.len() > 1 {
+        problems.push(ConfigError::AmbiguousKey {
+            provider: owner(),
+            given: given.join(", "),
+        });
+        return Vec::new();
+    }
+    let listed = |field: &'static str, list: &Vec<String>, problems: &mut Problems| {
+        if list.is_empty() {
+            problems.push(ConfigError::EmptyKeyList {
+                provider: owner(),
+                field,
+            });
+        }
+    };
+    let mut keys = Vec::new();
+    if let Some(list) = &provider.api_keys {
+        listed("api_keys", list, problems);
+        for key in list {
+            match resolve_key(&provider.name, Some(key.clone()), None, env) {
+                Ok(Some(secret)) => keys.push(ProviderKey { secret, env: None }),
+                Ok(None) => {}
+                Err(error) => problems.push(error),
+            }
+        }
+    } else if let Some(list) = &provider.api_key_envs {
+        listed("api_key_envs", list, problems);
+        for var in list {
+            match resolve_key(&provider.name, None, Some(var.clone()), env) {
+                Ok(Some(secret)) => keys.push(ProviderKey {
+                    secret,
+                    env: Some(var.clone()),
+                }),
+                Ok(None) => {}
+                Err(ConfigError::MissingKeyEnv { provider, var, .. }) => {
+                    problems.push(ConfigError::MissingKeyEnv {
+                        provider,
+                        var,
+                        field: "api_key_envs",
+                    })
+                }
+                Err(error) => problems.push(error),
+            }
+        }
+    } else {
+        let single = resolve_key(
+            &provider.name,
+            provider.api_key.clone(),
+            provider.api_key_env.clone(),
+            env,
+        );
+        match single {
+            Ok(Some(secret)) => keys.push(ProviderKey {
+                secret,
+                env: provider.api_key_env.clone(),
+            }),
+            Ok(None) => problems.push(ConfigError::MissingKey { provider: owner() }),
+            Err(error) => problems.push(error),
+        }
+    }
+    keys
 }
 
 /// Whether a value given as a variable *name* is a key pasted in the wrong place: not a variable
@@ -551,7 +654,7 @@ impl FileProvider {
         problems: &mut Problems,
     ) -> Option<ProviderConfig> {
         let before = problems.0.len();
-        let name = self.name;
+        let name = self.name.clone();
         let kind = ProviderKind::parse(&self.kind);
         if kind.is_none() {
             problems.push(ConfigError::UnknownKind {
@@ -559,13 +662,8 @@ impl FileProvider {
                 kind: self.kind.clone(),
             });
         }
+        let keys = resolve_keys(&self, env, problems);
         let base_url = http_url(&name, self.base_url).report(problems);
-        let api_key = resolve_key(&name, self.api_key, self.api_key_env, env).report(problems);
-        if api_key.is_none() && problems.0.len() == before {
-            problems.push(ConfigError::MissingKey {
-                provider: name.clone(),
-            });
-        }
         if self.models.is_empty() {
             problems.push(ConfigError::NoModels {
                 provider: name.clone(),
@@ -584,7 +682,7 @@ impl FileProvider {
             .into_iter()
             .filter_map(|model| model.validate(&name, kind, problems))
             .collect();
-        let (Some(kind), Some(api_key), true) = (kind, api_key, problems.0.len() == before) else {
+        let (Some(kind), true) = (kind, problems.0.len() == before) else {
             return None;
         };
         let base_url = base_url.trim_end_matches('/').to_owned();
@@ -593,7 +691,7 @@ impl FileProvider {
             name,
             kind,
             base_url,
-            api_key,
+            keys,
             models,
         })
     }
