@@ -293,6 +293,16 @@ async fn every_key_cooling_ends_the_run_resource_exhausted_naming_the_earliest_r
     assert_eq!(keys[0]["cooling_status"], 429);
     assert!(keys[1]["cooling_secs"].as_u64().unwrap() > 100);
     assert!(!providers.to_string().contains("key-a"), "{providers}");
+    let metrics = reqwest::get(format!("http://{}/metrics", server.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("cursor_byok_provider_keys_cooling{provider=\"fake\"} 2"),
+        "{metrics}"
+    );
     let retries = provider_calls(&server, "req-keys-2").await[0]["retries"].clone();
     assert_eq!(retries[0]["key_index"], 1, "{retries}");
     server.stop().await;

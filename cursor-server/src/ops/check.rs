@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, DEFAULT_KEY_COOLDOWN_SECS, ModelConfig, ProviderConfig, ProviderKind};
+use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig, ProviderKind};
 use crate::provider;
 
 /// How a model answered its probe.
@@ -35,15 +35,17 @@ pub async fn probe(
     provider: &ProviderConfig,
     model: &ModelConfig,
 ) -> Probe {
-    probe_key(http, provider, model, 0).await
+    probe_key(http, provider, model, 0, KeyCooldown::default()).await
 }
 
-/// `probe` with the provider's key `key` (its index from 0).
+/// `probe` with the provider's key `key` (its index from 0); a key turned away (429, 401) is said
+/// to cool down as a running server with `cooldown` would have it.
 pub async fn probe_key(
     http: &reqwest::Client,
     provider: &ProviderConfig,
     model: &ModelConfig,
     key: usize,
+    cooldown: KeyCooldown,
 ) -> Probe {
     let url = format!(
         "{}{}",
@@ -81,18 +83,23 @@ pub async fn probe_key(
                 .map(str::to_owned);
             let text = response.text().await.unwrap_or_default();
             let mut cause = refused(status, &text, &url, provider, model, key);
-            if status == 429 {
-                // What a running server would do with this key: leave it out for a while.
-                let _ = std::fmt::Write::write_fmt(
-                    &mut cause,
-                    format_args!(
-                        "; a running server leaves this key out for {}",
-                        match retry_after {
-                            Some(after) => format!("{after} s (its retry-after)"),
-                            None => format!("{DEFAULT_KEY_COOLDOWN_SECS} s (key_cooldown_secs)"),
-                        }
-                    ),
-                );
+            // What a running server does with this key: leaves it out for a while.
+            let cooling = match (status, retry_after) {
+                (429, Some(after)) => Some(format!("{after} s (its retry-after)")),
+                (429, None) => Some(format!(
+                    "{} s (key_cooldown_secs)",
+                    cooldown.rate_limited.as_secs()
+                )),
+                (401, _) => Some(format!(
+                    "{} s (key_refused_cooldown_secs)",
+                    cooldown.refused.as_secs()
+                )),
+                _ => None,
+            };
+            if let Some(cooling) = cooling {
+                cause.push_str(&format!(
+                    "; a running server leaves this key out for {cooling}"
+                ));
             }
             Probe::Failed { cause }
         }
@@ -225,7 +232,8 @@ pub async fn run(config: &Config) -> bool {
         {
             let mut working = None;
             for (i, name) in keys.iter().enumerate() {
-                let result = probe_key(&http, provider_config, first_model, i).await;
+                let result =
+                    probe_key(&http, provider_config, first_model, i, config.key_cooldown).await;
                 match &result {
                     Probe::Ok { millis } => println!("  {name}: ok ({millis} ms)"),
                     Probe::Failed { cause } => println!("  {name}: FAILED: {cause}"),
@@ -236,7 +244,14 @@ pub async fn run(config: &Config) -> bool {
             model_key = working.unwrap_or(0);
         }
         for model in &provider_config.models {
-            let result = probe_key(&http, provider_config, model, model_key).await;
+            let result = probe_key(
+                &http,
+                provider_config,
+                model,
+                model_key,
+                config.key_cooldown,
+            )
+            .await;
             match &result {
                 Probe::Ok { millis } => println!("  model {:?}: ok ({millis} ms)", model.id),
                 Probe::Failed { cause } => println!("  model {:?}: FAILED: {cause}", model.id),

@@ -25,6 +25,7 @@ pub const KV_BLOBS: &str = "cursor_byok_kv_blobs_total";
 pub const CHECKPOINT_PUBLISH: &str = "cursor_byok_checkpoint_publish_seconds";
 pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
 pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
+pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -53,10 +54,15 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// The text `/metrics` answers with: every series in Prometheus exposition format.
-pub fn render(active_runs: usize) -> Option<String> {
+/// The text `/metrics` answers with: every series in Prometheus exposition format. Gauges that are
+/// a state now (open runs, each provider's keys cooling down) are read at the scrape, since a
+/// cooldown ends by time, not by an event that could set them.
+pub fn render(active_runs: usize, keys_cooling: &[(String, usize)]) -> Option<String> {
     let handle = install()?;
     gauge!(RUNS_ACTIVE).set(active_runs as f64);
+    for (provider, cooling) in keys_cooling {
+        gauge!(KEYS_COOLING, "provider" => provider.clone()).set(*cooling as f64);
+    }
     Some(handle.render())
 }
 

@@ -31,6 +31,20 @@ impl KeyPools {
         }
     }
 
+    /// How many keys of each provider are cooling down now (for `/metrics`).
+    pub fn cooling(&self) -> Vec<(String, usize)> {
+        let mut cooling: Vec<(String, usize)> = self
+            .pools
+            .iter()
+            .map(|(name, pool)| {
+                let count = pool.status().iter().filter(|k| k.cooling.is_some()).count();
+                (name.clone(), count)
+            })
+            .collect();
+        cooling.sort();
+        cooling
+    }
+
     /// The pool of `provider`. A provider the server was not started with (none today) gets a
     /// pool of its own, so a call never goes without a key.
     pub fn get(&self, provider: &ProviderConfig) -> Arc<KeyPool> {
