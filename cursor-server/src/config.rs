@@ -139,6 +139,13 @@ impl Secret {
     }
 }
 
+/// For configurations built in code (tests, benches): the key is kept as given, still never printed.
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(value)
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(***)")

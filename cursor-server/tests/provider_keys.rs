@@ -19,23 +19,32 @@ use cursor_server::provider::{
     self, CallLimits, EventReceiver, ProviderError, RequestBody, ResponseEvent,
 };
 use fake_cursor::{FakeCursor, Session};
-use fake_provider::{FakeProvider, Reply, text_events};
+use fake_provider::{FakeProvider, Reply, golden, text_events};
 use fixtures::TestServer;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// The test configuration with `keys` in place of its one key.
+/// The test configuration with two keys in place of its one key.
 fn two_key_text(base_url: &str, db: &std::path::Path) -> String {
-    fixtures::config_text(base_url, db, "", "openai-chat").replace(
+    two_key_text_kind(base_url, db, "openai-chat")
+}
+
+fn two_key_text_kind(base_url: &str, db: &std::path::Path, kind: &str) -> String {
+    fixtures::config_text(base_url, db, "", kind).replace(
         &format!("api_key = \"{}\"", fixtures::API_KEY),
         "api_keys = [\"key-a\", \"key-b\"]",
     )
 }
 
 fn two_key_provider(provider: &FakeProvider) -> ProviderConfig {
-    let text = two_key_text(
+    two_key_provider_kind(provider, "openai-chat")
+}
+
+fn two_key_provider_kind(provider: &FakeProvider, kind: &str) -> ProviderConfig {
+    let text = two_key_text_kind(
         &provider.base_url(),
         &std::env::temp_dir().join("unused.db"),
+        kind,
     );
     Config::from_toml(&text, std::path::Path::new("test.toml"), &|_| None)
         .expect("two keys are a valid configuration")
@@ -185,6 +194,132 @@ async fn concurrent_calls_take_the_least_loaded_key_and_release_it_on_end_and_on
         finish(rx).await.expect("the held calls finish");
     }
     assert!(pool.status().iter().all(|k| k.in_flight == 0));
+}
+
+/// The key each request carried, however its kind sends it (a bearer token, or `x-api-key`).
+fn keys_sent(fake: &FakeProvider) -> Vec<String> {
+    fake.headers()
+        .iter()
+        .map(|h| {
+            let value = h
+                .get("x-api-key")
+                .or_else(|| h.get("authorization"))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            value.trim_start_matches("Bearer ").to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_refused_key_is_left_out_and_the_retry_takes_the_other_key_on_every_endpoint() {
+    for (endpoint, kind) in [
+        ("openai_chat", "openai-chat"),
+        ("openai_responses", "openai-responses"),
+        ("anthropic", "anthropic"),
+    ] {
+        let fake = FakeProvider::start().await;
+        let provider = two_key_provider_kind(&fake, kind);
+        let pool = KeyPool::new(
+            &provider,
+            KeyCooldown {
+                rate_limited: Duration::from_secs(60),
+                refused: Duration::from_secs(120),
+            },
+        );
+        fake.push(Reply::Status {
+            status: 401,
+            body: r#"{"error":{"message":"invalid key"}}"#.into(),
+        });
+        fake.push(golden(endpoint, "text"));
+        fake.push(golden(endpoint, "text"));
+        let rx = start(&provider, &pool, CancellationToken::new());
+        assert_eq!(finish(rx).await.as_deref(), Ok("Hello there"), "{endpoint}");
+        let rx = start(&provider, &pool, CancellationToken::new());
+        assert_eq!(finish(rx).await.as_deref(), Ok("Hello there"), "{endpoint}");
+        assert_eq!(keys_sent(&fake), ["key-a", "key-b", "key-b"], "{endpoint}");
+        let (left, status) = pool.status()[0].cooling.expect("key-a cools down");
+        assert_eq!(status, 401);
+        assert!(
+            left > Duration::from_secs(110) && left <= Duration::from_secs(120),
+            "{endpoint}: the configured refused cooldown: {left:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_provider_with_one_key_always_tries_it_as_before() {
+    let fake = FakeProvider::start().await;
+    let provider = fixtures::config_for(
+        &fake.base_url(),
+        &std::env::temp_dir().join("unused.db"),
+        "",
+    )
+    .providers
+    .remove(0);
+    let pool = KeyPool::new(&provider, KeyCooldown::default());
+    // 429s without retry-after: the call retries its one key after the usual backoff each time
+    // (the key cooling for the default minute meanwhile)...
+    for _ in 0..3 {
+        fake.push(Reply::Status {
+            status: 429,
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+        });
+    }
+    fake.push(Reply::sse(text_events(&["next"], (1, 1, 0))));
+    let rx = start(&provider, &pool, CancellationToken::new());
+    match finish(rx).await {
+        Err(ProviderError::Http { status: 429, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(pool.status()[0].cooling.is_some(), "the key cools down");
+    // ...and the next call tries it anyway: with one key there is nothing to route around.
+    let rx = start(&provider, &pool, CancellationToken::new());
+    assert_eq!(finish(rx).await.as_deref(), Ok("next"));
+    assert_eq!(fake.requests().len(), 4);
+    assert!(pool.status()[0].cooling.is_none(), "an answer ends it");
+
+    // A refused key is not retried (nothing else to try) and keeps its own error.
+    fake.push(Reply::Status {
+        status: 401,
+        body: r#"{"error":{"message":"invalid key"}}"#.into(),
+    });
+    let rx = start(&provider, &pool, CancellationToken::new());
+    match finish(rx).await {
+        Err(ProviderError::Http { status: 401, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.requests().len(), 5);
+}
+
+#[tokio::test]
+async fn with_every_key_back_within_seconds_the_call_waits_for_the_first_and_goes_on() {
+    let fake = FakeProvider::start().await;
+    let provider = two_key_provider(&fake);
+    let pool = KeyPool::new(&provider, KeyCooldown::default());
+    for _ in 0..2 {
+        fake.push(Reply::RateLimited {
+            retry_after_secs: 1,
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+        });
+    }
+    fake.push(Reply::sse(text_events(&["waited"], (1, 1, 0))));
+    let started = Instant::now();
+    let mut rx = start(&provider, &pool, CancellationToken::new());
+    let first = rx.recv().await;
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let retries = rx.retries();
+    assert_eq!(
+        retries
+            .iter()
+            .map(|r| (r.key_index, r.delay_ms > 900))
+            .collect::<Vec<_>>(),
+        [(Some(0), false), (Some(1), true)],
+        "key-a refused, key-b at once, then a wait for the first key back: {retries:?}"
+    );
+    assert_eq!(rx.key_index(), Some(0));
+    finish(rx).await.expect("the call goes on");
 }
 
 /// Waits (bounded) for something another task does.

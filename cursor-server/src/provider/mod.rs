@@ -376,6 +376,13 @@ impl HttpCall {
     /// waited for when that is soon, or the error that says when. A provider with one key always
     /// tries it, as it did before keys had cooldowns.
     async fn first_key(&self) -> Result<KeyLease, ProviderError> {
+        if self.keys.is_empty() {
+            // Validation refuses a provider without a key; a configuration built in code may not.
+            return Err(ProviderError::Unsupported(format!(
+                "provider {} has no API key",
+                self.provider
+            )));
+        }
         if let Some(lease) = self.keys.acquire_free() {
             return Ok(lease);
         }
