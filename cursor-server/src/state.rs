@@ -1,6 +1,7 @@
 //! The services every route and every run shares, read-only (run state lives in actors): the
-//! configuration, the store, the HTTP clients, the validated prompts, the run registry and the
-//! shutdown signal. `app.rs` assembles them.
+//! configuration, the store, the HTTP clients, each provider's key pool (whose load and cooldowns
+//! every run shares), the validated prompts, the run registry and the shutdown signal. `app.rs`
+//! assembles them.
 //!
 //! Its own file because `app.rs` also serves the routes (it imports `cursor/handlers.rs`), and the
 //! routes and the runs import these services: kept in `app.rs`, they would make every layer import

@@ -322,6 +322,43 @@ async fn with_every_key_back_within_seconds_the_call_waits_for_the_first_and_goe
     finish(rx).await.expect("the call goes on");
 }
 
+#[tokio::test]
+async fn out_of_attempts_with_every_key_refused_names_the_first_key_back() {
+    let fake = FakeProvider::start().await;
+    let provider = two_key_provider(&fake);
+    let pool = KeyPool::new(&provider, KeyCooldown::default());
+    // Two attempts in all (the call's limit), both keys rate limited for seconds only: the call
+    // may not wait, and says when to come back rather than the last 429.
+    for _ in 0..2 {
+        fake.push(Reply::RateLimited {
+            retry_after_secs: 20,
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+        });
+    }
+    let rx = provider::call(
+        &reqwest::Client::new(),
+        &provider,
+        &pool,
+        RequestBody::from_json(&json!({"model": "m", "stream": true})),
+        CallLimits {
+            headers_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            max_attempts: 2,
+            retry_base_delay: Duration::from_millis(10),
+        },
+        CancellationToken::new(),
+    );
+    match finish(rx).await {
+        Err(ProviderError::KeysCoolingDown {
+            keys: 2,
+            retry_in_secs: 20,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.requests().len(), 2);
+}
+
 /// Waits (bounded) for something another task does.
 async fn wait_until(condition: impl Fn() -> bool) {
     tokio::time::timeout(Duration::from_secs(5), async {
@@ -428,12 +465,19 @@ async fn every_key_cooling_ends_the_run_resource_exhausted_naming_the_earliest_r
     assert_eq!(keys[0]["cooling_status"], 429);
     assert!(keys[1]["cooling_secs"].as_u64().unwrap() > 100);
     assert!(!providers.to_string().contains("key-a"), "{providers}");
-    let metrics = reqwest::get(format!("http://{}/metrics", server.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = |path: &str| {
+        let url = format!("http://{}{path}", server.addr);
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let overview = page("/console").await;
+    assert!(
+        overview.contains("key 1 (inline): <span class=\"failed\">cooling")
+            && overview.contains("(HTTP 429)"),
+        "{overview}"
+    );
+    let run_page = page("/console/runs/req-keys-1").await;
+    assert!(run_page.contains("1 (key 1 of 2)"), "{run_page}");
+    let metrics = page("/metrics").await;
     assert!(
         metrics.contains("cursor_byok_provider_keys_cooling{provider=\"fake\"} 2"),
         "{metrics}"

@@ -167,6 +167,15 @@ impl KeyPool {
             .min_by_key(|(_, wait)| *wait)
     }
 
+    /// Whether no key may be chosen now.
+    pub fn all_cooling(&self) -> bool {
+        let now = Instant::now();
+        self.lock()
+            .keys
+            .iter()
+            .all(|k| k.cooling.is_some_and(|(until, _)| until > now))
+    }
+
     /// Leaves key `index` out after the provider answered `status` (429 or 401): for `retry_after`
     /// when the provider said, else the configured default. Returns the cooldown.
     pub fn cool(&self, index: usize, status: u16, retry_after: Option<Duration>) -> Duration {

@@ -425,6 +425,10 @@ impl HttpCall {
                     .cool(lease.index(), status.unwrap_or(429), retry_after);
             }
             if attempt >= self.limits.max_attempts {
+                // Out of attempts with every key turned away: say when the first is back.
+                if key_refused && self.keys.len() > 1 && self.keys.all_cooling() {
+                    return Err(self.keys.cooling_error());
+                }
                 return Err(error);
             }
             let failed_key = lease.index();
