@@ -632,10 +632,24 @@ impl FileWebSearch {
 impl FileProvider {
     /// Settings that are valid but probably wrong.
     fn warnings(&self) -> Vec<String> {
-        if !is_local_url(&self.base_url) {
-            return Vec::new();
+        let mut warnings = Vec::new();
+        // The same key twice doubles its share of the calls and hides that it is one rate limit.
+        for (field, list) in [
+            ("api_keys", &self.api_keys),
+            ("api_key_envs", &self.api_key_envs),
+        ] {
+            let list = list.as_deref().unwrap_or_default();
+            if list.iter().collect::<HashSet<_>>().len() < list.len() {
+                warnings.push(format!(
+                    "provider {:?} lists the same entry twice in {field}: that key gets twice the calls, and its rate limit is still one",
+                    self.name
+                ));
+            }
         }
-        self.models
+        if !is_local_url(&self.base_url) {
+            return warnings;
+        }
+        warnings.extend(self.models
             .iter()
             .filter(|model| model.context_window.is_none())
             .map(|model| {
@@ -643,8 +657,8 @@ impl FileProvider {
                     "model {:?} (provider {:?}, a self-hosted server) has no context_window: assuming {DEFAULT_CONTEXT_WINDOW} tokens. A server started with a smaller window (llama.cpp -c 8192) refuses long conversations before compaction starts; set context_window to the server's",
                     model.id, self.name
                 )
-            })
-            .collect()
+            }));
+        warnings
     }
 
     /// The provider, or `None` with each of its problems noted.

@@ -344,3 +344,25 @@ fn an_empty_key_list_an_unset_variable_in_a_list_and_mixed_forms_are_each_report
         assert!(error.contains(part), "{part} missing from: {error}");
     }
 }
+
+#[test]
+fn the_same_key_listed_twice_is_a_warning_that_does_not_print_it() {
+    let cloud = PROVIDER.replace("http://127.0.0.1:9/v1/", "https://api.example.com/v1");
+    let once = cloud.replace(
+        "api_key_env = \"TEST_KEY\"",
+        "api_keys = [\"sk-a\", \"sk-b\"]",
+    );
+    assert!(parse(&once).expect("valid").warnings.is_empty());
+    let twice = cloud.replace(
+        "api_key_env = \"TEST_KEY\"",
+        "api_keys = [\"sk-a\", \"sk-a\"]",
+    );
+    let warnings = parse(&twice)
+        .expect("valid, but probably not meant")
+        .warnings;
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("the same entry twice in api_keys"),
+        "{warnings:?}"
+    );
+    assert!(!warnings[0].contains("sk-a"), "the key is not printed");
+}
