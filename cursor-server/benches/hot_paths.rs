@@ -5,6 +5,8 @@
 //!   bytes of new blobs it sends — both must stay flat as history grows;
 //! - the Chat stream parser's time per chunk (independent of history by construction);
 //! - the projection time of a full provider request (O(history), once per provider call);
+//! - the key choice of a provider with 1, 2, 16 and 64 keys (O(keys), once per call attempt;
+//!   nothing per streamed event): take the least-loaded key and give it back;
 //! - over real sockets, a real server and the test suite's fake provider: the time from
 //!   `turn_ended` to the end of stream of an HTTP/2 `Run` turn (40 ms when the accepted socket
 //!   runs with Nagle's algorithm and the client delays its ACKs; about 1 ms with TCP_NODELAY).
@@ -23,6 +25,7 @@ mod fixtures;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use cursor_server::config::KeyCooldown;
 use cursor_server::config::{ModelConfig, Quirks};
 use cursor_server::cursor::checkpoint::{ConversationGraph, StateDetails, roots};
 use cursor_server::cursor::projection::{self, Base};
@@ -31,6 +34,7 @@ use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, 
 use cursor_server::prompting::compiler::{RequestParameters, compile};
 use cursor_server::prompting::projector;
 use cursor_server::provider::StreamParser;
+use cursor_server::provider::keys::KeyPool;
 use cursor_server::provider::openai_chat::ChatStreamParser;
 
 fn graph_with_history(messages: usize) -> ConversationGraph {
@@ -166,6 +170,31 @@ fn main() {
         per_chunk.as_secs_f64() * 1e6
     );
     route_per_run_start(iterations * 10);
+    for keys in [1, 2, 16, 64] {
+        let provider = cursor_server::config::ProviderConfig {
+            name: "bench".into(),
+            kind: cursor_server::config::ProviderKind::OpenAiChat,
+            base_url: "http://127.0.0.1:9/v1".into(),
+            keys: (0..keys)
+                .map(|i| cursor_server::config::ProviderKey {
+                    secret: cursor_server::config::Secret::from(format!("k{i}")),
+                    env: None,
+                })
+                .collect(),
+            models: Vec::new(),
+            route: cursor_server::config::Route::Direct { local: true },
+        };
+        let pool = KeyPool::new(&provider, KeyCooldown::default());
+        // Half the keys busy, so the choice compares loads rather than taking the first.
+        let _busy: Vec<_> = (0..keys / 2).filter_map(|_| pool.acquire_free()).collect();
+        let per_choice = time(iterations * 10, || {
+            black_box(pool.acquire_free().expect("a free key"));
+        });
+        println!(
+            "key choice, {keys:>2} keys: {:.3} µs per call attempt",
+            per_choice.as_secs_f64() * 1e6
+        );
+    }
     let turns = if benching { 200 } else { 2 };
     let mut tails = tokio::runtime::Runtime::new()
         .expect("runtime")

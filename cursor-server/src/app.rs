@@ -77,6 +77,7 @@ impl App {
                 })?;
         let runs = RunRegistry::new(config.max_runs, config.max_unattached_runs);
         let state = Arc::new(AppState {
+            keys: crate::provider::keys::KeyPools::new(&config),
             config: Arc::new(config),
             store,
             http,

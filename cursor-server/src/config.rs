@@ -41,6 +41,10 @@ pub const DEFAULT_H2_PING_INTERVAL_SECS: u64 = 30;
 pub const DEFAULT_H2_PING_TIMEOUT_SECS: u64 = 20;
 pub const DEFAULT_MAX_RUNS: usize = 1024;
 pub const DEFAULT_MAX_UNATTACHED_RUNS: usize = 64;
+/// How long a key that got HTTP 429 without `retry-after` is left out of the key choice.
+pub const DEFAULT_KEY_COOLDOWN_SECS: u64 = 60;
+/// How long a key the provider refused (HTTP 401) is left out of the key choice.
+pub const DEFAULT_KEY_REFUSED_COOLDOWN_SECS: u64 = 300;
 
 /// Environment variables that override the file (handy for containers and tests).
 pub const ENV_LISTEN: &str = "CURSOR_BYOK_LISTEN";
@@ -66,10 +70,21 @@ pub enum ConfigError {
         "provider {provider:?}: no API key: set api_key, or api_key_env to the name of an environment variable"
     )]
     MissingKey { provider: String },
-    #[error("provider {provider:?}: environment variable {var} (api_key_env) is not set or empty")]
-    MissingKeyEnv { provider: String, var: String },
-    #[error("provider {provider:?}: both api_key and api_key_env are set; keep one")]
-    AmbiguousKey { provider: String },
+    #[error("provider {provider:?}: environment variable {var} ({field}) is not set or empty")]
+    MissingKeyEnv {
+        provider: String,
+        var: String,
+        field: &'static str,
+    },
+    #[error("provider {provider:?}: the key is given in more than one way ({given}); keep one")]
+    AmbiguousKey { provider: String, given: String },
+    #[error(
+        "provider {provider:?}: {field} is an empty list; list at least one key (or use api_key / api_key_env)"
+    )]
+    EmptyKeyList {
+        provider: String,
+        field: &'static str,
+    },
     #[error("provider {provider:?}: base_url {value:?} is not an http(s) URL")]
     BaseUrl { provider: String, value: String },
     #[error(
@@ -126,6 +141,13 @@ impl Secret {
     }
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+/// For configurations built in code (tests, benches): the key is kept as given, still never printed.
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(value)
     }
 }
 
@@ -248,10 +270,28 @@ pub struct ProviderConfig {
     pub name: String,
     pub kind: ProviderKind,
     pub base_url: String,
-    pub api_key: Secret,
+    /// One or more keys, in the order the file lists them; calls are spread over them
+    /// (`provider/keys.rs`).
+    pub keys: Vec<ProviderKey>,
     pub models: Vec<ModelConfig>,
     /// How calls to `base_url` go out: directly or through which proxy.
     pub route: Route,
+}
+
+/// One API key of a provider, and where it came from (for `check` and the console, which name the
+/// key's source, never the key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderKey {
+    pub secret: Secret,
+    /// The environment variable it was read from; `None` for a key written in the file.
+    pub env: Option<String>,
+}
+
+impl ProviderKey {
+    /// `KEY_1` (the variable's name) or `inline`.
+    pub fn source(&self) -> &str {
+        self.env.as_deref().unwrap_or("inline")
+    }
 }
 
 impl ProviderConfig {
@@ -406,6 +446,9 @@ pub struct Config {
     pub max_runs: usize,
     /// Runs opened by BidiAppend whose RunSSE has not come (yet); past it, `resource_exhausted`.
     pub max_unattached_runs: usize,
+    /// How long a provider key is left out of the key choice after HTTP 429 without `retry-after`
+    /// and after HTTP 401.
+    pub key_cooldown: KeyCooldown,
     /// The console's and `/api/`'s token: required when set; without it they answer only on a
     /// loopback listener.
     pub console_token: Option<Secret>,
@@ -413,6 +456,24 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Aliases, the model per mode and per subagent type (`config/routing.rs`).
     pub routing: Routing,
+}
+
+/// Default cooldowns of a provider key the provider turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyCooldown {
+    /// After HTTP 429 that does not say (`retry-after`) when to come back.
+    pub rate_limited: Duration,
+    /// After HTTP 401 (the key was refused).
+    pub refused: Duration,
+}
+
+impl Default for KeyCooldown {
+    fn default() -> Self {
+        KeyCooldown {
+            rate_limited: Duration::from_secs(DEFAULT_KEY_COOLDOWN_SECS),
+            refused: Duration::from_secs(DEFAULT_KEY_REFUSED_COOLDOWN_SECS),
+        }
+    }
 }
 
 /// The bounds of one accepted connection.

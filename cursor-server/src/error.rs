@@ -97,6 +97,7 @@ fn provider_code(error: &ProviderError) -> ConnectCode {
             _ => ConnectCode::Unavailable,
         },
         ProviderError::Unsupported(_) => ConnectCode::InvalidArgument,
+        ProviderError::KeysCoolingDown { .. } => ConnectCode::ResourceExhausted,
         _ => ConnectCode::Unavailable,
     }
 }

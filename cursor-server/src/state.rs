@@ -1,6 +1,7 @@
 //! The services every route and every run shares, read-only (run state lives in actors): the
-//! configuration, the store, the HTTP clients, the validated prompts, the run registry and the
-//! shutdown signal. `app.rs` assembles them.
+//! configuration, the store, the HTTP clients, each provider's key pool (whose load and cooldowns
+//! every run shares), the validated prompts, the run registry and the shutdown signal. `app.rs`
+//! assembles them.
 //!
 //! Its own file because `app.rs` also serves the routes (it imports `cursor/handlers.rs`), and the
 //! routes and the runs import these services: kept in `app.rs`, they would make every layer import
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::prompting::assets::PromptAssets;
+use crate::provider::keys::KeyPools;
 use crate::run::registry::RunRegistry;
 use crate::store::Store;
 
@@ -21,6 +23,8 @@ pub struct AppState {
     pub store: Store,
     /// The single HTTP client for every provider call (connection pooling, TLS sessions).
     pub http: reqwest::Client,
+    /// Each provider's keys: which is in use and which is cooling down, shared by every run.
+    pub keys: KeyPools,
     /// The client for pass-through to Cursor's backend (its own proxy setting, no redirects
     /// followed, bodies never decoded), when pass-through is on.
     pub upstream: Option<reqwest::Client>,

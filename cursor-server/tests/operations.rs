@@ -289,6 +289,15 @@ async fn a_providers_own_proxy_is_used_and_named_when_it_fails() {
 
 /// `cursor-server check --config <file>` run as a user runs it: its exit status and what it printed.
 async fn check(provider_base_url: &str) -> (bool, String) {
+    check_edited(provider_base_url, |text| text, &[]).await
+}
+
+/// `check` on the test configuration as `edit` makes it, with `env` set for the process.
+async fn check_edited(
+    provider_base_url: &str,
+    edit: impl FnOnce(String) -> String,
+    env: &[(&str, &str)],
+) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cursor-byok.toml");
     let text = fixtures::config_text(
@@ -297,8 +306,9 @@ async fn check(provider_base_url: &str) -> (bool, String) {
         "",
         "openai-chat",
     );
-    std::fs::write(&config, text).unwrap();
+    std::fs::write(&config, edit(text)).unwrap();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .envs(env.iter().copied())
         .arg("check")
         .arg("--config")
         .arg(&config)
@@ -364,6 +374,56 @@ async fn check_passes_against_a_working_provider_and_explains_each_failure() {
         assert!(!ok, "{printed}");
         assert!(printed.contains(cause), "HTTP {status}: {printed}");
     }
+}
+
+#[tokio::test]
+async fn check_lists_each_key_by_its_variable_and_probes_each_on_its_own() {
+    let provider = FakeProvider::start().await;
+    let ok = || {
+        Reply::Status {
+        status: 200,
+        body: r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"OK"},"finish_reason":"stop"}]}"#.into(),
+    }
+    };
+    provider.push(ok());
+    provider.push(Reply::Status {
+        status: 401,
+        body: r#"{"error":{"message":"Incorrect API key"}}"#.into(),
+    });
+    provider.push(ok());
+    let (passed, printed) = check_edited(
+        &provider.base_url(),
+        |text| {
+            text.replace(
+                &format!("api_key = \"{}\"", fixtures::API_KEY),
+                "api_key_envs = [\"KEY_ONE\", \"KEY_TWO\"]",
+            )
+        },
+        &[("KEY_ONE", "sk-one"), ("KEY_TWO", "sk-two")],
+    )
+    .await;
+    assert!(!passed, "a refused key fails the check: {printed}");
+    assert!(
+        printed.contains("keys: key 1 (KEY_ONE), key 2 (KEY_TWO)"),
+        "{printed}"
+    );
+    assert!(printed.contains("key 1 (KEY_ONE): ok ("), "{printed}");
+    assert!(
+        printed.contains(
+            "key 2 (KEY_TWO): FAILED: HTTP 401: the API key was refused: key 2 (KEY_TWO)"
+        ) && printed.contains("leaves this key out for 300 s"),
+        "{printed}"
+    );
+    // The model is probed with the key that works.
+    assert!(printed.contains("model \"test-model\": ok ("), "{printed}");
+    assert_eq!(
+        provider.authorizations(),
+        ["Bearer sk-one", "Bearer sk-two", "Bearer sk-one"]
+    );
+    assert!(
+        !printed.contains("sk-one") && !printed.contains("sk-two"),
+        "keys are never printed: {printed}"
+    );
 }
 
 #[tokio::test]

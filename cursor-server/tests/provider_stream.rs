@@ -8,9 +8,10 @@ mod fixtures;
 
 use std::time::Duration;
 
-use cursor_server::config::ProviderConfig;
+use cursor_server::config::{KeyCooldown, ProviderConfig};
 use cursor_server::model::message::ProviderReplay;
 use cursor_server::model::usage::Usage;
+use cursor_server::provider::keys::KeyPool;
 use cursor_server::provider::{
     self, CallLimits, FinishReason, ProviderError, RequestBody, ResponseEvent,
 };
@@ -31,12 +32,18 @@ fn provider_config(provider: &FakeProvider, kind: &str) -> ProviderConfig {
         .remove(0)
 }
 
+/// A key pool of its own for `config` (a server shares one per provider across runs).
+fn pool(config: &ProviderConfig) -> std::sync::Arc<KeyPool> {
+    KeyPool::new(config, KeyCooldown::default())
+}
+
 /// Runs one call to its end: the events, and the error it ended with (if any).
 async fn run(provider: &FakeProvider, kind: &str) -> (Vec<ResponseEvent>, Option<ProviderError>) {
     let config = provider_config(provider, kind);
     let mut rx = provider::call(
         &reqwest::Client::new(),
         &config,
+        &pool(&config),
         RequestBody::from_json(&json!({"model": "m", "stream": true})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),
@@ -382,6 +389,7 @@ async fn canceling_a_call_drops_the_connection_and_sends_nothing_more() {
     let mut rx = provider::call(
         &reqwest::Client::new(),
         &config,
+        &pool(&config),
         RequestBody::from_json(&json!({"model": "m"})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),
@@ -431,6 +439,7 @@ async fn keep_alive_comments_reset_the_idle_timer() {
     let mut rx = provider::call(
         &reqwest::Client::new(),
         &config,
+        &pool(&config),
         RequestBody::from_json(&json!({"model": "m"})),
         CallLimits {
             headers_timeout: Duration::from_secs(5),

@@ -342,3 +342,60 @@ async fn an_anthropic_to_chat_fallback_with_thinking_in_history_sends_a_valid_ch
     assert_eq!(tool["tool_call_id"], call["id"]);
     assert!(tool["content"].is_string());
 }
+
+/// Issue 31 (4 with 3): a provider whose every key is cooling down (each answered 429 with a long
+/// retry-after) sends the call down the fallback chain instead of failing the turn.
+#[tokio::test]
+async fn a_provider_whose_keys_all_cool_down_falls_back_to_the_next_model() {
+    let (primary, backup) = (FakeProvider::start().await, FakeProvider::start().await);
+    for _ in 0..2 {
+        primary.push(Reply::RateLimited {
+            retry_after_secs: 90,
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+        });
+    }
+    backup.push(Reply::sse(text_events(&["answered elsewhere"], (5, 2, 0))));
+    let backup_url = backup.base_url();
+    let server = TestServer::start_edited(&primary.base_url(), "openai-chat", move |text| {
+        let text = text
+            .replace(
+                &format!("api_key = \"{}\"", fixtures::API_KEY),
+                "api_keys = [\"sk-one\", \"sk-two\"]",
+            )
+            .replace(
+                "vision = true\n",
+                "vision = true\nfallbacks = [\"backup-model\"]\n",
+            );
+        format!(
+            "{text}\n[[providers]]\nname = \"backup\"\nkind = \"openai-chat\"\nbase_url = \"{backup_url}\"\napi_key = \"sk-backup\"\n\n[[providers.models]]\nid = \"backup-model\"\n"
+        )
+    })
+    .await;
+    let cursor = FakeCursor::new(server.addr);
+    let transcript = Session::start(
+        &cursor,
+        "req-cooling",
+        &run_request_with_env("conv-cooling", "hi"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "answered elsewhere");
+    assert_eq!(primary.requests().len(), 2, "each key tried once");
+    let store = open_store(&server).await;
+    let calls = runs::provider_calls(&store, "req-cooling")
+        .await
+        .expect("calls");
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        calls[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cooling down"),
+        "{:?}",
+        calls[0].error
+    );
+    assert_eq!(calls[1].fallback_from.as_deref(), Some(MODEL));
+}

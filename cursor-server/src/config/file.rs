@@ -11,7 +11,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::*;
-use crate::model::conversation::Mode;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,41 +44,18 @@ pub(super) struct FileConfig {
     h2_ping_timeout_secs: Option<u64>,
     max_runs: Option<usize>,
     max_unattached_runs: Option<usize>,
+    key_cooldown_secs: Option<u64>,
+    key_refused_cooldown_secs: Option<u64>,
     console_token: Option<String>,
     console_token_env: Option<String>,
     #[serde(default)]
     providers: Vec<FileProvider>,
     /// The model each mode runs on when Cursor sends Auto or an aliased name.
     #[serde(default)]
-    modes: FileModes,
+    modes: routing::FileModes,
     /// The model each subagent type runs on (`default`: any other type), likewise.
     #[serde(default)]
     subagents: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileModes {
-    agent: Option<String>,
-    ask: Option<String>,
-    plan: Option<String>,
-    debug: Option<String>,
-    multitask: Option<String>,
-}
-
-impl FileModes {
-    fn into_map(self) -> BTreeMap<Mode, String> {
-        [
-            (Mode::Agent, self.agent),
-            (Mode::Ask, self.ask),
-            (Mode::Plan, self.plan),
-            (Mode::Debug, self.debug),
-            (Mode::Multitask, self.multitask),
-        ]
-        .into_iter()
-        .filter_map(|(mode, model)| Some((mode, model?)))
-        .collect()
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +66,10 @@ struct FileProvider {
     base_url: String,
     api_key: Option<String>,
     api_key_env: Option<String>,
+    /// Several keys written in the file (calls are spread over them).
+    api_keys: Option<Vec<String>>,
+    /// Several environment variables, one key each.
+    api_key_envs: Option<Vec<String>>,
     /// An outbound proxy for this provider only (`http://`, `https://`, `socks5://`).
     proxy: Option<String>,
     #[serde(default)]
@@ -156,7 +136,8 @@ impl FileConfig {
             warnings.extend(provider.warnings());
         }
         let providers = validate_providers(self.providers, env, &mut problems);
-        let routing = validate_routing(&providers, self.modes, self.subagents, &mut problems);
+        let routing =
+            routing::validate_file(&providers, self.modes, self.subagents, &mut problems.0);
         // Without a valid provider there is no model to check the default against.
         let default_model = if providers.is_empty() {
             String::new()
@@ -302,6 +283,20 @@ impl FileConfig {
                 "max_unattached_runs",
             )
             .report(&mut problems),
+            key_cooldown: KeyCooldown {
+                rate_limited: positive_secs(
+                    self.key_cooldown_secs,
+                    DEFAULT_KEY_COOLDOWN_SECS,
+                    "key_cooldown_secs",
+                )
+                .report(&mut problems),
+                refused: positive_secs(
+                    self.key_refused_cooldown_secs,
+                    DEFAULT_KEY_REFUSED_COOLDOWN_SECS,
+                    "key_refused_cooldown_secs",
+                )
+                .report(&mut problems),
+            },
             console_token: resolve_key(
                 "console_token",
                 self.console_token,
@@ -317,38 +312,6 @@ impl FileConfig {
         }
         Ok(config)
     }
-}
-
-/// The routing table checked against the configured models (`config/routing.rs`), and each
-/// model's context fallback: a configured model with a larger window.
-fn validate_routing(
-    providers: &[ProviderConfig],
-    modes: FileModes,
-    subagents: BTreeMap<String, String>,
-    problems: &mut Problems,
-) -> Routing {
-    let models: Vec<&ModelConfig> = providers.iter().flat_map(|p| &p.models).collect();
-    for model in &models {
-        let Some(larger) = &model.context_fallback else {
-            continue;
-        };
-        match models.iter().find(|m| &m.id == larger) {
-            Some(other) if other.context_window > model.context_window => {}
-            Some(other) => problems.push(ConfigError::Routing(format!(
-                "model {:?}: context_fallback {larger:?} has a context window of {}, not larger than its own {}",
-                model.id, other.context_window, model.context_window
-            ))),
-            None => problems.push(ConfigError::Routing(format!(
-                "model {:?}: context_fallback {larger:?} is not a configured model",
-                model.id
-            ))),
-        }
-    }
-    let table: Vec<(String, Vec<String>, Vec<String>)> = models
-        .iter()
-        .map(|m| (m.id.clone(), m.aliases.clone(), m.fallbacks.clone()))
-        .collect();
-    routing::validate(&table, modes.into_map(), subagents, &mut problems.0)
 }
 
 /// Every problem found in the file, so one run of `check` (or one failed start) names them all.
@@ -505,6 +468,7 @@ fn resolve_key(
     match (api_key, api_key_env) {
         (Some(_), Some(_)) => Err(ConfigError::AmbiguousKey {
             provider: owner.to_owned(),
+            given: "api_key, api_key_env".to_owned(),
         }),
         (Some(key), None) if !key.is_empty() => Ok(Some(Secret::new(key))),
         (Some(_), None) => Err(ConfigError::MissingKey {
@@ -519,9 +483,91 @@ fn resolve_key(
             _ => Err(ConfigError::MissingKeyEnv {
                 provider: owner.to_owned(),
                 var,
+                field: "api_key_env",
             }),
         },
     }
+}
+
+/// A provider's keys, from exactly one of `api_key`, `api_key_env`, `api_keys`, `api_key_envs`;
+/// every problem is noted (each unset variable of a list, not only the first), and an empty list
+/// comes back with them.
+fn resolve_keys(
+    provider: &FileProvider,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Problems,
+) -> Vec<ProviderKey> {
+    let owner = || provider.name.clone();
+    let given: Vec<&str> = [
+        ("api_key", provider.api_key.is_some()),
+        ("api_key_env", provider.api_key_env.is_some()),
+        ("api_keys", provider.api_keys.is_some()),
+        ("api_key_envs", provider.api_key_envs.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect();
+    if given.len() > 1 {
+        problems.push(ConfigError::AmbiguousKey {
+            provider: owner(),
+            given: given.join(", "),
+        });
+        return Vec::new();
+    }
+    let listed = |field: &'static str, list: &Vec<String>, problems: &mut Problems| {
+        if list.is_empty() {
+            problems.push(ConfigError::EmptyKeyList {
+                provider: owner(),
+                field,
+            });
+        }
+    };
+    let mut keys = Vec::new();
+    if let Some(list) = &provider.api_keys {
+        listed("api_keys", list, problems);
+        for key in list {
+            match resolve_key(&provider.name, Some(key.clone()), None, env) {
+                Ok(Some(secret)) => keys.push(ProviderKey { secret, env: None }),
+                Ok(None) => {}
+                Err(error) => problems.push(error),
+            }
+        }
+    } else if let Some(list) = &provider.api_key_envs {
+        listed("api_key_envs", list, problems);
+        for var in list {
+            match resolve_key(&provider.name, None, Some(var.clone()), env) {
+                Ok(Some(secret)) => keys.push(ProviderKey {
+                    secret,
+                    env: Some(var.clone()),
+                }),
+                Ok(None) => {}
+                Err(ConfigError::MissingKeyEnv { provider, var, .. }) => {
+                    problems.push(ConfigError::MissingKeyEnv {
+                        provider,
+                        var,
+                        field: "api_key_envs",
+                    })
+                }
+                Err(error) => problems.push(error),
+            }
+        }
+    } else {
+        let single = resolve_key(
+            &provider.name,
+            provider.api_key.clone(),
+            provider.api_key_env.clone(),
+            env,
+        );
+        match single {
+            Ok(Some(secret)) => keys.push(ProviderKey {
+                secret,
+                env: provider.api_key_env.clone(),
+            }),
+            Ok(None) => problems.push(ConfigError::MissingKey { provider: owner() }),
+            Err(error) => problems.push(error),
+        }
+    }
+    keys
 }
 
 /// Whether a value given as a variable *name* is a key pasted in the wrong place: not a variable
@@ -600,10 +646,24 @@ impl FileWebSearch {
 impl FileProvider {
     /// Settings that are valid but probably wrong.
     fn warnings(&self) -> Vec<String> {
-        if !is_local_url(&self.base_url) {
-            return Vec::new();
+        let mut warnings = Vec::new();
+        // The same key twice doubles its share of the calls and hides that it is one rate limit.
+        for (field, list) in [
+            ("api_keys", &self.api_keys),
+            ("api_key_envs", &self.api_key_envs),
+        ] {
+            let list = list.as_deref().unwrap_or_default();
+            if list.iter().collect::<HashSet<_>>().len() < list.len() {
+                warnings.push(format!(
+                    "provider {:?} lists the same entry twice in {field}: that key gets twice the calls, and its rate limit is still one",
+                    self.name
+                ));
+            }
         }
-        self.models
+        if !is_local_url(&self.base_url) {
+            return warnings;
+        }
+        warnings.extend(self.models
             .iter()
             .filter(|model| model.context_window.is_none())
             .map(|model| {
@@ -611,8 +671,8 @@ impl FileProvider {
                     "model {:?} (provider {:?}, a self-hosted server) has no context_window: assuming {DEFAULT_CONTEXT_WINDOW} tokens. A server started with a smaller window (llama.cpp -c 8192) refuses long conversations before compaction starts; set context_window to the server's",
                     model.id, self.name
                 )
-            })
-            .collect()
+            }));
+        warnings
     }
 
     /// The provider, or `None` with each of its problems noted.
@@ -622,7 +682,7 @@ impl FileProvider {
         problems: &mut Problems,
     ) -> Option<ProviderConfig> {
         let before = problems.0.len();
-        let name = self.name;
+        let name = self.name.clone();
         let kind = ProviderKind::parse(&self.kind);
         if kind.is_none() {
             problems.push(ConfigError::UnknownKind {
@@ -630,13 +690,8 @@ impl FileProvider {
                 kind: self.kind.clone(),
             });
         }
+        let keys = resolve_keys(&self, env, problems);
         let base_url = http_url(&name, self.base_url).report(problems);
-        let api_key = resolve_key(&name, self.api_key, self.api_key_env, env).report(problems);
-        if api_key.is_none() && problems.0.len() == before {
-            problems.push(ConfigError::MissingKey {
-                provider: name.clone(),
-            });
-        }
         if self.models.is_empty() {
             problems.push(ConfigError::NoModels {
                 provider: name.clone(),
@@ -655,7 +710,7 @@ impl FileProvider {
             .into_iter()
             .filter_map(|model| model.validate(&name, kind, problems))
             .collect();
-        let (Some(kind), Some(api_key), true) = (kind, api_key, problems.0.len() == before) else {
+        let (Some(kind), true) = (kind, problems.0.len() == before) else {
             return None;
         };
         let base_url = base_url.trim_end_matches('/').to_owned();
@@ -664,7 +719,7 @@ impl FileProvider {
             name,
             kind,
             base_url,
-            api_key,
+            keys,
             models,
         })
     }

@@ -228,6 +228,64 @@ impl Config {
     }
 }
 
+/// `[modes]` as written: the model each mode runs on when Cursor sends Auto or an aliased name.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileModes {
+    agent: Option<String>,
+    ask: Option<String>,
+    plan: Option<String>,
+    debug: Option<String>,
+    multitask: Option<String>,
+}
+
+impl FileModes {
+    pub(super) fn into_map(self) -> BTreeMap<Mode, String> {
+        [
+            (Mode::Agent, self.agent),
+            (Mode::Ask, self.ask),
+            (Mode::Plan, self.plan),
+            (Mode::Debug, self.debug),
+            (Mode::Multitask, self.multitask),
+        ]
+        .into_iter()
+        .filter_map(|(mode, model)| Some((mode, model?)))
+        .collect()
+    }
+}
+
+/// The routing table checked against the configured models (`config/routing.rs`), and each
+/// model's context fallback: a configured model with a larger window.
+pub(super) fn validate_file(
+    providers: &[super::ProviderConfig],
+    modes: FileModes,
+    subagents: BTreeMap<String, String>,
+    problems: &mut Vec<ConfigError>,
+) -> Routing {
+    let models: Vec<&super::ModelConfig> = providers.iter().flat_map(|p| &p.models).collect();
+    for model in &models {
+        let Some(larger) = &model.context_fallback else {
+            continue;
+        };
+        match models.iter().find(|m| &m.id == larger) {
+            Some(other) if other.context_window > model.context_window => {}
+            Some(other) => problems.push(ConfigError::Routing(format!(
+                "model {:?}: context_fallback {larger:?} has a context window of {}, not larger than its own {}",
+                model.id, other.context_window, model.context_window
+            ))),
+            None => problems.push(ConfigError::Routing(format!(
+                "model {:?}: context_fallback {larger:?} is not a configured model",
+                model.id
+            ))),
+        }
+    }
+    let table: Vec<(String, Vec<String>, Vec<String>)> = models
+        .iter()
+        .map(|m| (m.id.clone(), m.aliases.clone(), m.fallbacks.clone()))
+        .collect();
+    validate(&table, modes.into_map(), subagents, problems)
+}
+
 /// Checks the routing names against the configured models and builds the table: aliases pointing
 /// nowhere, an alias two models claim, fallbacks that name an unknown model, the model itself or
 /// a cycle, and modes or subagent types naming an unknown model — every problem, at once.

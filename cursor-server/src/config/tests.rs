@@ -33,10 +33,12 @@ fn defaults_apply_and_key_comes_from_env() {
     assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
     assert_eq!(config.default_model, "m1");
     let provider = &config.providers[0];
-    assert_eq!(provider.api_key.expose(), "sk-test");
+    assert_eq!(provider.keys.len(), 1);
+    assert_eq!(provider.keys[0].secret.expose(), "sk-test");
+    assert_eq!(provider.keys[0].source(), "TEST_KEY");
     assert_eq!(provider.base_url, "http://127.0.0.1:9/v1");
     assert!(provider.models[0].reasoning);
-    assert_eq!(format!("{:?}", provider.api_key), "Secret(***)");
+    assert_eq!(format!("{:?}", provider.keys[0].secret), "Secret(***)");
 }
 
 #[test]
@@ -270,6 +272,100 @@ fn a_key_pasted_as_api_key_env_is_refused_without_being_printed() {
         parse(&PROVIDER.replace("TEST_KEY", "MY_LLM_KEY_2"))
             .is_err_and(|e| !e.to_string().contains("looks like a key"))
     );
+}
+
+#[test]
+fn several_keys_come_from_a_list_of_variables_or_of_keys_in_order() {
+    let env = |name: &str| match name {
+        "KEY_1" => Some("sk-one".to_owned()),
+        "KEY_2" => Some("sk-two".to_owned()),
+        _ => None,
+    };
+    let text = PROVIDER.replace(
+        "api_key_env = \"TEST_KEY\"",
+        "api_key_envs = [\"KEY_1\", \"KEY_2\"]",
+    );
+    let config = Config::from_toml(&text, Path::new("test.toml"), &env).expect("valid");
+    let keys = &config.providers[0].keys;
+    assert_eq!(
+        keys.iter()
+            .map(|k| (k.secret.expose(), k.source()))
+            .collect::<Vec<_>>(),
+        [("sk-one", "KEY_1"), ("sk-two", "KEY_2")]
+    );
+    let text = PROVIDER.replace("api_key_env = \"TEST_KEY\"", "api_keys = [\"a\", \"b\"]");
+    let keys = parse(&text).expect("valid").providers[0].keys.clone();
+    assert_eq!(
+        keys.iter()
+            .map(|k| (k.secret.expose(), k.source()))
+            .collect::<Vec<_>>(),
+        [("a", "inline"), ("b", "inline")]
+    );
+    assert_eq!(
+        parse(PROVIDER).unwrap().key_cooldown,
+        KeyCooldown::default()
+    );
+    let tuned = format!("key_cooldown_secs = 5\nkey_refused_cooldown_secs = 7\n{PROVIDER}");
+    assert_eq!(
+        parse(&tuned).unwrap().key_cooldown,
+        KeyCooldown {
+            rate_limited: Duration::from_secs(5),
+            refused: Duration::from_secs(7),
+        }
+    );
+}
+
+#[test]
+fn an_empty_key_list_an_unset_variable_in_a_list_and_mixed_forms_are_each_reported() {
+    let provider = |name: &str, keys: &str| {
+        PROVIDER
+            .replace("name = \"p\"", &format!("name = \"{name}\""))
+            .replace("id = \"m1\"", &format!("id = \"m-{name}\""))
+            .replace("api_key_env = \"TEST_KEY\"", keys)
+    };
+    let text = [
+        provider("empty", "api_key_envs = []"),
+        provider(
+            "unset",
+            "api_key_envs = [\"TEST_KEY\", \"UNSET_1\", \"UNSET_2\"]",
+        ),
+        provider("mixed", "api_key = \"k\"\napi_keys = [\"k2\"]"),
+        provider("empty-inline", "api_keys = []"),
+    ]
+    .concat();
+    let error = parse(&text).unwrap_err().to_string();
+    assert!(error.starts_with("5 problems"), "{error}");
+    for part in [
+        "provider \"empty\": api_key_envs is an empty list",
+        "provider \"unset\": environment variable UNSET_1 (api_key_envs) is not set",
+        "provider \"unset\": environment variable UNSET_2 (api_key_envs) is not set",
+        "provider \"mixed\": the key is given in more than one way (api_key, api_keys)",
+        "provider \"empty-inline\": api_keys is an empty list",
+    ] {
+        assert!(error.contains(part), "{part} missing from: {error}");
+    }
+}
+
+#[test]
+fn the_same_key_listed_twice_is_a_warning_that_does_not_print_it() {
+    let cloud = PROVIDER.replace("http://127.0.0.1:9/v1/", "https://api.example.com/v1");
+    let once = cloud.replace(
+        "api_key_env = \"TEST_KEY\"",
+        "api_keys = [\"sk-a\", \"sk-b\"]",
+    );
+    assert!(parse(&once).expect("valid").warnings.is_empty());
+    let twice = cloud.replace(
+        "api_key_env = \"TEST_KEY\"",
+        "api_keys = [\"sk-a\", \"sk-a\"]",
+    );
+    let warnings = parse(&twice)
+        .expect("valid, but probably not meant")
+        .warnings;
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("the same entry twice in api_keys"),
+        "{warnings:?}"
+    );
+    assert!(!warnings[0].contains("sk-a"), "the key is not printed");
 }
 
 const ROUTED: &str = r#"

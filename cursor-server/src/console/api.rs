@@ -126,6 +126,8 @@ pub async fn run(
                 "request_bytes": call.request_bytes,
                 "attempts": call.attempts(),
                 "retries": call.retries,
+                "key_index": call.key_index,
+                "key": key_used(&state.config, &call.provider, call.key_index),
                 "usage": usage_json(&call.usage),
                 "cost_usd": pricing(&state.config, &call.model_id).and_then(|p| p.cost(&call.usage)),
                 "finish_reason": call.finish_reason,
@@ -329,6 +331,41 @@ pub async fn live(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// A provider's keys as the console shows them: each by its source (`key 2 (KEY_2)`, never the
+/// key), its calls in flight, and its cooldown if the provider turned it away.
+fn keys_json(state: &AppState, provider: &crate::config::ProviderConfig) -> Value {
+    let status = state.keys.get(provider).status();
+    Value::Array(
+        status
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                json!({
+                    "name": crate::ops::check::key_name(provider, i),
+                    "in_flight": key.in_flight,
+                    "cooling_secs": key.cooling.map(|(left, _)| left.as_secs()),
+                    "cooling_status": key.cooling.map(|(_, status)| status),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// "key 2 of 2" for a call a key answered, when the provider has several (never the key); the
+/// count is the configuration's now.
+fn key_used(config: &crate::config::Config, provider: &str, index: Option<u32>) -> Value {
+    let count = config
+        .providers
+        .iter()
+        .find(|p| p.name == provider)
+        .map_or(0, |p| p.keys.len());
+    match index {
+        Some(index) if count > 1 => json!(format!("key {} of {count}", index + 1)),
+        Some(index) => json!(format!("key {}", index + 1)),
+        None => Value::Null,
+    }
+}
+
 /// Each provider (URL and route, never its key) and model, with its newest call's outcome.
 pub async fn providers(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let last = runs::last_calls(&state.store).await?;
@@ -361,6 +398,7 @@ pub async fn providers(State(state): State<Arc<AppState>>) -> Result<Json<Value>
                 "base_url": provider.base_url,
                 "route": provider.route.shown(),
                 "api_key": "***",
+                "keys": keys_json(&state, provider),
                 "models": models,
             })
         })

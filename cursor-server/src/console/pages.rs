@@ -80,6 +80,30 @@ fn page(title: &str, body: &str) -> Response {
     ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
 }
 
+/// A provider's route and, with several keys, each key's state: `key 2 (KEY_2): cooling 41 s
+/// (HTTP 429)`.
+fn keys_and_route(provider: &Value) -> String {
+    let keys = provider["keys"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut cell = show(&provider["route"]);
+    if keys.len() < 2 {
+        return cell;
+    }
+    for key in keys {
+        let state = match key["cooling_secs"].as_u64() {
+            Some(secs) => format!(
+                "<span class=\"failed\">cooling {secs} s (HTTP {})</span>",
+                show(&key["cooling_status"])
+            ),
+            None => format!("{} in flight", show(&key["in_flight"])),
+        };
+        let _ = write!(cell, "<br>{}: {state}", show(&key["name"]));
+    }
+    cell
+}
+
 /// Providers and models with their newest call, and the runs in progress (kept up to date).
 pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let providers = api::providers(State(Arc::clone(&state))).await?.0;
@@ -101,6 +125,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
         esc(crate::cursor::proto::SCHEMA_FINGERPRINT),
     );
     for provider in providers["providers"].as_array().into_iter().flatten() {
+        let route = keys_and_route(provider);
         for model in provider["models"].as_array().into_iter().flatten() {
             let last = match &model["last_call"] {
                 Value::Null => "none yet".to_owned(),
@@ -112,7 +137,7 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Response, Ap
                 "<tr class=\"model\"><td>{}</td><td>{}</td><td>{}</td><td>{}{}{}</td><td>{last}</td><td>{}</td></tr>",
                 show(&provider["name"]),
                 show(&model["id"]),
-                show(&provider["route"]),
+                route,
                 if model["default"] == true {
                     "default "
                 } else {
@@ -296,7 +321,10 @@ pub async fn run(
                 from => format!(" (fallback of {})", show(from)),
             },
             show(&call["purpose"]),
-            show(&call["attempts"]),
+            match &call["key"] {
+                Value::Null => show(&call["attempts"]),
+                key => format!("{} ({})", show(&call["attempts"]), show(key)),
+            },
             show(&call["first_event_ms"]),
             show(&call["total_ms"]),
             show(&call["request_bytes"]),

@@ -1,12 +1,13 @@
 //! `cursor-server check`: the pre-flight a person runs before pointing Cursor at the server. The
 //! configuration's every problem and warning; each provider's resolved URL and route (direct or
 //! which proxy); each model probed with a minimal request, a failure explained in a person's words
-//! (the key, the path, the model id, the address or the proxy). The probe is also what the console
-//! calls to test a provider.
+//! (the key, the path, the model id, the address or the proxy). A provider with several keys has
+//! each key listed by its source (`key 2 (KEY_2)`, never the key) and probed on its own. The probe
+//! is also what the console calls to test a provider.
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, ModelConfig, ProviderConfig, ProviderKind};
+use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig, ProviderKind};
 use crate::provider;
 
 /// How a model answered its probe.
@@ -27,11 +28,24 @@ impl Probe {
 /// How long one probe may take, connection included.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends `model` the smallest request its endpoint accepts and says what came of it.
+/// Sends `model` the smallest request its endpoint accepts, with the provider's first key, and says
+/// what came of it.
 pub async fn probe(
     http: &reqwest::Client,
     provider: &ProviderConfig,
     model: &ModelConfig,
+) -> Probe {
+    probe_key(http, provider, model, 0, KeyCooldown::default()).await
+}
+
+/// `probe` with the provider's key `key` (its index from 0); a key turned away (429, 401) is said
+/// to cool down as a running server with `cooldown` would have it.
+pub async fn probe_key(
+    http: &reqwest::Client,
+    provider: &ProviderConfig,
+    model: &ModelConfig,
+    key: usize,
+    cooldown: KeyCooldown,
 ) -> Probe {
     let url = format!(
         "{}{}",
@@ -39,7 +53,12 @@ pub async fn probe(
         provider::endpoint_path(provider.kind)
     );
     let body = minimal_request(provider.kind, &model.upstream_id);
-    let request = provider::authorize(http.post(&url).json(&body), provider);
+    let Some(secret) = provider.keys.get(key).map(|k| &k.secret) else {
+        return Probe::Failed {
+            cause: format!("provider {:?} has no key {}", provider.name, key + 1),
+        };
+    };
+    let request = provider::authorize(http.post(&url).json(&body), provider.kind, secret);
     let started = Instant::now();
     match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
         Err(_) => Probe::Failed {
@@ -57,10 +76,32 @@ pub async fn probe(
         },
         Ok(Ok(response)) => {
             let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let text = response.text().await.unwrap_or_default();
-            Probe::Failed {
-                cause: refused(status, &text, &url, provider, model),
+            let mut cause = refused(status, &text, &url, provider, model, key);
+            // What a running server does with this key: leaves it out for a while.
+            let cooling = match (status, retry_after) {
+                (429, Some(after)) => Some(format!("{after} s (its retry-after)")),
+                (429, None) => Some(format!(
+                    "{} s (key_cooldown_secs)",
+                    cooldown.rate_limited.as_secs()
+                )),
+                (401, _) => Some(format!(
+                    "{} s (key_refused_cooldown_secs)",
+                    cooldown.refused.as_secs()
+                )),
+                _ => None,
+            };
+            if let Some(cooling) = cooling {
+                cause.push_str(&format!(
+                    "; a running server leaves this key out for {cooling}"
+                ));
             }
+            Probe::Failed { cause }
         }
     }
 }
@@ -116,11 +157,13 @@ fn refused(
     url: &str,
     provider: &ProviderConfig,
     model: &ModelConfig,
+    key: usize,
 ) -> String {
     let said = provider_message(body);
     match status {
         401 => format!(
-            "HTTP 401: the API key was refused; check provider {:?}'s api_key or api_key_env ({said})",
+            "HTTP 401: the API key was refused: {} of provider {:?}; check it ({said})",
+            key_name(provider, key),
             provider.name
         ),
         403 => format!(
@@ -181,8 +224,38 @@ pub async fn run(config: &Config) -> bool {
             provider::endpoint_path(provider_config.kind),
             provider_config.route.shown()
         );
+        let keys: Vec<String> = (0..provider_config.keys.len())
+            .map(|i| key_name(provider_config, i))
+            .collect();
+        println!("  keys: {}", keys.join(", "));
+        // Several keys: each is probed on its own (with the first model), and the models with
+        // the first key that works.
+        let mut model_key = 0;
+        if provider_config.keys.len() > 1
+            && let Some(first_model) = provider_config.models.first()
+        {
+            let mut working = None;
+            for (i, name) in keys.iter().enumerate() {
+                let result =
+                    probe_key(&http, provider_config, first_model, i, config.key_cooldown).await;
+                match &result {
+                    Probe::Ok { millis } => println!("  {name}: ok ({millis} ms)"),
+                    Probe::Failed { cause } => println!("  {name}: FAILED: {cause}"),
+                }
+                working = working.or(result.is_ok().then_some(i));
+                all_ok &= result.is_ok();
+            }
+            model_key = working.unwrap_or(0);
+        }
         for model in &provider_config.models {
-            let result = probe(&http, provider_config, model).await;
+            let result = probe_key(
+                &http,
+                provider_config,
+                model,
+                model_key,
+                config.key_cooldown,
+            )
+            .await;
             match &result {
                 Probe::Ok { millis } => println!("  model {:?}: ok ({millis} ms)", model.id),
                 Probe::Failed { cause } => println!("  model {:?}: FAILED: {cause}", model.id),
@@ -191,6 +264,12 @@ pub async fn run(config: &Config) -> bool {
         }
     }
     all_ok
+}
+
+/// `key 2 (KEY_2)`: a key's number from 1 and where it comes from, never the key.
+pub fn key_name(provider: &ProviderConfig, index: usize) -> String {
+    let source = provider.keys.get(index).map_or("missing", |k| k.source());
+    format!("key {} ({source})", index + 1)
 }
 
 fn kind_name(kind: ProviderKind) -> &'static str {

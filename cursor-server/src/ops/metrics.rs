@@ -27,6 +27,7 @@ pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
 pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
 pub const FALLBACKS: &str = "cursor_byok_provider_fallbacks_total";
 pub const SCHEMA_DRIFT: &str = "cursor_byok_schema_drift_total";
+pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -55,10 +56,15 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// The text `/metrics` answers with: every series in Prometheus exposition format.
-pub fn render(active_runs: usize) -> Option<String> {
+/// The text `/metrics` answers with: every series in Prometheus exposition format. Gauges that are
+/// a state now (open runs, each provider's keys cooling down) are read at the scrape, since a
+/// cooldown ends by time, not by an event that could set them.
+pub fn render(active_runs: usize, keys_cooling: &[(String, usize)]) -> Option<String> {
     let handle = install()?;
     gauge!(RUNS_ACTIVE).set(active_runs as f64);
+    for (provider, cooling) in keys_cooling {
+        gauge!(KEYS_COOLING, "provider" => provider.clone()).set(*cooling as f64);
+    }
     Some(handle.render())
 }
 

@@ -99,7 +99,7 @@ pub async fn readiness(state: &AppState) -> (bool, serde_json::Map<String, serde
 
 async fn metrics_route(State(state): State<Arc<AppState>>) -> Response {
     let (active, _) = state.runs.counts();
-    match metrics::render(active) {
+    match metrics::render(active, &state.keys.cooling()) {
         Some(text) => (
             [(
                 header::CONTENT_TYPE,

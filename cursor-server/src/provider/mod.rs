@@ -3,6 +3,7 @@
 
 pub mod anthropic;
 pub mod event;
+pub mod keys;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod web_search;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, ProviderConfig, ProviderKind, Route, Secret};
 pub use crate::store::runs::FailedAttempt;
 pub use event::{FinishReason, ResponseEvent};
+use keys::{KeyLease, KeyPool};
 
 /// How many canonical events may wait between the adapter task and the loop.
 const EVENT_BUFFER: usize = 256;
@@ -49,6 +51,17 @@ pub enum ProviderError {
     InBand { provider: String, message: String },
     #[error("{0}")]
     Unsupported(String),
+    /// Every key of the provider is cooling down (rate limited or refused); none may be used
+    /// before `retry_at` (an HTTP date), `retry_in_secs` from when the error was made.
+    #[error(
+        "all {keys} keys of {provider} are cooling down (rate limited or refused); the first is usable again in {retry_in_secs} s, at {retry_at}"
+    )]
+    KeysCoolingDown {
+        provider: String,
+        keys: usize,
+        retry_in_secs: u64,
+        retry_at: String,
+    },
 }
 
 impl ProviderError {
@@ -66,19 +79,23 @@ impl ProviderError {
             ProviderError::Decode { .. } => "decode",
             ProviderError::InBand { .. } => "in_band",
             ProviderError::Unsupported(_) => "unsupported",
+            ProviderError::KeysCoolingDown { .. } => "keys_cooling_down",
         }
     }
 
     /// Whether a call that failed this way before its first streamed event may go to the model's
     /// fallback: the provider was rate limited, down or unreachable (429, 5xx, 529, connection,
-    /// no headers or no first byte in time). A request it refused (4xx) would be refused
-    /// elsewhere too, and a stream that broke mid-way is never restarted on another model.
+    /// no headers or no first byte in time, every key of it cooling down). A request it refused
+    /// (4xx) would be refused elsewhere too, and a stream that broke mid-way is never restarted on
+    /// another model.
     pub fn falls_back(&self) -> bool {
         match self {
             ProviderError::Http { status, .. } => *status == 429 || *status >= 500,
+            // Every key of the provider is cooling down: another provider's model may answer.
             ProviderError::Connect { .. }
             | ProviderError::HeadersTimeout { .. }
-            | ProviderError::Idle { .. } => true,
+            | ProviderError::Idle { .. }
+            | ProviderError::KeysCoolingDown { .. } => true,
             ProviderError::Stream { .. }
             | ProviderError::Truncated { .. }
             | ProviderError::Decode { .. }
@@ -103,6 +120,7 @@ impl ProviderError {
             | ProviderError::Decode { .. }
             | ProviderError::InBand { .. } => "Provider error",
             ProviderError::Unsupported(_) => "Unsupported model output",
+            ProviderError::KeysCoolingDown { .. } => "Provider rate limit",
         }
     }
 }
@@ -162,10 +180,19 @@ fn provider_proxies(config: &Config) -> reqwest::Proxy {
 /// Longest `retry-after` honoured; beyond it the error goes to the user instead.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
-/// A call's canonical events, and the attempts that failed before it streamed (for its record).
+/// A call's canonical events, and the attempts that failed before it streamed and the key that
+/// served it (for its record).
 pub struct EventReceiver {
     events: mpsc::Receiver<Result<ResponseEvent, ProviderError>>,
-    retries: Arc<Mutex<Vec<FailedAttempt>>>,
+    log: Arc<Mutex<CallLog>>,
+}
+
+/// What a call's task tells its record besides events.
+#[derive(Default)]
+struct CallLog {
+    retries: Vec<FailedAttempt>,
+    /// The index (from 0) of the key whose attempt answered, once one did.
+    key_index: Option<usize>,
 }
 
 impl EventReceiver {
@@ -176,11 +203,18 @@ impl EventReceiver {
 
     /// The attempts that failed and were retried so far, oldest first.
     pub fn retries(&self) -> Vec<FailedAttempt> {
-        self.retries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.log).retries.clone()
     }
+
+    /// The index (from 0) of the provider key that answered the call, once one did.
+    pub fn key_index(&self) -> Option<usize> {
+        lock(&self.log).key_index
+    }
+}
+
+fn lock(log: &Mutex<CallLog>) -> std::sync::MutexGuard<'_, CallLog> {
+    log.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Turns one endpoint's SSE events into canonical events.
@@ -224,27 +258,30 @@ pub fn endpoint_path(kind: ProviderKind) -> &'static str {
     }
 }
 
-/// Sets the provider's credentials on `request` the way its kind expects them.
+/// Sets one of the provider's keys on `request` the way its kind expects it.
 pub fn authorize(
     request: reqwest::RequestBuilder,
-    provider: &ProviderConfig,
+    kind: ProviderKind,
+    key: &Secret,
 ) -> reqwest::RequestBuilder {
-    match provider.kind {
+    match kind {
         ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
-            request.bearer_auth(provider.api_key.expose())
+            request.bearer_auth(key.expose())
         }
         ProviderKind::Anthropic => request
-            .header("x-api-key", provider.api_key.expose())
+            .header("x-api-key", key.expose())
             .header("anthropic-version", anthropic::API_VERSION),
     }
 }
 
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
-/// and the HTTP connection is dropped, which the provider observes as a disconnect).
+/// and the HTTP connection is dropped, which the provider observes as a disconnect). Each attempt
+/// takes a key from `keys` (the provider's shared pool), held until the call ends.
 pub fn call(
     http: &reqwest::Client,
     provider: &ProviderConfig,
+    keys: &Arc<KeyPool>,
     body: RequestBody,
     limits: CallLimits,
     cancel: CancellationToken,
@@ -263,13 +300,13 @@ pub fn call(
         provider: provider.name.clone(),
         kind: provider.kind,
         url: format!("{}{path}", provider.base_url),
-        api_key: provider.api_key.clone(),
+        keys: Arc::clone(keys),
         body,
         limits,
-        retries: Arc::default(),
+        log: Arc::default(),
         route: format!("{}, {}", provider.host(), provider.route.shown()),
     };
-    let retries = Arc::clone(&call.retries);
+    let log = Arc::clone(&call.log);
     // The task's lines (retries) carry the caller's span: the run's ids and the call's.
     let task = async move {
         tokio::select! {
@@ -281,10 +318,7 @@ pub fn call(
         task,
         tracing::Span::current(),
     ));
-    EventReceiver {
-        events: rx,
-        retries,
-    }
+    EventReceiver { events: rx, log }
 }
 
 struct HttpCall {
@@ -292,10 +326,10 @@ struct HttpCall {
     provider: String,
     kind: ProviderKind,
     url: String,
-    api_key: Secret,
+    keys: Arc<KeyPool>,
     body: RequestBody,
     limits: CallLimits,
-    retries: Arc<Mutex<Vec<FailedAttempt>>>,
+    log: Arc<Mutex<CallLog>>,
     /// The host and how it is reached (direct or through which proxy), for connection errors.
     route: String,
 }
@@ -311,87 +345,160 @@ impl HttpCall {
         }
     }
 
-    fn request(&self) -> reqwest::RequestBuilder {
+    fn request(&self, key: &Secret) -> reqwest::RequestBuilder {
         let request = self
             .http
             .post(&self.url)
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(self.body.0.clone());
-        match self.kind {
-            ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
-                request.bearer_auth(self.api_key.expose())
+        authorize(request, self.kind, key)
+    }
+
+    /// One attempt with `key`: the response, or why it failed and the `retry-after` it carried.
+    async fn attempt(
+        &self,
+        key: &Secret,
+    ) -> Result<reqwest::Response, (ProviderError, Option<Duration>)> {
+        match tokio::time::timeout(self.limits.headers_timeout, self.request(key).send()).await {
+            Err(_) => Err((
+                ProviderError::HeadersTimeout {
+                    provider: self.provider.clone(),
+                    secs: self.limits.headers_timeout.as_secs(),
+                },
+                None,
+            )),
+            Ok(Err(e)) => Err((
+                ProviderError::Connect {
+                    provider: self.provider.clone(),
+                    message: format!("{} ({})", without_url(&e), self.route),
+                },
+                None,
+            )),
+            Ok(Ok(response)) if response.status().is_success() => Ok(response),
+            Ok(Ok(response)) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| retry_after(v, SystemTime::now()));
+                let error = ProviderError::Http {
+                    provider: self.provider.clone(),
+                    status,
+                    message: error_message(response).await,
+                };
+                Err((error, retry_after))
             }
-            ProviderKind::Anthropic => request
-                .header("x-api-key", self.api_key.expose())
-                .header("anthropic-version", anthropic::API_VERSION),
         }
     }
 
-    /// Sends the request, retrying what may be retried before any byte was streamed.
-    async fn connect(&self) -> Result<reqwest::Response, ProviderError> {
+    /// The key of a call's first attempt: a free one; else (every key cooling down) the first back,
+    /// waited for when that is soon, or the error that says when. A provider with one key always
+    /// tries it, as it did before keys had cooldowns.
+    async fn first_key(&self) -> Result<KeyLease, ProviderError> {
+        if self.keys.is_empty() {
+            // Validation refuses a provider without a key; a configuration built in code may not.
+            return Err(ProviderError::Unsupported(format!(
+                "provider {} has no API key",
+                self.provider
+            )));
+        }
+        if let Some(lease) = self.keys.acquire_free() {
+            return Ok(lease);
+        }
+        if self.keys.len() > 1 {
+            let wait = self
+                .keys
+                .earliest()
+                .map_or(Duration::ZERO, |(_, wait)| wait);
+            if wait > MAX_RETRY_AFTER {
+                return Err(self.keys.cooling_error());
+            }
+            tracing::info!(provider = %self.provider, wait_ms = wait.as_millis() as u64, "every provider key is cooling down; waiting for the first back");
+            tokio::time::sleep(wait).await;
+        }
+        Ok(self.keys.acquire_any())
+    }
+
+    /// Sends the request, retrying what may be retried before any byte was streamed. A key the
+    /// provider turned away (429, 401) cools down and the retry goes to another key at once; with
+    /// none free, the retry waits as it always did (`retry-after`, else the backoff).
+    async fn connect(&self) -> Result<(reqwest::Response, KeyLease), ProviderError> {
+        let mut lease = self.first_key().await?;
         let mut attempt = 1;
         loop {
-            let (error, retry_after) = match tokio::time::timeout(
-                self.limits.headers_timeout,
-                self.request().send(),
-            )
-            .await
-            {
-                Err(_) => (
-                    ProviderError::HeadersTimeout {
-                        provider: self.provider.clone(),
-                        secs: self.limits.headers_timeout.as_secs(),
-                    },
-                    None,
-                ),
-                Ok(Err(e)) => (
-                    ProviderError::Connect {
-                        provider: self.provider.clone(),
-                        message: format!("{} ({})", without_url(&e), self.route),
-                    },
-                    None,
-                ),
-                Ok(Ok(response)) if response.status().is_success() => return Ok(response),
-                Ok(Ok(response)) => {
-                    let status = response.status().as_u16();
-                    let retry_after = response
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| retry_after(v, SystemTime::now()));
-                    let error = ProviderError::Http {
-                        provider: self.provider.clone(),
-                        status,
-                        message: error_message(response).await,
-                    };
-                    if !is_retryable_status(status) {
-                        return Err(error);
-                    }
-                    (error, retry_after)
+            let (error, retry_after) = match self.attempt(lease.secret()).await {
+                Ok(response) => {
+                    self.keys.succeeded(lease.index());
+                    lock(&self.log).key_index = Some(lease.index());
+                    return Ok((response, lease));
                 }
+                Err(failure) => failure,
             };
-            if attempt >= self.limits.max_attempts
-                || retry_after.is_some_and(|d| d > MAX_RETRY_AFTER)
-            {
+            let status = match &error {
+                ProviderError::Http { status, .. } => Some(*status),
+                _ => None,
+            };
+            let key_refused = matches!(status, Some(429 | 401));
+            if key_refused {
+                self.keys
+                    .cool(lease.index(), status.unwrap_or(429), retry_after);
+            }
+            if attempt >= self.limits.max_attempts {
+                // Out of attempts with every key turned away: say when the first is back.
+                if key_refused && self.keys.len() > 1 && self.keys.all_cooling() {
+                    return Err(self.keys.cooling_error());
+                }
                 return Err(error);
             }
-            let delay = retry_after
-                .unwrap_or(self.limits.retry_base_delay * 2u32.saturating_pow(attempt - 1));
+            let failed_key = lease.index();
+            drop(lease);
+            // Only a key the provider turned away is worth leaving at once; a 5xx or an
+            // unreachable host waits its backoff whatever the key.
+            let free = if key_refused {
+                self.keys.acquire_free()
+            } else {
+                None
+            };
+            let (next, delay) = match free {
+                Some(next) => (Some(next), Duration::ZERO),
+                None if key_refused && self.keys.len() > 1 => {
+                    let wait = self
+                        .keys
+                        .earliest()
+                        .map_or(Duration::ZERO, |(_, wait)| wait);
+                    if wait > MAX_RETRY_AFTER {
+                        return Err(self.keys.cooling_error());
+                    }
+                    (None, wait)
+                }
+                None if status.is_some_and(|s| !is_retryable_status(s))
+                    || retry_after.is_some_and(|d| d > MAX_RETRY_AFTER) =>
+                {
+                    return Err(error);
+                }
+                None => (
+                    None,
+                    retry_after
+                        .unwrap_or(self.limits.retry_base_delay * 2u32.saturating_pow(attempt - 1)),
+                ),
+            };
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            tracing::warn!(provider = %self.provider, attempt, delay_ms, "provider call failed before streaming, retrying: {error}");
-            self.retries
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(FailedAttempt {
-                    status: match &error {
-                        ProviderError::Http { status, .. } => Some(*status),
-                        _ => None,
-                    },
-                    error: error.to_string(),
-                    delay_ms,
-                });
-            tokio::time::sleep(delay).await;
+            tracing::warn!(provider = %self.provider, attempt, key = failed_key + 1, delay_ms, "provider call failed before streaming, retrying: {error}");
+            lock(&self.log).retries.push(FailedAttempt {
+                status,
+                error: error.to_string(),
+                delay_ms,
+                key_index: Some(failed_key),
+            });
+            lease = match next {
+                Some(next) => next,
+                None => {
+                    tokio::time::sleep(delay).await;
+                    self.keys.acquire_any()
+                }
+            };
             attempt += 1;
         }
     }
@@ -401,7 +508,8 @@ impl HttpCall {
         mut parser: Box<dyn StreamParser>,
         tx: &mpsc::Sender<Result<ResponseEvent, ProviderError>>,
     ) -> Result<(), ProviderError> {
-        let response = self.connect().await?;
+        // The lease counts the call in flight on its key until the stream ends or is dropped.
+        let (response, _lease) = self.connect().await?;
         let body = idle_limited(response.bytes_stream(), self.limits.idle_timeout);
         let mut events = Box::pin(body).eventsource();
         loop {

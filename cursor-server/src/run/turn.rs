@@ -304,6 +304,7 @@ impl Turn {
             provider::call(
                 &self.app.http,
                 &self.provider,
+                &self.app.keys.get(&self.provider),
                 body,
                 CallLimits {
                     headers_timeout: config.provider_connect_timeout,
@@ -366,6 +367,7 @@ impl Turn {
             error,
             retries,
             fallback_from: self.route.fallback_from.clone(),
+            key_index: call.events.key_index().and_then(|i| u32::try_from(i).ok()),
         };
         tracing::info!(
             model_call_id = %record.model_call_id,

@@ -178,6 +178,10 @@ pub struct FailedAttempt {
     pub error: String,
     /// How long the next attempt waited.
     pub delay_ms: u64,
+    /// The provider key (index from 0) the attempt used; absent in records from before keys had
+    /// pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_index: Option<usize>,
 }
 
 /// One provider call as recorded when it ended.
@@ -201,6 +205,9 @@ pub struct ProviderCallRecord {
     pub retries: Vec<FailedAttempt>,
     /// The model whose call failed before streaming, so that this one was made instead.
     pub fallback_from: Option<String>,
+    /// The provider key (index from 0, in the configured order) that answered; `None` when no
+    /// attempt got an answer, and in records from before keys had pools.
+    pub key_index: Option<u32>,
 }
 
 impl ProviderCallRecord {
@@ -221,8 +228,9 @@ pub async fn record_provider_call(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
-             error, attempts, retries_json, fallback_from)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             error, attempts, retries_json, fallback_from,
+             key_index)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&call.model_call_id)
     .bind(&call.request_id)
@@ -248,6 +256,7 @@ pub async fn record_provider_call(
         Some(serde_json::to_string(&call.retries)?)
     })
     .bind(&call.fallback_from)
+    .bind(call.key_index.map(i64::from))
     .execute(store.writer())
     .await
     .context("recording a provider call")?;
@@ -302,6 +311,9 @@ pub async fn provider_calls(
                     None => Vec::new(),
                 },
                 fallback_from: row.get("fallback_from"),
+                key_index: row
+                    .get::<Option<i64>, _>("key_index")
+                    .and_then(|v| u32::try_from(v).ok()),
             })
         })
         .collect()
