@@ -203,21 +203,8 @@ fn safe_name(text: &str) -> String {
         .collect()
 }
 
-/// HTML-escapes text.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+/// HTML-escapes text (the workspace's one escaper, shared with the server's console).
+pub use cursor_wire::html::escape as esc;
 
 /// Percent-encodes a path segment.
 fn seg(text: &str) -> String {

@@ -1,14 +1,12 @@
-//! The Connect wire as it passes by: how a body is framed (from its content type), an incremental
-//! envelope reader that takes chunks exactly as they arrive (a frame split across chunks, several frames
-//! in one), and gzip. Bytes in, payloads out; what a payload means is `decode.rs`'s business.
+//! The Connect wire as it passes by: how a body is framed (from its content type), and the debugger's
+//! tolerant use of the shared framing (`cursor-wire`): an envelope reader that takes chunks exactly as
+//! they arrive and, where the server would refuse, keeps the bytes raw with a reason; gzip tried even
+//! when nothing negotiated it. Bytes in, payloads out; what a payload means is `decode.rs`'s business.
 
-use std::io::Read as _;
+use bytes::Bytes;
+use cursor_wire::{FrameDecoder, WireError};
 
-use bytes::{Buf as _, Bytes, BytesMut};
-
-pub const FLAG_COMPRESSED: u8 = 0x01;
-pub const FLAG_END_STREAM: u8 = 0x02;
-const HEADER_LEN: usize = 5;
+pub use cursor_wire::{FLAG_COMPRESSED, FLAG_END_STREAM};
 /// A frame claiming more than this is not believed: the rest of the body is kept raw.
 pub const MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
 /// Bodies that are not RPC messages (HTML, images, ...) are kept up to this many bytes.
@@ -81,10 +79,20 @@ pub enum Piece {
 }
 
 /// Reads envelopes out of chunks as they arrive.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EnvelopeReader {
-    buffer: BytesMut,
+    /// Any flags byte is taken: the debugger records what passes by, gRPC trailers included.
+    decoder: FrameDecoder,
     broken: Option<String>,
+}
+
+impl Default for EnvelopeReader {
+    fn default() -> Self {
+        EnvelopeReader {
+            decoder: FrameDecoder::new(MAX_FRAME_BYTES).with_any_flags(),
+            broken: None,
+        }
+    }
 }
 
 impl EnvelopeReader {
@@ -95,62 +103,46 @@ impl EnvelopeReader {
                 reason: reason.clone(),
             }];
         }
-        self.buffer.extend_from_slice(chunk);
+        self.decoder.push(chunk);
         let mut pieces = Vec::new();
-        while self.buffer.len() >= HEADER_LEN {
-            let flags = self.buffer[0];
-            let len = u32::from_be_bytes([
-                self.buffer[1],
-                self.buffer[2],
-                self.buffer[3],
-                self.buffer[4],
-            ]) as usize;
-            if len > MAX_FRAME_BYTES {
-                let reason = format!(
-                    "envelope header claims {len} bytes (over {MAX_FRAME_BYTES}); the rest of the body is not framed"
-                );
-                pieces.push(Piece::Unframed {
-                    bytes: self.buffer.split().freeze(),
-                    reason: reason.clone(),
-                });
-                self.broken = Some(reason);
-                return pieces;
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(frame)) => pieces.push(Piece::Envelope(Envelope {
+                    flags: frame.flags,
+                    payload: frame.payload,
+                })),
+                Ok(None) => return pieces,
+                Err(error) => {
+                    let reason = match error {
+                        WireError::FrameTooLarge { len, max } => format!(
+                            "envelope header claims {len} bytes (over {max}); the rest of the body is not framed"
+                        ),
+                        other => format!("{other}; the rest of the body is not framed"),
+                    };
+                    pieces.push(Piece::Unframed {
+                        bytes: self.decoder.take_buffered(),
+                        reason: reason.clone(),
+                    });
+                    self.broken = Some(reason);
+                    return pieces;
+                }
             }
-            if self.buffer.len() < HEADER_LEN + len {
-                break;
-            }
-            self.buffer.advance(HEADER_LEN);
-            let payload = self.buffer.split_to(len).freeze();
-            pieces.push(Piece::Envelope(Envelope { flags, payload }));
         }
-        pieces
     }
 
     /// The body ended: whatever is left is a truncated frame.
     pub fn finish(&mut self) -> Option<Piece> {
-        if self.buffer.is_empty() {
+        let Err(WireError::ShortFrame { have, need }) = self.decoder.finish() else {
             return None;
-        }
-        let have = self.buffer.len();
-        let need = if have >= HEADER_LEN {
-            HEADER_LEN
-                + u32::from_be_bytes([
-                    self.buffer[1],
-                    self.buffer[2],
-                    self.buffer[3],
-                    self.buffer[4],
-                ]) as usize
-        } else {
-            HEADER_LEN
         };
         Some(Piece::Unframed {
-            bytes: self.buffer.split().freeze(),
+            bytes: self.decoder.take_buffered(),
             reason: format!("the body ended inside a frame: {have} of {need} bytes"),
         })
     }
 }
 
-/// Content encodings this reader understands.
+/// Content encodings this reader understands; `Other` is recorded, not refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
     Identity,
@@ -160,26 +152,17 @@ pub enum Encoding {
 
 impl Encoding {
     pub fn of(value: Option<&str>) -> Encoding {
-        match value.map(str::trim).map(str::to_ascii_lowercase).as_deref() {
-            None | Some("") | Some("identity") => Encoding::Identity,
-            Some("gzip") => Encoding::Gzip,
-            Some(_) => Encoding::Other,
+        let lower = value.map(str::to_ascii_lowercase);
+        match cursor_wire::Encoding::parse(lower.as_deref()) {
+            Ok(cursor_wire::Encoding::Identity) => Encoding::Identity,
+            Ok(cursor_wire::Encoding::Gzip) => Encoding::Gzip,
+            Err(_) => Encoding::Other,
         }
     }
 }
 
 pub fn gunzip(data: &[u8]) -> Result<Bytes, String> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data)
-        .take(MAX_FRAME_BYTES as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("gzip: {e}"))?;
-    if out.len() > MAX_FRAME_BYTES {
-        return Err(format!(
-            "gzip: more than {MAX_FRAME_BYTES} bytes once inflated"
-        ));
-    }
-    Ok(Bytes::from(out))
+    cursor_wire::gunzip(data, MAX_FRAME_BYTES).map_err(|e| e.to_string())
 }
 
 /// The payload of an envelope once its compression flag is honoured.
@@ -196,31 +179,15 @@ pub fn envelope_payload(envelope: &Envelope, encoding: Encoding) -> Result<Bytes
     }
 }
 
-/// A unary body: inflated per `content-encoding`, then unwrapped if it is one envelope. A raw protobuf
-/// message cannot start with 0x00 or 0x01 (field number 0 is invalid), so a leading flags byte marks an
-/// envelope without ambiguity.
+/// A unary body: inflated per `content-encoding`, then unwrapped if it is one envelope (the server's
+/// rule, shared: a raw protobuf message cannot start with 0x00 or 0x01).
 pub fn unary_payload(body: &[u8], body_encoding: Encoding) -> Result<Bytes, String> {
-    let body = match body_encoding {
-        Encoding::Identity => Bytes::copy_from_slice(body),
-        Encoding::Gzip => gunzip(body)?,
+    let encoding = match body_encoding {
+        Encoding::Identity => cursor_wire::Encoding::Identity,
+        Encoding::Gzip => cursor_wire::Encoding::Gzip,
         Encoding::Other => return Err("content-encoding this debugger cannot read".to_owned()),
     };
-    match body.first() {
-        Some(&flags) if flags == 0 || flags == FLAG_COMPRESSED => {
-            let mut reader = EnvelopeReader::default();
-            let mut pieces = reader.push(&body);
-            pieces.extend(reader.finish());
-            match pieces.as_slice() {
-                [Piece::Envelope(envelope)] => envelope_payload(envelope, Encoding::Gzip),
-                [Piece::Unframed { reason, .. }] => Err(reason.clone()),
-                _ => Err(format!(
-                    "a unary body in {} envelopes; exactly one expected",
-                    pieces.len()
-                )),
-            }
-        }
-        _ => Ok(body),
-    }
+    cursor_wire::decode_unary_body(body, encoding, MAX_FRAME_BYTES).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

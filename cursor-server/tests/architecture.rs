@@ -47,6 +47,7 @@ fn source_files(root: &Path) -> BTreeSet<String> {
         "cursor-proto/src",
         "cursor-proto/tests",
         "cursor-proto/benches",
+        "cursor-wire/src",
         "cursor-backend/src",
         "cursor-backend/tests",
         "cursor-backend/benches",

@@ -6,21 +6,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-/// `&`, `<`, `>`, `"` and `'` as entities.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+/// `&`, `<`, `>`, `"` and `'` as entities: the workspace's one escaper, shared with the debugger.
+pub use cursor_wire::html::escape as esc;
 
 const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 200.0;

@@ -1,155 +1,23 @@
-//! The Connect wire: 5-byte envelopes (`flags:u8`, `length:u32 BE`, payload), end-of-stream JSON, unary
-//! bodies (raw or enveloped, gzip), unary responses (success and error) and which HTTP headers
-//! belong to the message rather than the connection. Bytes in, frames out; no meaning here.
-
-use std::io::Read as _;
+//! Connect for this server, on top of the workspace's shared framing (`cursor-wire`, re-exported
+//! here so the server and its tests keep one path): protobuf messages in and out of envelopes,
+//! Connect error codes and their JSON (with `aiserver.v1.ErrorDetails`), unary responses, and which
+//! HTTP headers belong to the message rather than the connection. What needs the build-time schema
+//! or axum stays here; bytes-only mechanics live in `cursor-wire`, which the debugger shares.
 
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 
+use cursor_wire::HEADER_LEN;
+pub use cursor_wire::{
+    CONTENT_TYPE_JSON, CONTENT_TYPE_STREAM, CONTENT_TYPE_UNARY, Encoding, FLAG_COMPRESSED,
+    FLAG_END_STREAM, Frame, FrameDecoder, WireError, decode_frames, decode_stream_request,
+    decode_unary_body, encode_frame, payload_of,
+};
+
 use super::proto::aiserver::{CustomErrorDetails, ErrorDetails, error_details};
-
-pub const FLAG_COMPRESSED: u8 = 0x01;
-pub const FLAG_END_STREAM: u8 = 0x02;
-const HEADER_LEN: usize = 5;
-
-pub const CONTENT_TYPE_STREAM: &str = "application/connect+proto";
-pub const CONTENT_TYPE_UNARY: &str = "application/proto";
-pub const CONTENT_TYPE_JSON: &str = "application/json";
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    #[error("truncated frame: {have} of {need} bytes")]
-    ShortFrame { have: usize, need: usize },
-    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
-    FrameTooLarge { len: usize, max: usize },
-    #[error("compressed frame without a negotiated encoding")]
-    UnexpectedCompression,
-    #[error("unknown frame flags {0:#04x}")]
-    UnknownFlags(u8),
-    #[error("unsupported content encoding {0:?} (only gzip and identity)")]
-    UnsupportedEncoding(String),
-    #[error("gzip body: {0}")]
-    Gzip(String),
-    #[error("decompressed body exceeds the limit of {max} bytes")]
-    DecompressedTooLarge { max: usize },
-    #[error("invalid protobuf {message}: {reason}")]
-    Protobuf {
-        message: &'static str,
-        reason: String,
-    },
-    #[error("unexpected end-of-stream frame in a request")]
-    UnexpectedEndStream,
-    #[error("request stream carried {0} messages; exactly one expected")]
-    MessageCount(usize),
-}
-
-/// One decoded envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    pub flags: u8,
-    pub payload: Bytes,
-}
-
-impl Frame {
-    pub fn is_end_stream(&self) -> bool {
-        self.flags & FLAG_END_STREAM != 0
-    }
-}
-
-/// Incremental envelope decoder for a byte stream arriving in arbitrary chunks.
-#[derive(Debug)]
-pub struct FrameDecoder {
-    buffer: BytesMut,
-    max_frame_bytes: usize,
-}
-
-impl FrameDecoder {
-    pub fn new(max_frame_bytes: usize) -> Self {
-        FrameDecoder {
-            buffer: BytesMut::new(),
-            max_frame_bytes,
-        }
-    }
-
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.buffer.extend_from_slice(chunk);
-    }
-
-    /// The next complete frame, `Ok(None)` when more bytes are needed.
-    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
-        if self.buffer.len() < HEADER_LEN {
-            return Ok(None);
-        }
-        let flags = self.buffer[0];
-        if flags & !(FLAG_COMPRESSED | FLAG_END_STREAM) != 0 {
-            return Err(WireError::UnknownFlags(flags));
-        }
-        let len = u32::from_be_bytes([
-            self.buffer[1],
-            self.buffer[2],
-            self.buffer[3],
-            self.buffer[4],
-        ]) as usize;
-        if len > self.max_frame_bytes {
-            return Err(WireError::FrameTooLarge {
-                len,
-                max: self.max_frame_bytes,
-            });
-        }
-        if self.buffer.len() < HEADER_LEN + len {
-            return Ok(None);
-        }
-        self.buffer.advance(HEADER_LEN);
-        let payload = self.buffer.split_to(len).freeze();
-        Ok(Some(Frame { flags, payload }))
-    }
-
-    /// Call at end of input: leftover bytes mean the peer cut a frame short.
-    pub fn finish(&self) -> Result<(), WireError> {
-        if self.buffer.is_empty() {
-            return Ok(());
-        }
-        let need = if self.buffer.len() < HEADER_LEN {
-            HEADER_LEN
-        } else {
-            HEADER_LEN
-                + u32::from_be_bytes([
-                    self.buffer[1],
-                    self.buffer[2],
-                    self.buffer[3],
-                    self.buffer[4],
-                ]) as usize
-        };
-        Err(WireError::ShortFrame {
-            have: self.buffer.len(),
-            need,
-        })
-    }
-}
-
-/// Decodes every frame of a complete body.
-pub fn decode_frames(body: &[u8], max_frame_bytes: usize) -> Result<Vec<Frame>, WireError> {
-    let mut decoder = FrameDecoder::new(max_frame_bytes);
-    decoder.push(body);
-    let mut frames = Vec::new();
-    while let Some(frame) = decoder.next_frame()? {
-        frames.push(frame);
-    }
-    decoder.finish()?;
-    Ok(frames)
-}
-
-pub fn encode_frame(flags: u8, payload: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(HEADER_LEN + payload.len());
-    out.put_u8(flags);
-    out.put_u32(u32::try_from(payload.len()).unwrap_or(u32::MAX));
-    out.put_slice(payload);
-    out.freeze()
-}
 
 /// A data frame carrying `message`.
 pub fn encode_message<M: Message>(message: &M) -> Bytes {
@@ -171,102 +39,6 @@ pub fn decode_message<M: Message + Default>(
         message: name,
         reason: e.to_string(),
     })
-}
-
-/// The body's `content-encoding` / `connect-content-encoding`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    Identity,
-    Gzip,
-}
-
-impl Encoding {
-    pub fn parse(value: Option<&str>) -> Result<Encoding, WireError> {
-        match value.map(str::trim) {
-            None | Some("") | Some("identity") => Ok(Encoding::Identity),
-            Some("gzip") => Ok(Encoding::Gzip),
-            Some(other) => Err(WireError::UnsupportedEncoding(other.to_owned())),
-        }
-    }
-}
-
-fn gunzip(data: &[u8], max: usize) -> Result<Bytes, WireError> {
-    let mut out = Vec::new();
-    let mut reader = flate2::read::GzDecoder::new(data).take(max as u64 + 1);
-    reader
-        .read_to_end(&mut out)
-        .map_err(|e| WireError::Gzip(e.to_string()))?;
-    if out.len() > max {
-        return Err(WireError::DecompressedTooLarge { max });
-    }
-    Ok(Bytes::from(out))
-}
-
-/// The protobuf payload of a unary request body.
-///
-/// `body_encoding` is the HTTP `content-encoding`. Cursor sends unary bodies either raw or wrapped in
-/// one envelope; a raw protobuf message can never start with 0x00 or 0x01 (field number 0 is invalid),
-/// so a leading flags byte identifies an envelope without ambiguity.
-pub fn decode_unary_body(
-    body: &[u8],
-    body_encoding: Encoding,
-    max_bytes: usize,
-) -> Result<Bytes, WireError> {
-    if body.len() > max_bytes {
-        return Err(WireError::FrameTooLarge {
-            len: body.len(),
-            max: max_bytes,
-        });
-    }
-    let body = match body_encoding {
-        Encoding::Identity => Bytes::copy_from_slice(body),
-        Encoding::Gzip => gunzip(body, max_bytes)?,
-    };
-    match body.first() {
-        Some(&flags) if flags == 0 || flags == FLAG_COMPRESSED => {
-            let frames = decode_frames(&body, max_bytes)?;
-            let [frame] = frames.as_slice() else {
-                return Err(WireError::MessageCount(frames.len()));
-            };
-            if frame.flags & FLAG_COMPRESSED != 0 {
-                gunzip(&frame.payload, max_bytes)
-            } else {
-                Ok(frame.payload.clone())
-            }
-        }
-        _ => Ok(body),
-    }
-}
-
-/// The single message of a server-streaming request body (one data envelope).
-pub fn decode_stream_request(
-    body: &[u8],
-    message_encoding: Encoding,
-    max_frame_bytes: usize,
-) -> Result<Bytes, WireError> {
-    let frames = decode_frames(body, max_frame_bytes)?;
-    let [frame] = frames.as_slice() else {
-        return Err(WireError::MessageCount(frames.len()));
-    };
-    if frame.is_end_stream() {
-        return Err(WireError::UnexpectedEndStream);
-    }
-    payload_of(frame, message_encoding, max_frame_bytes)
-}
-
-/// The (decompressed) payload of a request-stream data frame.
-pub fn payload_of(
-    frame: &Frame,
-    message_encoding: Encoding,
-    max_frame_bytes: usize,
-) -> Result<Bytes, WireError> {
-    if frame.flags & FLAG_COMPRESSED == 0 {
-        return Ok(frame.payload.clone());
-    }
-    match message_encoding {
-        Encoding::Gzip => gunzip(&frame.payload, max_frame_bytes),
-        Encoding::Identity => Err(WireError::UnexpectedCompression),
-    }
 }
 
 /// Connect error codes the server uses.
