@@ -534,3 +534,70 @@ async fn logging_in_with_the_token_sets_the_cookie_the_pages_accept() {
         .unwrap();
     assert_eq!(overview.status(), 200);
 }
+
+#[tokio::test]
+async fn pages_link_their_assets_from_the_binary_and_a_bad_filter_is_a_page_for_people() {
+    let (_provider, server) = after_a_tool_turn(PRICING).await;
+    let base = format!("http://{}", server.addr);
+    let overview = reqwest::get(format!("{base}/console")).await.unwrap();
+    let csp = overview.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let overview = overview.text().await.unwrap();
+    assert!(
+        !overview.contains("<style") && !overview.contains("<script>"),
+        "nothing inline: {overview}"
+    );
+    for (name, content_type) in [("console.css", "text/css"), ("live.js", "text/javascript")] {
+        let link = overview
+            .split(&format!("/console/static/{name}?v="))
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("the overview links {name}: {overview}"));
+        let asset = reqwest::get(format!("{base}/console/static/{name}?v={link}"))
+            .await
+            .unwrap();
+        assert_eq!(asset.status(), 200, "{name}");
+        assert!(
+            asset.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(content_type),
+            "{name}"
+        );
+        assert!(
+            asset.headers()["cache-control"]
+                .to_str()
+                .unwrap()
+                .contains("immutable"),
+            "{name}"
+        );
+    }
+    let missing = reqwest::get(format!("{base}/console/static/other.js"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let bad = reqwest::get(format!("{base}/console/runs?status=sideways"))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let bad = bad.text().await.unwrap();
+    assert!(
+        bad.contains("expected running, succeeded, failed or canceled") && bad.contains("<nav>"),
+        "{bad}"
+    );
+    let unknown = reqwest::get(format!("{base}/console/runs/req-nothing"))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    assert!(
+        unknown
+            .text()
+            .await
+            .unwrap()
+            .contains("no run &quot;req-nothing&quot;")
+    );
+}

@@ -1,21 +1,32 @@
-//! HTML escaping for pages built as strings on the server (cursor-server's console, cursor-backend's
+//! HTML escaping for pages built on the server (cursor-server's console and its templates, cursor-backend's
 //! UI). It lives with the wire mechanics only because both crates need exactly this and nothing else
 //! of the kind; a crate of its own for five replacements would cost more than it separates.
+
+use std::fmt;
 
 /// `&`, `<`, `>`, `"` and `'` as entities: safe in element text and in quoted attribute values.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
+    let _ = write_escaped(&mut out, text);
     out
+}
+
+/// `escape`'s rules written into `dest` without an intermediate string: what a template engine's
+/// escaper calls for every value it shows.
+pub fn write_escaped<W: fmt::Write>(mut dest: W, text: &str) -> fmt::Result {
+    let mut rest = text;
+    while let Some(at) = rest.find(['&', '<', '>', '"', '\'']) {
+        dest.write_str(&rest[..at])?;
+        dest.write_str(match rest.as_bytes()[at] {
+            b'&' => "&amp;",
+            b'<' => "&lt;",
+            b'>' => "&gt;",
+            b'"' => "&quot;",
+            _ => "&#39;",
+        })?;
+        rest = &rest[at + 1..];
+    }
+    dest.write_str(rest)
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
 //! What the console does rather than shows: probing a model (the `check` probe, as a POST with
 //! the page's CSRF token), logging in with the console token (sets the cookie), and exporting a
-//! conversation as Markdown.
+//! conversation as Markdown. The probe's answer and the login form are templates
+//! (`templates/console/`).
 
 use std::sync::{Arc, OnceLock};
 
+use askama::Template;
 use axum::Form;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::COOKIE;
 use super::api::ApiError;
-use super::charts::esc;
+use super::assets;
 use crate::model::message::CanonicalMessage;
 use crate::ops::check::{self, Probe};
 use crate::state::AppState;
@@ -41,7 +43,7 @@ pub async fn probe(
     Form(form): Form<ProbeForm>,
 ) -> Result<Response, ApiError> {
     if !csrf_ok(&form.csrf) {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "the form's CSRF token is missing or stale; reload the page".to_owned(),
         ));
@@ -52,46 +54,37 @@ pub async fn probe(
         .iter()
         .find_map(|p| p.models.iter().find(|m| m.id == form.model).map(|m| (p, m)))
     else {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no model {:?}", form.model),
         ));
     };
-    let result = match check::probe(&state.http, provider, model).await {
-        Probe::Ok { millis } => format!("<p class=\"succeeded\">ok: answered in {millis} ms</p>"),
-        Probe::Failed { cause } => format!("<p class=\"failed\">{}</p>", esc(&cause)),
-    };
-    let body = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\
-         <title>Probe · cursor-byok</title></head><body><h1>Probe of {}</h1>{result}\
-         <p><a href=\"/console\">Back to the overview</a></p></body></html>",
-        esc(&model.id)
-    );
-    Ok(([(header::CACHE_CONTROL, "no-store")], Html(body)).into_response())
+    let outcome = check::probe(&state.http, provider, model).await;
+    Ok(assets::page(
+        StatusCode::OK,
+        &ProbePage {
+            model: &model.id,
+            outcome,
+        },
+    ))
 }
 
-/// The probe button of one model on the overview.
-pub fn probe_button(model: &str) -> String {
-    format!(
-        "<form method=\"post\" action=\"/console/probe\" style=\"display:inline;margin:0\">\
-         <input type=\"hidden\" name=\"model\" value=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <button type=\"submit\">probe</button></form>",
-        esc(model),
-        csrf_token()
-    )
+#[derive(Template)]
+#[template(path = "console/probe.html")]
+struct ProbePage<'a> {
+    model: &'a str,
+    outcome: Probe,
+}
+
+#[derive(Template)]
+#[template(path = "console/login.html")]
+struct LoginPage {
+    csrf: &'static str,
 }
 
 /// `GET /console/login`: the token form (only useful when `console_token` is set).
-pub async fn login_form() -> Html<String> {
-    Html(format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\
-         <title>Log in · cursor-byok</title></head><body><h1>cursor-byok console</h1>\
-         <form method=\"post\" action=\"/console/login\"><label>Console token \
-         <input type=\"password\" name=\"token\" autocomplete=\"current-password\"></label>\
-         <input type=\"hidden\" name=\"csrf\" value=\"{}\"><button type=\"submit\">Log in</button></form>\
-         </body></html>",
-        csrf_token()
-    ))
+pub async fn login_form() -> Response {
+    assets::page(StatusCode::OK, &LoginPage { csrf: csrf_token() })
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,7 +114,7 @@ pub async fn markdown(
 ) -> Result<Response, ApiError> {
     let history = messages::load(&state.store, &id).await?;
     if history.is_empty() {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no conversation {id:?}"),
         ));

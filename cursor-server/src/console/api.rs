@@ -2,6 +2,8 @@
 //! calls; conversations and one conversation's history as stored; usage per day, provider and
 //! model with its cost from the configured prices; the providers and models with their newest
 //! call's outcome. API keys are never part of an answer.
+//! Every answer is a typed view model (`RunList`, `RunDetail`, …): the JSON routes serialize it
+//! and the pages (`pages.rs`) render the same value through their templates.
 
 use std::sync::Arc;
 
@@ -9,32 +11,62 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::config::{Config, Pricing};
+use crate::model::message::CanonicalMessage;
 use crate::model::usage::Usage;
 use crate::state::AppState;
-use crate::store::runs::{self, RunFilter, RunStatus, RunSummary};
+use crate::store::runs::{self, FailedAttempt, RunFilter, RunStatus, RunSummary};
 use crate::store::{StoreError, conversations, messages};
 
 /// Rows per page unless the query asks for fewer (never more than `MAX_PAGE`).
 const PAGE: u32 = 50;
 const MAX_PAGE: u32 = 500;
 
-/// A console API failure: a bad query or the store's error, as JSON with a status.
-pub struct ApiError(pub StatusCode, pub String);
+/// A console API failure, mapped to a response at the edge (`IntoResponse`): a request people can
+/// fix gets its own words; a store failure is logged there, once, with its detail, and people get
+/// a message that says where to look (the database's text never reaches the browser).
+#[derive(Debug)]
+pub enum ApiError {
+    /// A bad query, an unknown run or conversation, a stale form: the status and what to say.
+    Request(StatusCode, String),
+    /// The store failed; the detail is for the log only.
+    Store(StoreError),
+}
+
+/// What people are told when the store failed.
+pub const STORE_FAILED: &str = "the console could not read the database; see the server log";
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
-        tracing::error!("console query failed: {error}");
-        ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+        ApiError::Store(error)
+    }
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError::Request(status, message.into())
+    }
+
+    /// The status and the message for people; logs a store failure's detail (call once, at the
+    /// edge: the JSON answer and the pages' error page both come through here).
+    pub fn resolve(self) -> (StatusCode, String) {
+        match self {
+            ApiError::Request(status, message) => (status, message),
+            ApiError::Store(error) => {
+                tracing::error!(%error, "console query failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, STORE_FAILED.to_owned())
+            }
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1}))).into_response()
+        let (status, message) = self.resolve();
+        (status, Json(json!({"error": message}))).into_response()
     }
 }
 
@@ -61,14 +93,73 @@ pub struct RunQuery {
     pub limit: Option<u32>,
 }
 
+/// `GET /api/runs`: one page of runs and the cursor of the next.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunList {
+    pub runs: Vec<RunRow>,
+    /// The `before` of the next page, when this one is full.
+    pub next: Option<i64>,
+}
+
+/// A run as the console shows it (in a list, and at the head of its own page).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub request_id: String,
+    pub conversation_id: String,
+    pub model: String,
+    /// The name Cursor sent, when routing chose `model` for it.
+    pub requested_model: Option<String>,
+    pub mode: Option<String>,
+    pub transport: Option<String>,
+    pub status: &'static str,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub first_token_ms: Option<i64>,
+    pub provider_call_count: u32,
+    pub usage: Tokens,
+    /// Unknown (`None`) without a price for every bucket used, never zero.
+    pub cost_usd: Option<f64>,
+    pub error: Option<RunError>,
+}
+
+/// How a run that failed ended: the code and the message Cursor was shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The five token buckets (`None` where the provider did not say).
+#[derive(Debug, Clone, Serialize)]
+pub struct Tokens {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+    pub cache_read: Option<u64>,
+    pub cache_write: Option<u64>,
+    pub reasoning: Option<u64>,
+}
+
+impl From<&Usage> for Tokens {
+    fn from(usage: &Usage) -> Self {
+        Tokens {
+            input: usage.input_tokens,
+            output: usage.output_tokens,
+            cache_read: usage.cache_read_tokens,
+            cache_write: usage.cache_write_tokens,
+            reasoning: usage.reasoning_tokens,
+        }
+    }
+}
+
 pub async fn runs(
     State(state): State<Arc<AppState>>,
     Query(query): Query<RunQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     let status = match query.status.as_deref() {
         None | Some("") => None,
         Some(text) => Some(RunStatus::parse(text).ok_or_else(|| {
-            ApiError(
+            ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!("status {text:?}: expected running, succeeded, failed or canceled"),
             )
@@ -88,14 +179,59 @@ pub async fn runs(
     let next = (found.len() == limit as usize)
         .then(|| found.last().map(|r| r.started_at_ms))
         .flatten();
-    let rows: Vec<Value> = found.iter().map(|r| run_json(&state.config, r)).collect();
-    Ok(Json(json!({"runs": rows, "next": next})))
+    let runs = found.iter().map(|r| run_row(&state.config, r)).collect();
+    Ok(Json(RunList { runs, next }))
+}
+
+/// `GET /api/runs/{request_id}`: the run, its provider calls and its tool calls.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunRow,
+    pub provider_calls: Vec<CallRow>,
+    pub tool_calls: Vec<ToolRow>,
+}
+
+/// One provider call of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallRow {
+    pub model_call_id: String,
+    pub provider: String,
+    pub model: String,
+    pub purpose: &'static str,
+    pub started_at_ms: i64,
+    pub first_event_ms: Option<u64>,
+    pub total_ms: u64,
+    pub request_bytes: u64,
+    pub attempts: u32,
+    pub retries: Vec<FailedAttempt>,
+    pub key_index: Option<u32>,
+    /// "key 2 of 2" (never the key), when a key answered.
+    pub key: Option<String>,
+    pub usage: Tokens,
+    pub cost_usd: Option<f64>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    /// The model whose failed call this one replaced.
+    pub fallback_from: Option<String>,
+}
+
+/// One tool call of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolRow {
+    pub call_id: String,
+    pub tool: String,
+    /// The arguments, shortened.
+    pub arguments: String,
+    pub started_at_ms: i64,
+    pub duration_ms: i64,
+    pub outcome: &'static str,
 }
 
 pub async fn run(
     State(state): State<Arc<AppState>>,
     Path(request_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunDetail>, ApiError> {
     let found = runs::list(
         &state.store,
         &RunFilter {
@@ -106,85 +242,80 @@ pub async fn run(
     )
     .await?;
     let Some(summary) = found.first() else {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no run {request_id:?}"),
         ));
     };
-    let calls = runs::provider_calls(&state.store, &request_id).await?;
-    let calls: Vec<Value> = calls
-        .iter()
-        .map(|call| {
-            json!({
-                "model_call_id": call.model_call_id,
-                "provider": call.provider,
-                "model": call.model_id,
-                "purpose": call.purpose.as_str(),
-                "started_at_ms": call.started_at_ms,
-                "first_event_ms": call.first_event_ms,
-                "total_ms": call.total_ms,
-                "request_bytes": call.request_bytes,
-                "attempts": call.attempts(),
-                "retries": call.retries,
-                "key_index": call.key_index,
-                "key": key_used(&state.config, &call.provider, call.key_index),
-                "usage": usage_json(&call.usage),
-                "cost_usd": pricing(&state.config, &call.model_id).and_then(|p| p.cost(&call.usage)),
-                "finish_reason": call.finish_reason,
-                "error": call.error,
-                "fallback_from": call.fallback_from,
-            })
-        })
-        .collect();
-    let tools: Vec<Value> = runs::tool_executions(&state.store, &request_id)
+    let config = &state.config;
+    let provider_calls = runs::provider_calls(&state.store, &request_id)
         .await?
-        .iter()
-        .map(|tool| {
-            json!({
-                "call_id": tool.call_id,
-                "tool": tool.tool,
-                "arguments": tool.summary,
-                "started_at_ms": tool.started_at_ms,
-                "duration_ms": tool.duration_ms,
-                "outcome": tool.outcome,
-            })
+        .into_iter()
+        .map(|call| CallRow {
+            attempts: call.attempts(),
+            key: key_used(config, &call.provider, call.key_index),
+            cost_usd: pricing(config, &call.model_id).and_then(|p| p.cost(&call.usage)),
+            usage: Tokens::from(&call.usage),
+            purpose: call.purpose.as_str(),
+            model_call_id: call.model_call_id,
+            provider: call.provider,
+            model: call.model_id,
+            started_at_ms: call.started_at_ms,
+            first_event_ms: call.first_event_ms,
+            total_ms: call.total_ms,
+            request_bytes: call.request_bytes,
+            retries: call.retries,
+            key_index: call.key_index,
+            finish_reason: call.finish_reason,
+            error: call.error,
+            fallback_from: call.fallback_from,
         })
         .collect();
-    let mut run = run_json(&state.config, summary);
-    run["provider_calls"] = Value::Array(calls);
-    run["tool_calls"] = Value::Array(tools);
-    Ok(Json(run))
+    let tool_calls = runs::tool_executions(&state.store, &request_id)
+        .await?
+        .into_iter()
+        .map(|tool| ToolRow {
+            call_id: tool.call_id,
+            tool: tool.tool,
+            arguments: tool.summary,
+            started_at_ms: tool.started_at_ms,
+            duration_ms: tool.duration_ms,
+            outcome: tool.outcome,
+        })
+        .collect();
+    Ok(Json(RunDetail {
+        run: run_row(config, summary),
+        provider_calls,
+        tool_calls,
+    }))
 }
 
-fn run_json(config: &Config, run: &RunSummary) -> Value {
+fn run_row(config: &Config, run: &RunSummary) -> RunRow {
     let record = &run.record;
-    json!({
-        "request_id": record.request_id,
-        "conversation_id": record.conversation_id,
-        "model": record.model_id,
-        "requested_model": record.requested_model,
-        "mode": run.mode,
-        "transport": run.transport,
-        "status": record.outcome.status.as_str(),
-        "started_at_ms": run.started_at_ms,
-        "finished_at_ms": run.finished_at_ms,
-        "duration_ms": run.finished_at_ms.map(|end| end - run.started_at_ms),
-        "first_token_ms": run.first_token_ms,
-        "provider_call_count": record.outcome.provider_calls,
-        "usage": usage_json(&record.outcome.usage),
-        "cost_usd": pricing(config, &record.model_id).and_then(|p| p.cost(&record.outcome.usage)),
-        "error": record.outcome.error.as_ref().map(|(code, message)| json!({"code": code, "message": message})),
-    })
-}
-
-fn usage_json(usage: &Usage) -> Value {
-    json!({
-        "input": usage.input_tokens,
-        "output": usage.output_tokens,
-        "cache_read": usage.cache_read_tokens,
-        "cache_write": usage.cache_write_tokens,
-        "reasoning": usage.reasoning_tokens,
-    })
+    RunRow {
+        request_id: record.request_id.clone(),
+        conversation_id: record.conversation_id.clone(),
+        model: record.model_id.clone(),
+        requested_model: record.requested_model.clone(),
+        mode: run.mode.clone(),
+        transport: run.transport.clone(),
+        status: record.outcome.status.as_str(),
+        started_at_ms: run.started_at_ms,
+        finished_at_ms: run.finished_at_ms,
+        duration_ms: run.finished_at_ms.map(|end| end - run.started_at_ms),
+        first_token_ms: run.first_token_ms,
+        provider_call_count: record.outcome.provider_calls,
+        usage: Tokens::from(&record.outcome.usage),
+        cost_usd: pricing(config, &record.model_id).and_then(|p| p.cost(&record.outcome.usage)),
+        error: record
+            .outcome
+            .error
+            .as_ref()
+            .map(|(code, message)| RunError {
+                code: code.clone(),
+                message: message.clone(),
+            }),
+    }
 }
 
 /// The configured prices of the model Cursor knows as `model_id`.
@@ -204,36 +335,69 @@ pub struct PageQuery {
     pub limit: Option<u32>,
 }
 
+/// `GET /api/conversations`: one page of conversations and the cursor of the next.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConversationList {
+    pub conversations: Vec<ConversationRow>,
+    pub next: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConversationRow {
+    pub id: String,
+    /// The first line of the first user message, if there is one.
+    pub title: Option<String>,
+    pub runs: u64,
+    pub messages: u64,
+    pub last_activity_ms: i64,
+}
+
 pub async fn conversations(
     State(state): State<Arc<AppState>>,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ConversationList>, ApiError> {
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
     let found = conversations::list(&state.store, query.before, limit).await?;
     let next = (found.len() == limit as usize)
         .then(|| found.last().map(|c| c.last_activity_ms))
         .flatten();
-    let rows: Vec<Value> = found
-        .iter()
-        .map(|c| {
-            json!({
-                "id": c.id,
-                "title": c.title,
-                "runs": c.runs,
-                "messages": c.messages,
-                "last_activity_ms": c.last_activity_ms,
-            })
+    let conversations = found
+        .into_iter()
+        .map(|c| ConversationRow {
+            id: c.id,
+            title: c.title,
+            runs: c.runs,
+            messages: c.messages,
+            last_activity_ms: c.last_activity_ms,
         })
         .collect();
-    Ok(Json(json!({"conversations": rows, "next": next})))
+    Ok(Json(ConversationList {
+        conversations,
+        next,
+    }))
 }
 
-/// One conversation: its stored history (what the model is shown, before each family's shape)
-/// and its runs.
+/// `GET /api/conversations/{id}`: the stored history (what the model is shown, before each
+/// family's shape), the published checkpoint and the runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConversationDetail {
+    pub id: String,
+    pub history: Vec<CanonicalMessage>,
+    pub head: Option<Head>,
+    pub runs: Vec<RunRow>,
+}
+
+/// The published checkpoint: its blob and revision.
+#[derive(Debug, Clone, Serialize)]
+pub struct Head {
+    pub blob: String,
+    pub revision: i64,
+}
+
 pub async fn conversation(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ConversationDetail>, ApiError> {
     let history = messages::load(&state.store, &id).await?;
     let head = conversations::head(&state.store, &id).await?;
     let runs = runs::list(
@@ -246,18 +410,21 @@ pub async fn conversation(
     )
     .await?;
     if history.is_empty() && runs.is_empty() {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no conversation {id:?}"),
         ));
     }
-    let runs: Vec<Value> = runs.iter().map(|r| run_json(&state.config, r)).collect();
-    Ok(Json(json!({
-        "id": id,
-        "history": history,
-        "head": head.map(|(blob, revision)| json!({"blob": blob.to_hex(), "revision": revision})),
-        "runs": runs,
-    })))
+    let runs = runs.iter().map(|r| run_row(&state.config, r)).collect();
+    Ok(Json(ConversationDetail {
+        id,
+        history,
+        head: head.map(|(blob, revision)| Head {
+            blob: blob.to_hex(),
+            revision,
+        }),
+        runs,
+    }))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -267,38 +434,66 @@ pub struct UsageQuery {
     pub days: Option<u32>,
 }
 
+/// `GET /api/usage`: the period and its rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageReport {
+    pub days: i64,
+    pub rows: Vec<UsageLine>,
+}
+
+/// One day, provider and model.
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageLine {
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub provider: String,
+    pub model: String,
+    pub calls: u64,
+    pub usage: Tokens,
+    /// Cache reads over all input read; `None` when nothing was read.
+    pub cache_hit_rate: Option<f64>,
+    pub cost_usd: Option<f64>,
+}
+
 /// Usage per day, provider and model: the five token buckets, the cache hit rate (cache reads
 /// over all input read) and the cost (unknown without a price for every bucket used).
 pub async fn usage(
     State(state): State<Arc<AppState>>,
     Query(query): Query<UsageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<UsageReport>, ApiError> {
     let days = i64::from(query.days.unwrap_or(30).clamp(1, 3650));
     let since = crate::store::now_ms() - days * 86_400_000;
-    let rows = runs::usage_by_day(&state.store, since).await?;
-    let rows: Vec<Value> = rows
-        .iter()
+    let rows = runs::usage_by_day(&state.store, since)
+        .await?
+        .into_iter()
         .map(|row| {
             let input = row.usage.input_tokens.unwrap_or(0);
             let cached = row.usage.cache_read_tokens.unwrap_or(0);
             let read = input + cached;
-            json!({
-                "day": row.day,
-                "provider": row.provider,
-                "model": row.model_id,
-                "calls": row.calls,
-                "usage": usage_json(&row.usage),
-                "cache_hit_rate": (read > 0).then(|| cached as f64 / read as f64),
-                "cost_usd": pricing(&state.config, &row.model_id).and_then(|p| p.cost(&row.usage)),
-            })
+            UsageLine {
+                cache_hit_rate: (read > 0).then(|| cached as f64 / read as f64),
+                cost_usd: pricing(&state.config, &row.model_id).and_then(|p| p.cost(&row.usage)),
+                usage: Tokens::from(&row.usage),
+                day: row.day,
+                provider: row.provider,
+                model: row.model_id,
+                calls: row.calls,
+            }
         })
         .collect();
-    Ok(Json(json!({"days": days, "rows": rows})))
+    Ok(Json(UsageReport { days, rows }))
 }
 
-/// The last warnings and errors the server logged, newest first.
-pub async fn logs() -> Json<Value> {
-    Json(json!({"entries": super::logs::recent()}))
+/// `GET /api/logs`: the last warnings and errors, newest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogList {
+    pub entries: Vec<super::logs::Entry>,
+}
+
+pub async fn logs() -> Json<LogList> {
+    Json(LogList {
+        entries: super::logs::recent(),
+    })
 }
 
 /// `GET /api/live`: server-sent events, one `runs` event with the active request ids now and
@@ -331,77 +526,145 @@ pub async fn live(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// A provider's keys as the console shows them: each by its source (`key 2 (KEY_2)`, never the
-/// key), its calls in flight, and its cooldown if the provider turned it away.
-fn keys_json(state: &AppState, provider: &crate::config::ProviderConfig) -> Value {
-    let status = state.keys.get(provider).status();
-    Value::Array(
-        status
-            .iter()
-            .enumerate()
-            .map(|(i, key)| {
-                json!({
-                    "name": crate::ops::check::key_name(provider, i),
-                    "in_flight": key.in_flight,
-                    "cooling_secs": key.cooling.map(|(left, _)| left.as_secs()),
-                    "cooling_status": key.cooling.map(|(_, status)| status),
-                })
-            })
-            .collect(),
-    )
+/// `GET /api/providers`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderList {
+    pub providers: Vec<ProviderView>,
+}
+
+/// A provider: its URL and route, never its key.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderView {
+    pub name: String,
+    pub kind: String,
+    pub base_url: String,
+    pub route: String,
+    /// Always `***`: the answer says a key is set without showing it.
+    pub api_key: &'static str,
+    pub keys: Vec<KeyView>,
+    pub models: Vec<ModelView>,
+}
+
+/// A provider's key as the console shows it: by its source (`key 2 (KEY_2)`, never the key), its
+/// calls in flight, and its cooldown if the provider turned it away.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyView {
+    pub name: String,
+    pub in_flight: u32,
+    pub cooling_secs: Option<u64>,
+    /// The HTTP status that started the cooldown.
+    pub cooling_status: Option<u16>,
+}
+
+/// A configured model with its newest call.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelView {
+    pub id: String,
+    pub upstream_id: String,
+    pub display_name: String,
+    pub context_window: u32,
+    pub reasoning: bool,
+    pub vision: bool,
+    pub default: bool,
+    pub priced: bool,
+    pub last_call: Option<LastCall>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LastCall {
+    pub at_ms: i64,
+    pub ok: bool,
+    pub error: Option<String>,
+}
+
+fn keys_of(state: &AppState, provider: &crate::config::ProviderConfig) -> Vec<KeyView> {
+    state
+        .keys
+        .get(provider)
+        .status()
+        .iter()
+        .enumerate()
+        .map(|(i, key)| KeyView {
+            name: crate::ops::check::key_name(provider, i),
+            in_flight: key.in_flight,
+            cooling_secs: key.cooling.map(|(left, _)| left.as_secs()),
+            cooling_status: key.cooling.map(|(_, status)| status),
+        })
+        .collect()
 }
 
 /// "key 2 of 2" for a call a key answered, when the provider has several (never the key); the
 /// count is the configuration's now.
-fn key_used(config: &crate::config::Config, provider: &str, index: Option<u32>) -> Value {
+fn key_used(config: &Config, provider: &str, index: Option<u32>) -> Option<String> {
     let count = config
         .providers
         .iter()
         .find(|p| p.name == provider)
         .map_or(0, |p| p.keys.len());
     match index {
-        Some(index) if count > 1 => json!(format!("key {} of {count}", index + 1)),
-        Some(index) => json!(format!("key {}", index + 1)),
-        None => Value::Null,
+        Some(index) if count > 1 => Some(format!("key {} of {count}", index + 1)),
+        Some(index) => Some(format!("key {}", index + 1)),
+        None => None,
     }
 }
 
 /// Each provider (URL and route, never its key) and model, with its newest call's outcome.
-pub async fn providers(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+pub async fn providers(State(state): State<Arc<AppState>>) -> Result<Json<ProviderList>, ApiError> {
     let last = runs::last_calls(&state.store).await?;
-    let providers: Vec<Value> = state
+    let providers = state
         .config
         .providers
         .iter()
-        .map(|provider| {
-            let models: Vec<Value> = provider
+        .map(|provider| ProviderView {
+            name: provider.name.clone(),
+            kind: format!("{:?}", provider.kind),
+            base_url: provider.base_url.clone(),
+            route: provider.route.shown(),
+            api_key: "***",
+            keys: keys_of(&state, provider),
+            models: provider
                 .models
                 .iter()
-                .map(|model| {
-                    let newest = last.iter().find(|(id, _, _)| *id == model.id);
-                    json!({
-                        "id": model.id,
-                        "upstream_id": model.upstream_id,
-                        "display_name": model.display_name,
-                        "context_window": model.context_window,
-                        "reasoning": model.reasoning,
-                        "vision": model.vision,
-                        "default": model.id == state.config.default_model,
-                        "priced": model.pricing.is_some(),
-                        "last_call": newest.map(|(_, at, error)| json!({"at_ms": at, "ok": error.is_none(), "error": error})),
-                    })
+                .map(|model| ModelView {
+                    id: model.id.clone(),
+                    upstream_id: model.upstream_id.clone(),
+                    display_name: model.display_name.clone(),
+                    context_window: model.context_window,
+                    reasoning: model.reasoning,
+                    vision: model.vision,
+                    default: model.id == state.config.default_model,
+                    priced: model.pricing.is_some(),
+                    last_call: last.iter().find(|(id, _, _)| *id == model.id).map(
+                        |(_, at, error)| LastCall {
+                            at_ms: *at,
+                            ok: error.is_none(),
+                            error: error.clone(),
+                        },
+                    ),
                 })
-                .collect();
-            json!({
-                "name": provider.name,
-                "kind": format!("{:?}", provider.kind),
-                "base_url": provider.base_url,
-                "route": provider.route.shown(),
-                "api_key": "***",
-                "keys": keys_json(&state, provider),
-                "models": models,
-            })
+                .collect(),
         })
         .collect();
-    Ok(Json(json!({"providers": providers})))
+    Ok(Json(ProviderList { providers }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_failure_reaches_people_without_the_databases_text() {
+        let error = ApiError::from(StoreError::Query {
+            context: "listing runs",
+            source: sqlx::Error::Protocol("secret table detail".to_owned()),
+        });
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("a body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains(STORE_FAILED), "{body}");
+        assert!(!body.contains("secret"), "{body}");
+    }
 }

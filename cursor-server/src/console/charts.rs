@@ -1,28 +1,39 @@
 //! The console's charts, drawn as inline SVG on the server: no script, no asset, no library; and
-//! the HTML escaping the charts and the pages share.
+//! the HTML escaping the charts and the page templates share (askama.toml names `Html`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
-use serde_json::Value;
+use super::api::UsageLine;
 
 /// `&`, `<`, `>`, `"` and `'` as entities: the workspace's one escaper, shared with the debugger.
 pub use cursor_wire::html::escape as esc;
+use cursor_wire::html::write_escaped;
+
+/// The templates' escaper: every value a template shows goes through `esc`'s rules, unless the
+/// template marks it `|safe` (markup built here or in `pages.rs` from escaped parts).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Html;
+
+impl askama::filters::Escaper for Html {
+    fn write_escaped_str<W: fmt::Write>(&self, dest: W, text: &str) -> fmt::Result {
+        write_escaped(dest, text)
+    }
+}
 
 const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 200.0;
 const MARGIN: f64 = 40.0;
 
-/// Stacked bars of input, cache-read and output tokens per day, from `/api/usage` rows.
-pub fn tokens_per_day(rows: &[Value]) -> String {
+/// Stacked bars of input, cache-read and output tokens per day, from `/api/usage` rows. Markup
+/// whose every text is escaped here, so the usage template shows it as it is.
+pub fn tokens_per_day(rows: &[UsageLine]) -> String {
     let mut days: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
     for row in rows {
-        let day = row["day"].as_str().unwrap_or_default();
-        let bucket = |name: &str| row["usage"][name].as_u64().unwrap_or(0);
-        let entry = days.entry(day).or_default();
-        entry[0] += bucket("input");
-        entry[1] += bucket("cache_read");
-        entry[2] += bucket("output");
+        let entry = days.entry(row.day.as_str()).or_default();
+        entry[0] += row.usage.input.unwrap_or(0);
+        entry[1] += row.usage.cache_read.unwrap_or(0);
+        entry[2] += row.usage.output.unwrap_or(0);
     }
     if days.is_empty() {
         return "<p class=\"muted\">No provider calls in this period.</p>".to_owned();
@@ -89,10 +100,22 @@ mod tests {
 
     #[test]
     fn a_day_with_more_tokens_gets_a_taller_bar() {
-        let rows = vec![
-            serde_json::json!({"day": "2026-12-03", "usage": {"input": 100, "cache_read": 0, "output": 0}}),
-            serde_json::json!({"day": "2026-12-04", "usage": {"input": 300, "cache_read": 0, "output": 0}}),
-        ];
+        let row = |day: &str, input: u64| UsageLine {
+            day: day.to_owned(),
+            provider: "fake".to_owned(),
+            model: "m".to_owned(),
+            calls: 1,
+            usage: super::super::api::Tokens {
+                input: Some(input),
+                output: Some(0),
+                cache_read: Some(0),
+                cache_write: None,
+                reasoning: None,
+            },
+            cache_hit_rate: None,
+            cost_usd: None,
+        };
+        let rows = vec![row("2026-12-03", 100), row("2026-12-04", 300)];
         let svg = tokens_per_day(&rows);
         let heights: Vec<f64> = svg
             .split("height=\"")

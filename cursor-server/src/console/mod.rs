@@ -1,11 +1,12 @@
 //! The console's routes: its pages under `/console` and the JSON API under `/api/` (each page
-//! renders its API handler's answer).
+//! renders its API handler's answer through its template) and the static assets the pages link.
 //! Who may call them: on a loopback listener anyone on this machine unless `console_token` is set;
 //! on any other listener only with the token (a bearer header or the console's cookie). Never
 //! passed through to Cursor's backend.
 
 pub mod actions;
 pub mod api;
+pub mod assets;
 pub mod charts;
 pub mod logs;
 pub mod pages;
@@ -44,7 +45,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/conversations/{id}/markdown", get(actions::markdown))
         .route("/console/probe", post(actions::probe))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
-        // Logging in is how a browser gets past the guard.
+        // Logging in is how a browser gets past the guard; its page needs the stylesheet, which
+        // holds nothing private.
+        .route("/console/static/{name}", get(assets::serve))
         .route(
             "/console/login",
             get(actions::login_form).post(actions::login),
