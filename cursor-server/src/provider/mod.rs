@@ -180,10 +180,17 @@ fn provider_proxies(config: &Config) -> reqwest::Proxy {
 /// Longest `retry-after` honoured; beyond it the error goes to the user instead.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// Largest text one coalesced delta carries: past it the rest waits for the next `recv`, so a
+/// client far behind still gets frames of a bounded size.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
 /// A call's canonical events, and the attempts that failed before it streamed and the key that
 /// served it (for its record).
 pub struct EventReceiver {
     events: mpsc::Receiver<Result<ResponseEvent, ProviderError>>,
+    /// An event taken from the channel while coalescing that was not a delta of the same kind: the
+    /// next `recv` returns it first.
+    held: Option<Result<ResponseEvent, ProviderError>>,
     log: Arc<Mutex<CallLog>>,
 }
 
@@ -196,9 +203,58 @@ struct CallLog {
 }
 
 impl EventReceiver {
-    /// The next event; an error is the last item; `None` once the call is over.
+    /// The next event; an error is the last item; `None` once the call is over. Text (or
+    /// reasoning) deltas that are already waiting behind the first come merged into it: when the
+    /// run is behind the provider (a slow client, a busy machine), one frame and one write carry
+    /// what several would have, and a run that keeps up gets every delta as it comes. Only deltas
+    /// already received are merged, so nothing waits for the next one.
     pub async fn recv(&mut self) -> Option<Result<ResponseEvent, ProviderError>> {
-        self.events.recv().await
+        let first = match self.held.take() {
+            Some(event) => event,
+            None => self.events.recv().await?,
+        };
+        Some(match first {
+            Ok(ResponseEvent::TextDelta(text)) => Ok(ResponseEvent::TextDelta(self.merge_ready(
+                text,
+                |e| match e {
+                    ResponseEvent::TextDelta(t) => Ok(t),
+                    other => Err(other),
+                },
+            ))),
+            Ok(ResponseEvent::ReasoningDelta(text)) => Ok(ResponseEvent::ReasoningDelta(
+                self.merge_ready(text, |e| match e {
+                    ResponseEvent::ReasoningDelta(t) => Ok(t),
+                    other => Err(other),
+                }),
+            )),
+            other => other,
+        })
+    }
+
+    /// Appends to `text` every delta of the same kind (`same` gives its text back) already waiting
+    /// in the channel, up to `COALESCE_LIMIT`; the first other event is held for the next `recv`.
+    fn merge_ready(
+        &mut self,
+        mut text: String,
+        same: fn(ResponseEvent) -> Result<String, ResponseEvent>,
+    ) -> String {
+        while text.len() < COALESCE_LIMIT {
+            match self.events.try_recv() {
+                Ok(Ok(event)) => match same(event) {
+                    Ok(more) => text.push_str(&more),
+                    Err(other) => {
+                        self.held = Some(Ok(other));
+                        break;
+                    }
+                },
+                Ok(Err(error)) => {
+                    self.held = Some(Err(error));
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        text
     }
 
     /// The attempts that failed and were retried so far, oldest first.
@@ -318,7 +374,11 @@ pub fn call(
         task,
         tracing::Span::current(),
     ));
-    EventReceiver { events: rx, log }
+    EventReceiver {
+        events: rx,
+        held: None,
+        log,
+    }
 }
 
 struct HttpCall {
@@ -703,5 +763,119 @@ mod tests {
         assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(retry_after("-3", now), None);
         assert_eq!(retry_after("soon", now), None);
+    }
+
+    #[tokio::test]
+    async fn deltas_already_waiting_come_merged_and_nothing_else_moves() {
+        use ResponseEvent::{ReasoningDelta, TextDelta, ToolCallStart, Usage as UsageEvent};
+        let (tx, rx) = mpsc::channel(16);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        for event in [
+            ReasoningDelta("think ".into()),
+            ReasoningDelta("more".into()),
+            TextDelta("Hel".into()),
+            TextDelta("lo".into()),
+            TextDelta(", ".into()),
+            ToolCallStart {
+                index: 0,
+                id: "c".into(),
+                name: "Read".into(),
+            },
+            TextDelta("after".into()),
+            UsageEvent(Default::default()),
+        ] {
+            tx.send(Ok(event)).await.expect("room");
+        }
+        tx.send(Err(ProviderError::Truncated {
+            provider: "p".into(),
+            missing: "terminal event",
+        }))
+        .await
+        .expect("room");
+        drop(tx);
+        let mut got = Vec::new();
+        while let Some(event) = events.recv().await {
+            got.push(event.map_err(|e| e.to_string()));
+        }
+        assert_eq!(
+            got,
+            [
+                Ok(ReasoningDelta("think more".into())),
+                Ok(TextDelta("Hello, ".into())),
+                Ok(ToolCallStart {
+                    index: 0,
+                    id: "c".into(),
+                    name: "Read".into(),
+                }),
+                Ok(TextDelta("after".into())),
+                Ok(UsageEvent(Default::default())),
+                Err(ProviderError::Truncated {
+                    provider: "p".into(),
+                    missing: "terminal event",
+                }
+                .to_string()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delta_that_waits_for_the_next_is_sent_alone_and_an_error_behind_it_is_kept() {
+        let (tx, rx) = mpsc::channel(16);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        tx.send(Ok(ResponseEvent::TextDelta("one".into())))
+            .await
+            .expect("room");
+        // Nothing else is ready: the delta comes at once, alone.
+        assert_eq!(
+            events.recv().await.map(|e| e.map_err(|e| e.to_string())),
+            Some(Ok(ResponseEvent::TextDelta("one".into())))
+        );
+        tx.send(Ok(ResponseEvent::TextDelta("two".into())))
+            .await
+            .expect("room");
+        tx.send(Err(ProviderError::Truncated {
+            provider: "p".into(),
+            missing: "[DONE]",
+        }))
+        .await
+        .expect("room");
+        assert_eq!(
+            events.recv().await.map(|e| e.map_err(|e| e.to_string())),
+            Some(Ok(ResponseEvent::TextDelta("two".into())))
+        );
+        assert!(matches!(
+            events.recv().await,
+            Some(Err(ProviderError::Truncated { .. }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_merged_delta_stops_growing_at_the_limit() {
+        let (tx, rx) = mpsc::channel(64);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        let piece = "x".repeat(COALESCE_LIMIT / 4);
+        for _ in 0..6 {
+            tx.send(Ok(ResponseEvent::TextDelta(piece.clone())))
+                .await
+                .expect("room");
+        }
+        drop(tx);
+        let mut sizes = Vec::new();
+        while let Some(Ok(ResponseEvent::TextDelta(text))) = events.recv().await {
+            sizes.push(text.len());
+        }
+        assert_eq!(sizes, [COALESCE_LIMIT, COALESCE_LIMIT / 2]);
     }
 }
