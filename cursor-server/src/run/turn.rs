@@ -16,7 +16,7 @@ use super::lifecycle::Checkpoints;
 use crate::config::{Config, ModelChoice, ModelConfig, ProviderConfig, RouteRequest, RoutedBy};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::pending::PendingExecs;
-use crate::cursor::tool_result::ToolEnv;
+use crate::cursor::tool_result::{Tool, ToolEnv};
 use crate::cursor::tools::{ToolKind, ToolOptions, interactive, task, todo};
 use crate::error::ServerError;
 use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunState, Todo};
