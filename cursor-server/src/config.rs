@@ -163,21 +163,38 @@ impl fmt::Display for Secret {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    OpenAiChat,
-    OpenAiResponses,
-    Anthropic,
+/// Declares the provider families a configuration may name: one line per family, its variant and
+/// the `kind` it is written as. What a family does is its module behind `provider::family::Family`
+/// (registered in `provider/family.rs`); the configuration, read by every layer, only names it.
+macro_rules! provider_kinds {
+    ($($kind:ident = $name:literal,)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ProviderKind {
+            $($kind,)*
+        }
+
+        impl ProviderKind {
+            pub const ALL: [ProviderKind; [$($name),*].len()] = [$(ProviderKind::$kind),*];
+
+            /// The `kind` the configuration names this family by.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ProviderKind::$kind => $name,)*
+                }
+            }
+        }
+    };
+}
+
+provider_kinds! {
+    OpenAiChat = "openai-chat",
+    OpenAiResponses = "openai-responses",
+    Anthropic = "anthropic",
 }
 
 impl ProviderKind {
     pub(crate) fn parse(kind: &str) -> Option<Self> {
-        match kind {
-            "openai-chat" => Some(ProviderKind::OpenAiChat),
-            "openai-responses" => Some(ProviderKind::OpenAiResponses),
-            "anthropic" => Some(ProviderKind::Anthropic),
-            _ => None,
-        }
+        ProviderKind::ALL.into_iter().find(|k| k.name() == kind)
     }
 }
 

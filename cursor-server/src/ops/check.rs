@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig, ProviderKind};
+use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig};
 use crate::provider;
 
 /// How a model answered its probe.
@@ -50,15 +50,18 @@ pub async fn probe_key(
     let url = format!(
         "{}{}",
         provider.base_url,
-        provider::endpoint_path(provider.kind)
+        provider.kind.family().endpoint_path()
     );
-    let body = minimal_request(provider.kind, &model.upstream_id);
+    let body = provider.kind.family().probe(&model.upstream_id);
     let Some(secret) = provider.keys.get(key).map(|k| &k.secret) else {
         return Probe::Failed {
             cause: format!("provider {:?} has no key {}", provider.name, key + 1),
         };
     };
-    let request = provider::authorize(http.post(&url).json(&body), provider.kind, secret);
+    let request = provider
+        .kind
+        .family()
+        .authorize(http.post(&url).json(&body), secret);
     let started = Instant::now();
     match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
         Err(_) => Probe::Failed {
@@ -102,21 +105,6 @@ pub async fn probe_key(
                 ));
             }
             Probe::Failed { cause }
-        }
-    }
-}
-
-fn minimal_request(kind: ProviderKind, model: &str) -> serde_json::Value {
-    let messages = serde_json::json!([{"role": "user", "content": "Reply with OK."}]);
-    match kind {
-        ProviderKind::OpenAiChat => {
-            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16, "stream": false})
-        }
-        ProviderKind::OpenAiResponses => {
-            serde_json::json!({"model": model, "input": "Reply with OK.", "max_output_tokens": 16, "stream": false})
-        }
-        ProviderKind::Anthropic => {
-            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16})
         }
     }
 }
@@ -176,7 +164,7 @@ fn refused(
         ),
         404 => format!(
             "HTTP 404 at {url}: no such path; base_url should end where the API's version does (for example http://127.0.0.1:8080/v1), without {}",
-            provider::endpoint_path(provider.kind)
+            provider.kind.family().endpoint_path()
         ),
         429 => format!("HTTP 429: rate limited or out of quota ({said})"),
         _ => format!("HTTP {status}: {said}"),
@@ -219,9 +207,9 @@ pub async fn run(config: &Config) -> bool {
         println!(
             "provider {:?} ({}): {}{}, {}",
             provider_config.name,
-            kind_name(provider_config.kind),
+            provider_config.kind.name(),
             provider_config.base_url,
-            provider::endpoint_path(provider_config.kind),
+            provider_config.kind.family().endpoint_path(),
             provider_config.route.shown()
         );
         let keys: Vec<String> = (0..provider_config.keys.len())
@@ -270,12 +258,4 @@ pub async fn run(config: &Config) -> bool {
 pub fn key_name(provider: &ProviderConfig, index: usize) -> String {
     let source = provider.keys.get(index).map_or("missing", |k| k.source());
     format!("key {} ({source})", index + 1)
-}
-
-fn kind_name(kind: ProviderKind) -> &'static str {
-    match kind {
-        ProviderKind::OpenAiChat => "openai-chat",
-        ProviderKind::OpenAiResponses => "openai-responses",
-        ProviderKind::Anthropic => "anthropic",
-    }
 }

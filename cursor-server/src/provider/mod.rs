@@ -1,8 +1,12 @@
 //! LLM endpoint adapters. `call` starts one streaming provider call and hands back its canonical
-//! events; which adapter runs is decided by the configured provider kind, nowhere else.
+//! events: the HTTP, timeouts, keys and the one retry policy (`retry`) every family shares. What
+//! differs by family (path, authorization, body, parser, images, probe) is its module behind
+//! `family::Family`, chosen from the configured kind by the registry below (`ProviderKind::family`),
+//! nowhere else.
 
 pub mod anthropic;
 pub mod event;
+pub mod family;
 pub mod keys;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -20,6 +24,17 @@ use crate::config::{Config, ProviderConfig, ProviderKind, Route, Secret};
 pub use crate::store::runs::FailedAttempt;
 pub use event::{FinishReason, ResponseEvent};
 use keys::{KeyLease, KeyPool};
+
+impl ProviderKind {
+    /// The registry: one line per family (its module is declared above).
+    pub fn family(self) -> &'static dyn family::Family {
+        match self {
+            ProviderKind::OpenAiChat => &openai_chat::OpenAiChat,
+            ProviderKind::OpenAiResponses => &openai_responses::OpenAiResponses,
+            ProviderKind::Anthropic => &anthropic::Anthropic,
+        }
+    }
+}
 
 /// How many canonical events may wait between the adapter task and the loop.
 const EVENT_BUFFER: usize = 256;
@@ -62,6 +77,32 @@ pub enum ProviderError {
         retry_in_secs: u64,
         retry_at: String,
     },
+}
+
+/// The one retry policy: which failures are tried again, by whom. Two questions, answered here
+/// together so they stay consistent: what a call retries itself before its first streamed byte,
+/// and what the client is told may succeed if it sends the request again.
+pub mod retry {
+    use super::ProviderError;
+
+    /// A call retries (with backoff, or on another key) an HTTP status that may pass on its own
+    /// moments later: 429 (rate limit), 5xx and Anthropic's 529 (overloaded).
+    pub fn in_call(status: u16) -> bool {
+        status == 429 || status == 529 || (500..=599).contains(&status)
+    }
+
+    /// Whether sending the same request again can succeed: a provider that is down, slow, rate
+    /// limiting or cut the stream, yes (also 408, 409, 425: the request was fine, its moment was
+    /// not, which the call itself does not wait out); a rejected request, key or model, no.
+    pub fn by_client(error: &ProviderError) -> bool {
+        match error {
+            ProviderError::Http { status, .. } => {
+                matches!(status, 408 | 409 | 425 | 429) || *status >= 500
+            }
+            ProviderError::Unsupported(_) => false,
+            _ => true,
+        }
+    }
 }
 
 impl ProviderError {
@@ -305,31 +346,6 @@ impl RequestBody {
     }
 }
 
-/// The path after `base_url` each kind of endpoint is called at.
-pub fn endpoint_path(kind: ProviderKind) -> &'static str {
-    match kind {
-        ProviderKind::OpenAiChat => "/chat/completions",
-        ProviderKind::OpenAiResponses => "/responses",
-        ProviderKind::Anthropic => "/messages",
-    }
-}
-
-/// Sets one of the provider's keys on `request` the way its kind expects it.
-pub fn authorize(
-    request: reqwest::RequestBuilder,
-    kind: ProviderKind,
-    key: &Secret,
-) -> reqwest::RequestBuilder {
-    match kind {
-        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
-            request.bearer_auth(key.expose())
-        }
-        ProviderKind::Anthropic => request
-            .header("x-api-key", key.expose())
-            .header("anthropic-version", anthropic::API_VERSION),
-    }
-}
-
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
 /// and the HTTP connection is dropped, which the provider observes as a disconnect). Each attempt
@@ -343,18 +359,13 @@ pub fn call(
     cancel: CancellationToken,
 ) -> EventReceiver {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let path = endpoint_path(provider.kind);
-    let parser: Box<dyn StreamParser> = match provider.kind {
-        ProviderKind::OpenAiChat => Box::new(openai_chat::ChatStreamParser::new(&provider.name)),
-        ProviderKind::OpenAiResponses => {
-            Box::new(openai_responses::ResponsesStreamParser::new(&provider.name))
-        }
-        ProviderKind::Anthropic => Box::new(anthropic::AnthropicStreamParser::new(&provider.name)),
-    };
+    let family = provider.kind.family();
+    let path = family.endpoint_path();
+    let parser = family.parser(&provider.name);
     let call = HttpCall {
         http: http.clone(),
         provider: provider.name.clone(),
-        kind: provider.kind,
+        family,
         url: format!("{}{path}", provider.base_url),
         keys: Arc::clone(keys),
         body,
@@ -384,7 +395,7 @@ pub fn call(
 struct HttpCall {
     http: reqwest::Client,
     provider: String,
-    kind: ProviderKind,
+    family: &'static dyn family::Family,
     url: String,
     keys: Arc<KeyPool>,
     body: RequestBody,
@@ -412,7 +423,7 @@ impl HttpCall {
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(self.body.0.clone());
-        authorize(request, self.kind, key)
+        self.family.authorize(request, key)
     }
 
     /// One attempt with `key`: the response, or why it failed and the `retry-after` it carried.
@@ -533,7 +544,7 @@ impl HttpCall {
                     }
                     (None, wait)
                 }
-                None if status.is_some_and(|s| !is_retryable_status(s))
+                None if status.is_some_and(|s| !retry::in_call(s))
                     || retry_after.is_some_and(|d| d > MAX_RETRY_AFTER) =>
                 {
                     return Err(error);
@@ -704,11 +715,6 @@ pub(crate) fn str_field<'a>(value: &'a serde_json::Value, field: &str) -> &'a st
         .get(field)
         .and_then(serde_json::Value::as_str)
         .unwrap_or_default()
-}
-
-/// 429 (rate limit), 5xx and Anthropic's 529 (overloaded) may succeed on a retry.
-fn is_retryable_status(status: u16) -> bool {
-    status == 429 || status == 529 || (500..=599).contains(&status)
 }
 
 /// reqwest errors print the URL; keep logs and user-facing errors free of query strings and paths.

@@ -762,9 +762,9 @@ async fn store_images(
         blobs.push((blob, data));
     }
     let (app, model) = (request.app, request.model);
-    images::check_message(request.provider_kind, &refs).map_err(|reason| {
-        ServerError::InvalidRequest(format!("Cannot send the images: {reason}."))
-    })?;
+    images::check_message(request.provider_kind.family().image_limits(), &refs).map_err(
+        |reason| ServerError::InvalidRequest(format!("Cannot send the images: {reason}.")),
+    )?;
     if !refs.is_empty() && !model.vision {
         tracing::warn!(request_id, model = %model.id, images = refs.len(), "the user attached images but the model is configured vision = false; it is told their names instead");
     }
