@@ -64,18 +64,37 @@ pub async fn start(
     model_id: &str,
     requested_model: &str,
 ) -> Result<(), StoreError> {
+    start_on(
+        store,
+        request_id,
+        conversation_id,
+        (model_id, requested_model),
+        None,
+    )
+    .await
+}
+
+/// `start`, recording the node that runs it (`[cluster]`; `None` for a single node).
+pub async fn start_on(
+    store: &Store,
+    request_id: &str,
+    conversation_id: &str,
+    (model_id, requested_model): (&str, &str),
+    node: Option<&str>,
+) -> Result<(), StoreError> {
     let mut tx = store.begin_write().await?;
     conversations::ensure(&mut tx, conversation_id).await?;
     sqlx::query(
         "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-             started_at_ms)
-         VALUES (?, ?, 'running', ?, ?, ?)",
+             started_at_ms, node)
+         VALUES (?, ?, 'running', ?, ?, ?, ?)",
     )
     .bind(request_id)
     .bind(conversation_id)
     .bind(model_id)
     .bind(requested_model)
     .bind(now_ms())
+    .bind(node)
     .execute(&mut *tx)
     .await
     .context("recording run start")?;
