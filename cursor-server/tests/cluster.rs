@@ -199,6 +199,30 @@ async fn a_run_served_through_both_nodes_reads_as_on_a_single_node() {
     };
     assert_eq!(node_of("req-a1").await.as_deref(), Some("a"));
     assert_eq!(node_of("req-a2").await.as_deref(), Some("b"));
+    // Either node's console shows every node's runs, each with its node.
+    let list: serde_json::Value = reqwest::get(format!("http://{}/api/runs", b.addr))
+        .await
+        .expect("runs")
+        .json()
+        .await
+        .expect("JSON");
+    let node_in_list = |id: &str| {
+        list["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .find(|r| r["request_id"] == id)
+            .map(|r| r["node"].clone())
+    };
+    assert_eq!(node_in_list("req-a1"), Some(serde_json::json!("a")));
+    assert_eq!(node_in_list("req-a2"), Some(serde_json::json!("b")));
+    let page = reqwest::get(format!("http://{}/console/runs/req-a1", b.addr))
+        .await
+        .expect("run page")
+        .text()
+        .await
+        .expect("HTML");
+    assert!(page.contains("node a"), "{page}");
     drop((a, b));
 }
 
@@ -381,6 +405,26 @@ async fn internal_routes_need_the_secret_and_a_forward_for_an_unknown_run_is_not
 
     // a's run was never disturbed: it still takes the client's input.
     session.send(&fixtures::heartbeat()).await;
+
+    // Readiness includes this node's lease; the metrics name the node once.
+    let ready: serde_json::Value = reqwest::get(format!("http://{}/readyz", a.addr))
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["checks"]["lease"]["ok"], true, "{ready}");
+    let metrics = reqwest::get(format!("http://{}/metrics", a.addr))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("cursor_byok_node_info{node=\"a\"} 1"),
+        "{metrics}"
+    );
     drop((a, c));
 }
 
@@ -431,5 +475,24 @@ async fn a_new_message_on_one_node_supersedes_the_run_on_the_other() {
             Duration::from_secs(5),
         )
         .await;
+
+    // `check` on a's configuration lists both nodes and their leases' ages.
+    provider.push(Reply::sse(text_events(&["ok"], (1, 1, 0))));
+    let check = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("--config")
+        .arg(db.path().join("node-a.toml"))
+        .arg("check")
+        .env("TEST_CLUSTER_SECRET", CLUSTER_SECRET)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("check runs");
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{out}");
+    assert!(out.contains("node \"a\" (this node) at"), "{out}");
+    assert!(
+        out.contains("node \"b\" at") && out.contains("ms old, live"),
+        "{out}"
+    );
     drop((a, b));
 }

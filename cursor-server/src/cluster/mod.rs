@@ -96,6 +96,35 @@ impl Cluster {
         i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// Whether this node holds its lease (for readiness): registered, not taken as stopped, renewed
+    /// within the lease.
+    pub async fn own_lease(&self, store: &Store) -> Result<String, String> {
+        let nodes = nodes::list(store)
+            .await
+            .map_err(|e| format!("the node registry could not be read: {e}"))?;
+        let Some(me) = nodes.iter().find(|n| n.name == self.node_name()) else {
+            return Err(format!("node {} is not registered", self.node_name()));
+        };
+        match &me.stopped {
+            Some(why) => Err(format!("node {} is marked stopped ({why})", me.name)),
+            None if me.lease_age_ms > self.lease_ms() => Err(format!(
+                "node {}'s lease is {} ms old (lease {} ms)",
+                me.name,
+                me.lease_age_ms,
+                self.lease_ms()
+            )),
+            None => Ok(format!(
+                "node {} renewed its lease {} ms ago; {} other node(s) live",
+                me.name,
+                me.lease_age_ms,
+                nodes
+                    .iter()
+                    .filter(|n| n.name != me.name && n.stopped.is_none())
+                    .count()
+            )),
+        }
+    }
+
     /// Whether an internal request carries the shared secret (compared in constant time):
     /// missing is `unauthenticated`, wrong is `permission_denied` (403).
     pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ConnectError> {

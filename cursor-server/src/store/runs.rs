@@ -376,6 +376,8 @@ pub struct RunSummary {
     /// The mode the run ended in, and its transport (`run_sse`, `http2_run`), once it ended.
     pub mode: Option<String>,
     pub transport: Option<String>,
+    /// The node that ran it (`[cluster]`; `None` for a single node).
+    pub node: Option<String>,
 }
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
@@ -435,6 +437,7 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
         first_token_ms: row.get("first_token_ms"),
         mode: row.get("mode"),
         transport: row.get("transport"),
+        node: row.get("node"),
     })
 }
 
