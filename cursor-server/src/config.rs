@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod cluster;
 mod file;
 mod routing;
 
@@ -127,6 +128,8 @@ pub enum ConfigError {
     KeyInEnvName { provider: String },
     #[error("{0}")]
     Routing(String),
+    #[error("[cluster]: {0}")]
+    Cluster(String),
     #[error("{} problems in the configuration:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Several(Vec<ConfigError>),
 }
@@ -473,6 +476,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Aliases, the model per mode and per subagent type (`config/routing.rs`).
     pub routing: Routing,
+    /// `[cluster]`: several nodes on one database (`None`: a single node).
+    pub cluster: Option<cluster::ClusterConfig>,
 }
 
 /// Default cooldowns of a provider key the provider turned away.

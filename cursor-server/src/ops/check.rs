@@ -251,7 +251,57 @@ pub async fn run(config: &Config) -> bool {
             all_ok &= result.is_ok();
         }
     }
+    if let Some(cluster) = &config.cluster {
+        all_ok &= check_cluster(config, cluster).await;
+    }
     all_ok
+}
+
+/// `[cluster]`: the nodes this one sees in the shared database, each with its lease's age.
+async fn check_cluster(config: &Config, cluster: &crate::config::cluster::ClusterConfig) -> bool {
+    println!(
+        "cluster: node {:?} at {}, lease {} ms",
+        cluster.node_name,
+        cluster.internal_url,
+        cluster.lease.as_millis()
+    );
+    let store = match crate::store::Store::open(&config.database_url).await {
+        Ok(store) => store,
+        Err(e) => {
+            println!("  the database: FAILED: {e}");
+            return false;
+        }
+    };
+    let nodes = crate::store::nodes::list(&store).await;
+    store.close().await;
+    let nodes = match nodes {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            println!("  the node registry: FAILED: {e}");
+            return false;
+        }
+    };
+    let lease_ms = i64::try_from(cluster.lease.as_millis()).unwrap_or(i64::MAX);
+    for node in &nodes {
+        let state = match &node.stopped {
+            Some(why) => format!("stopped ({why})"),
+            None if node.lease_age_ms > lease_ms => "silent past its lease".to_owned(),
+            None => "live".to_owned(),
+        };
+        let me = if node.name == cluster.node_name {
+            " (this node)"
+        } else {
+            ""
+        };
+        println!(
+            "  node {:?}{me} at {}: lease {} ms old, {state}",
+            node.name, node.internal_url, node.lease_age_ms
+        );
+    }
+    if nodes.is_empty() {
+        println!("  no node has joined yet");
+    }
+    true
 }
 
 /// `key 2 (KEY_2)`: a key's number from 1 and where it comes from, never the key.

@@ -235,12 +235,12 @@ pub(super) async fn open(
         .record("provider", tracing::field::display(&provider.name))
         .record("model", tracing::field::display(&model.id));
     let model_id = model.id.clone();
-    runs::start(
+    runs::start_on(
         &app.store,
         request_id,
         &input.conversation_id,
-        &model_id,
-        &requested,
+        (&model_id, &requested),
+        app.cluster.as_ref().map(|c| c.node_name()),
     )
     .await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());

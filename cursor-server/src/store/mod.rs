@@ -4,6 +4,7 @@
 pub mod blobs;
 pub mod conversations;
 pub mod messages;
+pub mod nodes;
 pub mod outbox;
 pub mod runs;
 pub mod sqlite;

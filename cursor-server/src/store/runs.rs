@@ -64,18 +64,37 @@ pub async fn start(
     model_id: &str,
     requested_model: &str,
 ) -> Result<(), StoreError> {
+    start_on(
+        store,
+        request_id,
+        conversation_id,
+        (model_id, requested_model),
+        None,
+    )
+    .await
+}
+
+/// `start`, recording the node that runs it (`[cluster]`; `None` for a single node).
+pub async fn start_on(
+    store: &Store,
+    request_id: &str,
+    conversation_id: &str,
+    (model_id, requested_model): (&str, &str),
+    node: Option<&str>,
+) -> Result<(), StoreError> {
     let mut tx = store.begin_write().await?;
     conversations::ensure(&mut tx, conversation_id).await?;
     sqlx::query(
         "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-             started_at_ms)
-         VALUES (?, ?, 'running', ?, ?, ?)",
+             started_at_ms, node)
+         VALUES (?, ?, 'running', ?, ?, ?, ?)",
     )
     .bind(request_id)
     .bind(conversation_id)
     .bind(model_id)
     .bind(requested_model)
     .bind(now_ms())
+    .bind(node)
     .execute(&mut *tx)
     .await
     .context("recording run start")?;
@@ -357,6 +376,8 @@ pub struct RunSummary {
     /// The mode the run ended in, and its transport (`run_sse`, `http2_run`), once it ended.
     pub mode: Option<String>,
     pub transport: Option<String>,
+    /// The node that ran it (`[cluster]`; `None` for a single node).
+    pub node: Option<String>,
 }
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
@@ -416,6 +437,7 @@ fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
         first_token_ms: row.get("first_token_ms"),
         mode: row.get("mode"),
         transport: row.get("transport"),
+        node: row.get("node"),
     })
 }
 
