@@ -3,6 +3,10 @@
 //! differs by family (path, authorization, body, parser, images, probe) is its module behind
 //! `family::Family`, chosen from the configured kind by the registry below (`ProviderKind::family`),
 //! nowhere else.
+//!
+//! Length: one call's life is one concept here — request, retries, keys, the SSE read and the
+//! receiver that merges ready deltas — and about half the lines are its tests (retry timing,
+//! delta merging), which read best beside the code they pin down.
 
 pub mod anthropic;
 pub mod event;
