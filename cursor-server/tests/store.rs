@@ -437,7 +437,7 @@ async fn runs_and_provider_calls_read_back(db: TestDb) {
                 started_at_ms: started,
                 first_event_ms: Some(7),
                 total_ms: 20,
-                usage: usage.clone(),
+                usage,
                 finish_reason: Some("stop".into()),
                 error: None,
                 retries: Vec::new(),
@@ -451,7 +451,7 @@ async fn runs_and_provider_calls_read_back(db: TestDb) {
     let outcome = runs::RunOutcome {
         status: runs::RunStatus::Succeeded,
         provider_calls: 2,
-        usage: usage.clone(),
+        usage,
         error: None,
     };
     runs::finish(store, "r1", &outcome, (Some("agent"), "run_sse"))

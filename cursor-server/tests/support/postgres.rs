@@ -106,6 +106,15 @@ fn sweep_stale() {
     }
 }
 
+/// A name part no other copy of this module in the process picks (std's random hash keys).
+fn unique() -> String {
+    use std::hash::BuildHasher as _;
+    format!(
+        "{:016x}",
+        std::collections::hash_map::RandomState::new().hash_one(Instant::now())
+    )
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -129,31 +138,58 @@ fn run(command: &mut Command, what: &str) {
 impl Cluster {
     /// Initializes and starts a cluster of the caller's own, stopped (and removed) on drop.
     pub fn start() -> Cluster {
-        let mut cluster = Self::init();
+        sweep_stale();
+        let dir =
+            std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{}", std::process::id(), unique()));
+        let mut cluster = Self::init(dir);
         cluster.owned = true;
         cluster.run_server();
         cluster
     }
 
-    /// The cluster of this test binary.
+    /// The cluster of this test binary. A binary may hold several copies of this module (each
+    /// suite of `suites_postgres.rs` includes the fixtures), so the copies meet in the file system:
+    /// the first to create `<tmp>/cursor-byok-pg-<pid>-shared` starts the cluster and writes its
+    /// port there, the others wait for that file.
     pub fn shared() -> &'static Cluster {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let cluster = Self::init();
-            cluster.run_server();
-            register_stop_at_exit(&cluster);
-            cluster
+            let dir =
+                std::env::temp_dir().join(format!("{DIR_PREFIX}{}-shared", std::process::id()));
+            let port_file = dir.join("port");
+            if std::fs::create_dir(&dir).is_ok() {
+                sweep_stale();
+                let cluster = Self::init(dir);
+                cluster.run_server();
+                register_stop_at_exit(&cluster);
+                let written = cluster.dir.join("port.new");
+                std::fs::write(&written, cluster.port.to_string()).expect("port written");
+                std::fs::rename(&written, &port_file).expect("port published");
+                return cluster;
+            }
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                if let Ok(port) = std::fs::read_to_string(&port_file) {
+                    return Cluster {
+                        dir,
+                        bin: binaries(),
+                        port: port.trim().parse().expect("a port"),
+                        owned: false,
+                    };
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the shared cluster did not start"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         })
     }
 
-    fn init() -> Cluster {
-        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        sweep_stale();
+    /// Initializes a cluster in `dir` (created, and given to `nobody` when root).
+    fn init(dir: PathBuf) -> Cluster {
         let bin = binaries();
-        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).expect("cluster directory");
+        let _ = std::fs::create_dir(&dir);
         if is_root() {
             std::os::unix::fs::chown(&dir, Some(UNPRIVILEGED), Some(UNPRIVILEGED))
                 .expect("the cluster directory given to nobody");
@@ -253,9 +289,7 @@ impl Cluster {
 
     /// A fresh database with a random name.
     pub fn fresh_database(&self) -> String {
-        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("t_fresh_{n}");
+        let name = format!("t_fresh_{}", unique());
         self.create_database(&name)
     }
 
