@@ -636,3 +636,63 @@ async fn postgres_restarted_under_a_turn_fails_it_as_unavailable_and_the_server_
     assert_eq!(after, ["read it", "again"]);
     server.stop().await;
 }
+
+/// `cursor-server check` with `database_url` set to `url`: whether it passed and what it printed.
+async fn check_database(url: &str) -> (bool, String) {
+    let provider = fake_provider::FakeProvider::start().await;
+    provider.push(fake_provider::Reply::Status {
+        status: 200,
+        body: r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"OK"},"finish_reason":"stop"}]}"#.into(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cursor-byok.toml");
+    let text = fixtures::config_text(
+        &provider.base_url(),
+        &dir.path().join("unused.db"),
+        "",
+        "openai-chat",
+    );
+    let text = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("database_url") {
+                format!("database_url = \"{url}\"")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&config, text).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("check")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .await
+        .expect("cursor-server check runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn check_reports_the_database_reachable_migrated_and_its_version() {
+    for db in [sqlite().await, postgres().await] {
+        let (ok, printed) = check_database(&db.url).await;
+        assert!(ok, "{printed}");
+        assert!(
+            printed.contains("reachable, migrated (schema version 11)"),
+            "{printed}"
+        );
+    }
+    // A PostgreSQL nobody listens on fails the check, and says so.
+    let (ok, printed) = check_database("postgres://u:secret-pw@127.0.0.1:9/none").await;
+    assert!(!ok, "{printed}");
+    assert!(printed.contains("FAILED"), "{printed}");
+    assert!(
+        !printed.contains("secret-pw"),
+        "the password is never printed: {printed}"
+    );
+}
