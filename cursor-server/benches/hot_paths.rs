@@ -32,9 +32,9 @@ use cursor_server::cursor::projection::{self, Base};
 use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
-use cursor_server::prompting::projector;
 use cursor_server::provider::StreamParser;
 use cursor_server::provider::keys::KeyPool;
+use cursor_server::provider::openai_chat;
 use cursor_server::provider::openai_chat::ChatStreamParser;
 
 fn graph_with_history(messages: usize) -> ConversationGraph {
@@ -134,7 +134,7 @@ fn main() {
         let messages = history(size);
         let no_images = cursor_server::prompting::images::ImageSet::default();
         let projection = time(iterations.min(200), || {
-            black_box(projector::openai_chat(&compile(
+            black_box(openai_chat::request_body(&compile(
                 "system prompt",
                 &messages,
                 &model,

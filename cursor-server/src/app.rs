@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::{Cluster, lease};
 use crate::config::Config;
 use crate::connections;
 use crate::console;
@@ -38,7 +39,20 @@ impl App {
         .map_err(|e| ServerError::Assets(e.to_string()))?;
         ops::metrics::install();
         let store = Store::open(&config.database_url).await?;
-        let orphans = runs::reconcile_interrupted(&store).await?;
+        let cluster = match &config.cluster {
+            Some(settings) => Some(Arc::new(
+                Cluster::new(settings.clone()).map_err(ServerError::HttpClient)?,
+            )),
+            None => None,
+        };
+        // A node of a cluster ends only the runs it left itself: the others' are theirs.
+        let orphans = match &cluster {
+            Some(cluster) => {
+                lease::join(&store, cluster).await?;
+                0
+            }
+            None => runs::reconcile_interrupted(&store).await?,
+        };
         if orphans > 0 {
             tracing::warn!(
                 runs = orphans,
@@ -85,6 +99,7 @@ impl App {
             runs,
             prompts,
             shutdown: CancellationToken::new(),
+            cluster,
         });
         Ok(App { state, listener })
     }
@@ -105,6 +120,7 @@ impl App {
     /// Serves until shutdown, then waits for open connections to finish and closes the store.
     pub async fn serve(self) -> Result<(), ServerError> {
         tokio::spawn(trim_memory_when_idle(Arc::clone(&self.state)));
+        tokio::spawn(lease::keep(Arc::clone(&self.state)));
         // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
         // are always answered here.
         let router = ops::router(Arc::clone(&self.state))
@@ -149,6 +165,9 @@ impl App {
             tracing::warn!(
                 "runs still recording their endings after {RUNS_GRACE:?}; closing the store"
             );
+        }
+        if let Some(cluster) = &self.state.cluster {
+            lease::leave(&self.state.store, cluster).await;
         }
         self.state.store.close().await;
         result

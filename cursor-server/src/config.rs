@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod cluster;
 mod file;
 mod routing;
 
@@ -131,6 +132,8 @@ pub enum ConfigError {
     KeyInEnvName { provider: String },
     #[error("{0}")]
     Routing(String),
+    #[error("[cluster]: {0}")]
+    Cluster(String),
     #[error("{} problems in the configuration:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Several(Vec<ConfigError>),
 }
@@ -167,21 +170,38 @@ impl fmt::Display for Secret {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    OpenAiChat,
-    OpenAiResponses,
-    Anthropic,
+/// Declares the provider families a configuration may name: one line per family, its variant and
+/// the `kind` it is written as. What a family does is its module behind `provider::family::Family`
+/// (registered in `provider/family.rs`); the configuration, read by every layer, only names it.
+macro_rules! provider_kinds {
+    ($($kind:ident = $name:literal,)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ProviderKind {
+            $($kind,)*
+        }
+
+        impl ProviderKind {
+            pub const ALL: [ProviderKind; [$($name),*].len()] = [$(ProviderKind::$kind),*];
+
+            /// The `kind` the configuration names this family by.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ProviderKind::$kind => $name,)*
+                }
+            }
+        }
+    };
+}
+
+provider_kinds! {
+    OpenAiChat = "openai-chat",
+    OpenAiResponses = "openai-responses",
+    Anthropic = "anthropic",
 }
 
 impl ProviderKind {
     pub(crate) fn parse(kind: &str) -> Option<Self> {
-        match kind {
-            "openai-chat" => Some(ProviderKind::OpenAiChat),
-            "openai-responses" => Some(ProviderKind::OpenAiResponses),
-            "anthropic" => Some(ProviderKind::Anthropic),
-            _ => None,
-        }
+        ProviderKind::ALL.into_iter().find(|k| k.name() == kind)
     }
 }
 
@@ -460,6 +480,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Aliases, the model per mode and per subagent type (`config/routing.rs`).
     pub routing: Routing,
+    /// `[cluster]`: several nodes on one database (`None`: a single node).
+    pub cluster: Option<cluster::ClusterConfig>,
 }
 
 /// Default cooldowns of a provider key the provider turned away.

@@ -66,13 +66,9 @@ impl ServerError {
     /// limiting or cut the stream, yes; a rejected request, key or model, no.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ServerError::Provider(provider) | ServerError::Compaction(provider) => match provider {
-                ProviderError::Http { status, .. } => {
-                    matches!(status, 408 | 409 | 425 | 429) || *status >= 500
-                }
-                ProviderError::Unsupported(_) => false,
-                _ => true,
-            },
+            ServerError::Provider(provider) | ServerError::Compaction(provider) => {
+                crate::provider::retry::by_client(provider)
+            }
             ServerError::Store(_) | ServerError::Serve(_) => true,
             _ => false,
         }

@@ -2,9 +2,11 @@
 //!
 //! Layers, top to bottom: `cursor` (HTTP/Connect adapter) → `run` (one actor per run) →
 //! `prompting` + `model` → `provider` → `store`. `ops` (health, readiness, metrics) sits beside
-//! `cursor` at the top; its `metrics` file is a leaf every layer may record into.
+//! `cursor` at the top; its `metrics` file is a leaf every layer may record into. `cluster` (several
+//! nodes on one database) sits at the top too: it places and forwards a run's requests.
 
 pub mod app;
+pub mod cluster;
 pub mod config;
 pub mod connections;
 pub mod console;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::prompting::assets::PromptAssets;
 use crate::provider::keys::KeyPools;
@@ -33,4 +34,6 @@ pub struct AppState {
     pub prompts: PromptAssets,
     /// Fires on shutdown: runs end `canceled`, the server stops accepting.
     pub shutdown: CancellationToken,
+    /// This node among others on the same database (`[cluster]`); `None`: a single node.
+    pub cluster: Option<Arc<Cluster>>,
 }

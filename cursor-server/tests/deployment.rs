@@ -131,3 +131,67 @@ fn the_image_builds_and_runs_where_docker_and_its_base_images_are_present() {
     assert!(run.status.success());
     assert!(String::from_utf8_lossy(&run.stdout).contains("CURSOR_BYOK_CONFIG"));
 }
+
+/// The team's compose file: PostgreSQL and two nodes of one image, each with its own node name and
+/// internal address, the secret and the database password from the environment (never a value in
+/// the file), nginx in front on the host's loopback streaming RunSSE unbuffered and passing h2c,
+/// and the nodes' internal routes kept from clients. Where Docker is present, `docker compose
+/// config` accepts it.
+#[test]
+fn the_compose_file_runs_postgres_and_two_nodes_with_the_secret_from_the_environment() {
+    let compose = repo_file("deploy/compose.yaml");
+    assert!(compose.contains("image: postgres:"), "PostgreSQL");
+    for node in ["node-a", "node-b"] {
+        assert!(compose.contains(&format!("  {node}:\n")), "{node}");
+        assert!(
+            compose.contains(&format!("NODE_NAME: {node}")),
+            "{node}'s name"
+        );
+    }
+    assert!(compose.contains("[cluster]") && compose.contains("internal_url = \"http://%s:3000\""));
+    assert!(compose.contains("CURSOR_BYOK_CLUSTER_SECRET: ${CURSOR_BYOK_CLUSTER_SECRET:?"));
+    assert!(compose.contains("CURSOR_BYOK_DATABASE_URL: postgres://"));
+    assert!(
+        !compose.contains("POSTGRES_PASSWORD: ") || compose.contains("POSTGRES_PASSWORD: ${"),
+        "no password in the file"
+    );
+    assert!(compose.contains("\"127.0.0.1:3000:3000\""), "loopback only");
+    assert!(compose.contains("proxy_buffering off"), "RunSSE unbuffered");
+    assert!(
+        compose.contains("grpc_pass") && compose.contains("http2 on"),
+        "h2c"
+    );
+    assert!(compose.contains("location /internal/ { return 404; }"));
+    assert!(
+        compose.contains("schema: ${CURSOR_PROTO_DIR"),
+        "the schema mounted at build"
+    );
+    let help = help();
+    for word in compose.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("CURSOR_BYOK_") && word != "CURSOR_BYOK_CLUSTER_SECRET" {
+            assert!(help.contains(word), "{word} is not read by cursor-server");
+        }
+    }
+    let docker_compose = std::process::Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !docker_compose {
+        eprintln!("skipped `docker compose config`: no docker compose here");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let config = std::process::Command::new("docker")
+        .current_dir(&root)
+        .args(["compose", "-f", "deploy/compose.yaml", "config", "--quiet"])
+        .env("CURSOR_PROTO_DIR", "/nonexistent-schema")
+        .env("CURSOR_BYOK_CLUSTER_SECRET", "a-test-secret-0123456789")
+        .env("POSTGRES_PASSWORD", "test")
+        .output()
+        .expect("docker compose config");
+    assert!(
+        config.status.success(),
+        "{}",
+        String::from_utf8_lossy(&config.stderr)
+    );
+}

@@ -2,9 +2,10 @@
 //! PostgreSQL (`support/postgres.rs`): one writer per conversation (NotOwner), a gap-free sequence
 //! under concurrent writers, runtime events consumed once, content-addressed and deduplicated
 //! blobs and their collection, the outbox, and a database newer than the binary or left
-//! half-migrated refused with a message. On PostgreSQL also: the database restarted under a
-//! running turn ends that turn with `unavailable`, writes nothing half, and the server serves the
-//! next turn without a restart.
+//! half-migrated refused with a message; the cluster's node registry (a run claimed once, a silent
+//! node taken over by one node, its runs ended and its conversations refused to it). On
+//! PostgreSQL also: the database restarted under a running turn ends that turn with
+//! `unavailable`, writes nothing half, and the server serves the next turn without a restart.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -19,7 +20,7 @@ use cursor_server::model::conversation::{BlobId, Mode};
 use cursor_server::model::message::{CanonicalMessage, Origin, UserMessage};
 use cursor_server::model::runtime_tag::{RuntimeEvent, RuntimeTag};
 use cursor_server::store::blobs::{self, Edge};
-use cursor_server::store::{Store, StoreError, messages, outbox, runs};
+use cursor_server::store::{Store, StoreError, messages, nodes, outbox, runs};
 use fixtures::postgres::Cluster;
 
 /// A store on a fresh database of one backend, and what keeps that database alive.
@@ -82,6 +83,7 @@ on_both_backends!(
     runs_and_provider_calls_read_back,
     a_database_newer_than_the_binary_is_refused,
     a_half_migrated_database_is_refused,
+    nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over,
 );
 
 /// A user message typed in `mode`.
@@ -683,7 +685,7 @@ async fn check_reports_the_database_reachable_migrated_and_its_version() {
         let (ok, printed) = check_database(&db.url).await;
         assert!(ok, "{printed}");
         assert!(
-            printed.contains("reachable, migrated (schema version 11)"),
+            printed.contains("reachable, migrated (schema version 12)"),
             "{printed}"
         );
     }
@@ -695,4 +697,142 @@ async fn check_reports_the_database_reachable_migrated_and_its_version() {
         !printed.contains("secret-pw"),
         "the password is never printed: {printed}"
     );
+}
+
+async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb) {
+    let store = &db.store;
+    for name in ["a", "b", "c"] {
+        nodes::register(store, name, &format!("http://{name}"))
+            .await
+            .unwrap();
+    }
+    // Nodes racing to claim one request id: the first claimer owns it, and every node hears so.
+    let claims: Vec<_> = ["a", "b", "c", "a", "b", "c"]
+        .into_iter()
+        .map(|node| {
+            let store = store.clone();
+            tokio::spawn(async move { nodes::claim_run(&store, "r1", node).await.unwrap() })
+        })
+        .collect();
+    let mut owners = Vec::new();
+    for claim in claims {
+        owners.push(claim.await.unwrap());
+    }
+    owners.dedup();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = owners.remove(0);
+    let seen = nodes::run_owner(store, "r1", 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.node, owner);
+    assert!(seen.live);
+    assert_eq!(seen.internal_url, Some(format!("http://{owner}")));
+    assert_eq!(nodes::run_owner(store, "nope", 60_000).await.unwrap(), None);
+    let listed = nodes::list(store).await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(
+        listed
+            .iter()
+            .all(|n| n.stopped.is_none() && n.lease_age_ms >= 0)
+    );
+
+    runs::start_on(store, "r1", "c1", ("m", "m"), Some(&owner))
+        .await
+        .unwrap();
+    let others: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| *n != owner)
+        .collect();
+    assert_eq!(
+        nodes::conversation_run_elsewhere(store, "c1", others[0])
+            .await
+            .unwrap(),
+        Some(("r1".into(), owner.clone(), format!("http://{owner}")))
+    );
+    // Within its lease nobody takes the owner over.
+    assert_eq!(
+        nodes::take_over_stopped(store, &owner, others[0], 60_000)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        nodes::silent(store, others[0], 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Past it (a lease of -1 ms: any heartbeat is too old) the survivors race, and one wins.
+    let takeovers: Vec<_> = [others[0], others[1], others[0], others[1]]
+        .into_iter()
+        .map(|by| {
+            let (store, dead) = (store.clone(), owner.clone());
+            tokio::spawn(async move {
+                nodes::take_over_stopped(&store, &dead, by, -1)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for takeover in takeovers {
+        ended.extend(takeover.await.unwrap());
+    }
+    assert_eq!(ended, [1], "exactly one survivor ends the run");
+    let run = runs::get(store, "r1").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+    assert_eq!(
+        run.outcome.error.map(|(_, m)| m).as_deref(),
+        Some(nodes::NODE_STOPPED)
+    );
+    let summary = runs::list(
+        store,
+        &runs::RunFilter {
+            request_id: Some("r1".into()),
+            limit: 1,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary[0].node.as_deref(), Some(owner.as_str()));
+    assert!(
+        !nodes::renew(store, &owner).await.unwrap(),
+        "taken as stopped"
+    );
+    assert!(
+        !nodes::run_owner(store, "r1", 60_000)
+            .await
+            .unwrap()
+            .unwrap()
+            .live
+    );
+    // The stopped node's run may not write any more; the next run may.
+    assert!(matches!(
+        messages::append(store, "c1", "r1", &[user_in(None, "late")]).await,
+        Err(StoreError::NotOwner { .. })
+    ));
+    runs::start(store, "r2", "c1", "m", "m").await.unwrap();
+    messages::append(store, "c1", "r2", &[user_in(None, "next")])
+        .await
+        .unwrap();
+    // Joining again clears the stop; a clean shutdown sets it; old claims are forgotten.
+    nodes::register(store, &owner, "http://again")
+        .await
+        .unwrap();
+    assert!(nodes::renew(store, &owner).await.unwrap());
+    nodes::leave(store, &owner).await.unwrap();
+    let stopped = nodes::list(store).await.unwrap();
+    let me = stopped.iter().find(|n| n.name == owner).unwrap();
+    assert_eq!(me.stopped.as_deref(), Some("shut down"));
+    assert_eq!(nodes::forget_claims(store, 60_000).await.unwrap(), 0);
+    assert_eq!(nodes::forget_claims(store, -1).await.unwrap(), 1);
+    // A node restarted under its name ends what it left running itself.
+    runs::start_on(store, "r3", "c3", ("m", "m"), Some(others[1]))
+        .await
+        .unwrap();
+    assert_eq!(nodes::reconcile_own(store, others[1]).await.unwrap(), 1);
+    let run = runs::get(store, "r3").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, runs::RunStatus::Failed);
 }

@@ -56,6 +56,7 @@ pub(super) struct FileConfig {
     /// The model each subagent type runs on (`default`: any other type), likewise.
     #[serde(default)]
     subagents: BTreeMap<String, String>,
+    cluster: Option<cluster::FileCluster>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -314,6 +315,11 @@ impl FileConfig {
             .report(&mut problems),
             warnings,
             routing,
+            cluster: self
+                .cluster
+                .map(|c| c.validate(env))
+                .transpose()
+                .report(&mut problems),
         };
         if !problems.0.is_empty() {
             return Err(problems.into_error());

@@ -479,3 +479,41 @@ fn bad_routing_is_reported_with_every_other_problem() {
         );
     }
 }
+
+#[test]
+fn a_cluster_table_needs_a_usable_url_and_a_long_enough_secret_from_the_environment() {
+    let with = |cluster: &str, secret: Option<&str>| {
+        let text = format!("{PROVIDER}\n[cluster]\n{cluster}");
+        let secret = secret.map(str::to_owned);
+        Config::from_toml(&text, Path::new("test.toml"), &move |name| match name {
+            "TEST_KEY" => Some("sk-test".to_owned()),
+            "CURSOR_BYOK_CLUSTER_SECRET" => secret.clone(),
+            _ => None,
+        })
+    };
+    let good = "node_name = \"a\"\ninternal_url = \"http://10.0.0.5:3000/\"";
+    let config = with(good, Some("0123456789abcdef0123")).expect("valid");
+    let cluster = config.cluster.expect("[cluster]");
+    assert_eq!(cluster.node_name, "a");
+    assert_eq!(cluster.internal_url, "http://10.0.0.5:3000");
+    assert_eq!(cluster.lease, Duration::from_secs(15));
+    assert!(
+        !format!("{cluster:?}").contains("0123456789abcdef"),
+        "never printed"
+    );
+    let missing = with(good, None).expect_err("no secret").to_string();
+    assert!(missing.contains("CURSOR_BYOK_CLUSTER_SECRET"), "{missing}");
+    let short = with(good, Some("short")).expect_err("short").to_string();
+    assert!(short.contains("shorter than 16"), "{short}");
+    let url = with(
+        "node_name = \"a\"\ninternal_url = \"10.0.0.5:3000\"",
+        Some("0123456789abcdef"),
+    )
+    .expect_err("no scheme")
+    .to_string();
+    assert!(url.contains("internal_url"), "{url}");
+    assert!(
+        parse(PROVIDER).expect("valid").cluster.is_none(),
+        "absent: one node"
+    );
+}

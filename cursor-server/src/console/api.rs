@@ -111,6 +111,8 @@ pub struct RunRow {
     pub requested_model: Option<String>,
     pub mode: Option<String>,
     pub transport: Option<String>,
+    /// The node that ran it (several nodes on one database); `None` for a single node.
+    pub node: Option<String>,
     pub status: &'static str,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
@@ -299,6 +301,7 @@ fn run_row(config: &Config, run: &RunSummary) -> RunRow {
         requested_model: record.requested_model.clone(),
         mode: run.mode.clone(),
         transport: run.transport.clone(),
+        node: run.node.clone(),
         status: record.outcome.status.as_str(),
         started_at_ms: run.started_at_ms,
         finished_at_ms: run.finished_at_ms,

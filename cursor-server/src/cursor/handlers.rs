@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt as _;
@@ -26,6 +26,7 @@ use super::proto::aiserver::{
     BidiAppendResponse, BidiRequestId, ai_service_routes, bidi_service_routes,
 };
 use super::run_sse::{self, StreamError};
+use crate::cluster::{self, Cluster, Placement, Via};
 use crate::error::ProtocolError;
 use crate::run::actor;
 use crate::run::command::{Applied, RunCommand};
@@ -60,6 +61,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             agent_service_routes::GET_DEFAULT_MODEL_FOR_CLI,
             post(catalog::default_model_route),
         )
+        // Other nodes' forwards (`[cluster]`): refused without the shared secret.
+        .route(cluster::INTERNAL_RUN_SSE, post(internal_run_sse))
+        .route(cluster::INTERNAL_BIDI_APPEND, post(internal_bidi_append))
+        .route(cluster::INTERNAL_STOP_RUN, post(internal_stop_run))
         .fallback(unknown_route)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -132,24 +137,89 @@ const CLIENT_VERSION_HEADER: &str = "x-cursor-client-version";
 /// `POST /aiserver.v1.BidiService/BidiAppend`: one client message for a RunSSE run.
 async fn bidi_append_route(
     State(state): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConnectError> {
-    let append = connect::unary_payload(&headers, &body, state.config.max_frame_bytes)
+    bidi_append(&state, (&headers, uri.query()), body, Via::Client).await
+}
+
+/// Another node's forward of a client's BidiAppend for a run of this node.
+async fn internal_bidi_append(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConnectError> {
+    peer(&state, &headers)?;
+    bidi_append(&state, (&headers, uri.query()), body, Via::Peer).await
+}
+
+/// The cluster this node is part of, if the request carries its secret: internal routes are
+/// never served without it.
+fn peer<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Arc<Cluster>, ConnectError> {
+    let Some(cluster) = &state.cluster else {
+        return Err(ConnectError::new(
+            ConnectCode::Unauthenticated,
+            "internal cluster route: this node is not part of a cluster",
+        ));
+    };
+    cluster.authorize(headers)?;
+    Ok(cluster)
+}
+
+/// Where run `request_id` is served: `None` here, or the owner's answer to the forwarded request
+/// (`[cluster]`; a single node serves everything here).
+async fn place(
+    state: &AppState,
+    request_id: &str,
+    (headers, query): (&HeaderMap, Option<&str>),
+    body: &Bytes,
+    (via, route): (Via, &str),
+) -> Result<Option<Response>, ConnectError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(None);
+    };
+    match cluster
+        .place(&state.store, &state.runs, request_id, via)
+        .await?
+    {
+        Placement::Local => Ok(None),
+        Placement::Forward { node, url } => cluster
+            .forward((&node, &url), route, (headers, query), body.clone())
+            .await
+            .map(Some),
+    }
+}
+
+/// A BidiAppend from a client or (`Via::Peer`) forwarded by another node.
+async fn bidi_append(
+    state: &Arc<AppState>,
+    (headers, query): (&HeaderMap, Option<&str>),
+    body: Bytes,
+    via: Via,
+) -> Result<Response, ConnectError> {
+    let append = connect::unary_payload(headers, &body, state.config.max_frame_bytes)
         .map_err(bidi_append::BidiAppendError::from)
         .and_then(|payload| {
-            bidi_append::decode_from(&payload, header_str(&headers, CLIENT_VERSION_HEADER))
+            bidi_append::decode_from(&payload, header_str(headers, CLIENT_VERSION_HEADER))
         })
         .map_err(invalid("BidiAppend"))?;
+    let route = (via, cluster::INTERNAL_BIDI_APPEND);
+    if let Some(forwarded) =
+        place(state, &append.request_id, (headers, query), &body, route).await?
+    {
+        return Ok(forwarded);
+    }
     // From here on the append takes its seqno: a message the run cannot use is the run's to
     // answer (ignore or end with invalid_argument), never a 400 that leaves a gap.
     let mut input = bidi_append::input(append.message);
     bidi_append::link_parent(
         &mut input,
-        header_str(&headers, "x-parent-request-id"),
-        header_str(&headers, "x-parent-agent-tool-call-id"),
+        header_str(headers, "x-parent-request-id"),
+        header_str(headers, "x-parent-agent-tool-call-id"),
     );
-    let handle = actor::get_or_start(&state, &append.request_id, Opener::BidiAppend)
+    let handle = actor::get_or_start(state, &append.request_id, Opener::BidiAppend)
         .map_err(registry_error)?;
     let (applied, was_applied) = Applied::new();
     let command = RunCommand::Appended {
@@ -175,10 +245,33 @@ async fn bidi_append_route(
 /// streams the run's downlink (a reconnecting client gets what the last one did not read).
 async fn run_sse_route(
     State(state): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConnectError> {
-    let encoding = Encoding::parse(header_str(&headers, "connect-content-encoding"))
+    run_sse(&state, (&headers, uri.query()), body, Via::Client).await
+}
+
+/// Another node's forward of a client's RunSSE (a first one or a reconnect) for a run of this node.
+async fn internal_run_sse(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConnectError> {
+    peer(&state, &headers)?;
+    run_sse(&state, (&headers, uri.query()), body, Via::Peer).await
+}
+
+/// A RunSSE from a client or (`Via::Peer`) forwarded by another node. Forwarded, the owner's
+/// stream passes through as it comes, the request's headers and query unchanged.
+async fn run_sse(
+    state: &Arc<AppState>,
+    (headers, query): (&HeaderMap, Option<&str>),
+    body: Bytes,
+    via: Via,
+) -> Result<Response, ConnectError> {
+    let encoding = Encoding::parse(header_str(headers, "connect-content-encoding"))
         .map_err(|e| ConnectError::new(ConnectCode::InvalidArgument, e.to_string()))?;
     let request = connect::decode_stream_request(&body, encoding, state.config.max_frame_bytes)
         .and_then(|payload| {
@@ -188,9 +281,36 @@ async fn run_sse_route(
     if request.request_id.trim().is_empty() {
         return Err(invalid("RunSSE")("missing request_id"));
     }
-    Ok(attach_run_sse(&state, request.request_id)
+    let route = (via, cluster::INTERNAL_RUN_SSE);
+    match place(state, &request.request_id, (headers, query), &body, route).await {
+        Ok(Some(forwarded)) => return Ok(forwarded),
+        Ok(None) => {}
+        // Once the request is understood, a stream route answers with an end-of-stream frame.
+        Err(error) => return Ok(StreamError(error).into_response()),
+    }
+    Ok(attach_run_sse(state, request.request_id)
         .await
         .into_response())
+}
+
+/// Another node's new run took over a conversation whose run is here: stop it (as a new run on
+/// this node would) and answer once it ended, or once `interrupt_wait` is over.
+async fn internal_stop_run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConnectError> {
+    peer(&state, &headers)?;
+    let stop: cluster::StopRun = serde_json::from_slice(&body).map_err(invalid("StopRun"))?;
+    let Some(handle) = state.runs.running(&stop.request_id) else {
+        return Err(registry_error(RegistryError::Finished(stop.request_id)));
+    };
+    tracing::info!(request_id = %stop.request_id, by = %stop.by, "another node took the conversation over: stopping its run here");
+    handle.supersede(&stop.by);
+    let ended = tokio::time::timeout(state.config.interrupt_wait, handle.done().cancelled())
+        .await
+        .is_ok();
+    Ok(axum::Json(serde_json::json!({ "ended": ended })).into_response())
 }
 
 /// The RunSSE stream of run `request_id`, started here if this is its first RunSSE.

@@ -195,9 +195,38 @@ pub fn non_empty(tool: &str, field: &str, value: &str) -> Result<(), String> {
 /// Why a call ends when the client closes its exec stream before a terminal result.
 pub const CLOSED_WITHOUT_RESULT: &str = "the client closed the execution without a result";
 
-/// Everything about one tool the registry (`tools.rs`) dispatches to, implemented by the tool's
-/// validated input in its family file.
+/// How a tool is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The client executes it (`exec_server_message`).
+    Exec,
+    /// The server answers at once, without a client round trip.
+    Local,
+    /// The user decides (`interaction_query`); the response is the tool's result.
+    Interaction,
+}
+
+/// Everything about one tool, implemented once by the tool's validated input in its family file:
+/// its declaration (name, transport, arguments) and its behaviour (cards, steps, results). The
+/// registry (`tools.rs`) lists each implementor once and derives every per-tool table from it.
 pub trait Tool: Sized {
+    /// The model-facing name (`function.name` in a mode's `tools.json`).
+    const NAME: &'static str;
+
+    /// How a call is carried out.
+    const TRANSPORT: Transport = Transport::Exec;
+
+    /// The arguments `parse` accepts, as (name, required). A mode's tool description must list
+    /// exactly these (checked when the prompt assets load).
+    const ARGUMENTS: &'static [(&'static str, bool)];
+
+    /// The argument whose value streams into the card as file content while the model writes it.
+    const STREAMED_CONTENT: Option<&'static str> = None;
+
+    /// Parses and validates the model's argument text (never empty: see `argument_text`). The
+    /// message goes back to the model.
+    fn parse(text: &str) -> Result<Self, String>;
+
     /// The card's typed result.
     type Result;
 
@@ -250,6 +279,48 @@ pub trait Tool: Sized {
         failed(self, call_id, CLOSED_WITHOUT_RESULT)
     }
 }
+
+/// The `on_result` of a tool that waits for one kind of exec answer (`exec_client_message`'s
+/// `$variant`); any other answer fails the call. `$outcome(tool, call_id, answer, env)` ends the
+/// call; with `steps`, `$steps(tool, call_id, answer, stage, env)` gives the next steps (live
+/// output, several answers before the end).
+macro_rules! on_exec_answer {
+    ($variant:ident => steps $steps:path) => {
+        fn on_result(
+            &self,
+            call_id: &str,
+            result: $crate::cursor::proto::agent::exec_client_message::Message,
+            stage: &mut $crate::cursor::tool_result::Stage,
+            env: &$crate::cursor::tool_result::ToolEnv,
+        ) -> Vec<$crate::cursor::tool_result::ToolStep> {
+            match result {
+                $crate::cursor::proto::agent::exec_client_message::Message::$variant(answer) => {
+                    $steps(self, call_id, answer, stage, env)
+                }
+                other => $crate::cursor::tool_result::unexpected_result(self, call_id, &other),
+            }
+        }
+    };
+    ($variant:ident => $outcome:path) => {
+        fn on_result(
+            &self,
+            call_id: &str,
+            result: $crate::cursor::proto::agent::exec_client_message::Message,
+            _stage: &mut $crate::cursor::tool_result::Stage,
+            env: &$crate::cursor::tool_result::ToolEnv,
+        ) -> Vec<$crate::cursor::tool_result::ToolStep> {
+            match result {
+                $crate::cursor::proto::agent::exec_client_message::Message::$variant(answer) => {
+                    vec![$crate::cursor::tool_result::ToolStep::Done($outcome(
+                        self, call_id, answer, env,
+                    ))]
+                }
+                other => $crate::cursor::tool_result::unexpected_result(self, call_id, &other),
+            }
+        }
+    };
+}
+pub(crate) use on_exec_answer;
 
 /// An exec result of a kind this tool never asked for: a failed call.
 pub fn unexpected_result<T: Tool>(

@@ -1,8 +1,8 @@
-//! The tool registry: the only place that maps a model-facing tool name to its transport (client
-//! exec, interaction, or local) and to the family file that owns the tool (`tools/<family>.rs`:
-//! arguments, requests, typed cards, error cards and model text). Adding a tool is one family item
-//! plus a line in each table here. Also: which tools a request offers, and `ToolRun`, the per-call
-//! state machine the loop drives.
+//! The tool registry: one line per tool naming its `Tool` impl, from which every per-tool table
+//! follows (kind, name, transport, arguments, placeholder, typed input, parsing, dispatch). The
+//! impl, in the family file (`tools/<family>.rs`), declares the rest: name, transport, arguments,
+//! requests, typed cards, error cards and model text. Adding a tool is its impl plus its line here.
+//! Also: which tools a request offers, and `ToolRun`, the per-call state machine the loop drives.
 
 pub mod edit;
 pub mod interactive;
@@ -28,6 +28,7 @@ use self::web::{WebFetchInput, WebSearchInput};
 use super::exec::ExecKind;
 use super::exec::{ExecPayload, QueryPayload};
 use super::proto::agent as pb;
+pub use super::tool_result::Transport;
 use super::tool_result::{
     Stage, Tool, ToolEnv, ToolOutcome, ToolStep, aborted, argument_text, bare_card, failed,
 };
@@ -35,220 +36,74 @@ use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
 
-/// Every tool the model can be offered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ToolKind {
-    Read,
-    Write,
-    StrReplace,
-    Delete,
-    Grep,
-    Glob,
-    Ls,
-    ReadLints,
-    Shell,
-    TodoWrite,
-    AskQuestion,
-    SwitchMode,
-    CreatePlan,
-    WebFetch,
-    WebSearch,
-    ListMcpResources,
-    FetchMcpResource,
-    Task,
-    /// One of the user's MCP tools; its model-facing name comes from the request (`McpTool`).
-    Mcp,
+/// Derives every per-tool table from the registry's one line per tool (`Kind(Input)`, `Input`
+/// implementing `Tool`): `ToolKind`, `ToolKind::ALL`, the name, transport, arguments and
+/// placeholder of a kind, `ToolInput`, `parse_input`, and `with_tool!`, the dispatch from a
+/// validated call to its family. `$d` is `$`, so the macro can define `with_tool!`.
+macro_rules! registry {
+    ($d:tt $($kind:ident($input:ty),)* ; $(#[$mcp_doc:meta])* $mcp:ident($mcp_input:ty)) => {
+        /// Every tool the model can be offered.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ToolKind {
+            $($kind,)*
+            $(#[$mcp_doc])*
+            $mcp,
+        }
+
+        /// A tool call with validated arguments.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum ToolInput {
+            $($kind($input),)*
+            $mcp($mcp_input),
+        }
+
+        /// Evaluates `$body` with `$T` naming the `Tool` type of `$kind_value`.
+        macro_rules! per_kind {
+            ($d kind_value:expr, $d t:ident => $d body:expr) => {
+                match $d kind_value {
+                    $(ToolKind::$kind => {
+                        type $d t = $input;
+                        $d body
+                    })*
+                    ToolKind::$mcp => {
+                        type $d t = $mcp_input;
+                        $d body
+                    }
+                }
+            };
+        }
+
+        /// Runs `$body` with `$tool` bound to the call's typed input, whatever its tool.
+        macro_rules! with_tool {
+            ($d input:expr, $d tool:ident => $d body:expr) => {
+                match $d input {
+                    $(ToolInput::$kind($d tool) => $d body,)*
+                    ToolInput::$mcp($d tool) => $d body,
+                }
+            };
+        }
+
+        impl ToolKind {
+            /// The tools with a fixed model-facing name (MCP tools are named by the request).
+            pub const ALL: [ToolKind; [$(ToolKind::$kind),*].len()] = [$(ToolKind::$kind),*];
+        }
+
+        /// Parses and validates the model's argument text for `kind`. The message goes back to
+        /// the model.
+        pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String> {
+            let text = argument_text(arguments);
+            match kind {
+                $(ToolKind::$kind => <$input as Tool>::parse(text).map(ToolInput::$kind),)*
+                ToolKind::$mcp => <$mcp_input as Tool>::parse(text).map(ToolInput::$mcp),
+            }
+        }
+    };
 }
 
-/// How a tool is carried out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// The client executes it (`exec_server_message`).
-    Exec,
-    /// The server answers at once, without a client round trip.
-    Local,
-    /// The user decides (`interaction_query`); the response is the tool's result.
-    Interaction,
-}
-
-impl ToolKind {
-    /// The tools with a fixed model-facing name (MCP tools are named by the request).
-    pub const ALL: [ToolKind; 18] = [
-        ToolKind::Read,
-        ToolKind::Write,
-        ToolKind::StrReplace,
-        ToolKind::Delete,
-        ToolKind::Grep,
-        ToolKind::Glob,
-        ToolKind::Ls,
-        ToolKind::ReadLints,
-        ToolKind::Shell,
-        ToolKind::TodoWrite,
-        ToolKind::AskQuestion,
-        ToolKind::SwitchMode,
-        ToolKind::CreatePlan,
-        ToolKind::WebFetch,
-        ToolKind::WebSearch,
-        ToolKind::ListMcpResources,
-        ToolKind::FetchMcpResource,
-        ToolKind::Task,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ToolKind::Read => "Read",
-            ToolKind::Write => "Write",
-            ToolKind::StrReplace => "StrReplace",
-            ToolKind::Delete => "Delete",
-            ToolKind::Grep => "Grep",
-            ToolKind::Glob => "Glob",
-            ToolKind::Ls => "LS",
-            ToolKind::ReadLints => "ReadLints",
-            ToolKind::Shell => "Shell",
-            ToolKind::TodoWrite => "TodoWrite",
-            ToolKind::AskQuestion => "AskQuestion",
-            ToolKind::SwitchMode => "SwitchMode",
-            ToolKind::CreatePlan => "CreatePlan",
-            ToolKind::WebFetch => "WebFetch",
-            ToolKind::WebSearch => "WebSearch",
-            ToolKind::ListMcpResources => "ListMcpResources",
-            ToolKind::FetchMcpResource => "FetchMcpResource",
-            ToolKind::Task => "Task",
-            // Never matched by `from_name`: each MCP tool has its own name.
-            ToolKind::Mcp => "mcp",
-        }
-    }
-
-    /// The fixed-name tool called `name` (MCP tools are resolved by `ToolEnv::kind_of`).
-    pub fn from_name(name: &str) -> Option<ToolKind> {
-        ToolKind::ALL.into_iter().find(|kind| kind.name() == name)
-    }
-
-    pub fn transport(self) -> Transport {
-        match self {
-            ToolKind::TodoWrite => Transport::Local,
-            // WebFetch asks first; once approved the same call becomes a `fetch_args` exec.
-            // WebSearch asks first; once approved the server's search backend runs it.
-            ToolKind::AskQuestion
-            | ToolKind::SwitchMode
-            | ToolKind::CreatePlan
-            | ToolKind::WebFetch
-            | ToolKind::WebSearch => Transport::Interaction,
-            _ => Transport::Exec,
-        }
-    }
-
-    /// The card Cursor draws while the model is still writing the arguments.
-    pub fn placeholder(self) -> pb::ToolCall {
-        self.card_without_args(None)
-    }
-
-    /// The card of a call to this tool whose arguments did not validate: the placeholder with the
-    /// tool's error result.
-    pub fn invalid_card(self, message: &str) -> pb::ToolCall {
-        self.card_without_args(Some(message))
-    }
-
-    fn card_without_args(self, error: Option<&str>) -> pb::ToolCall {
-        match self {
-            ToolKind::Read => bare_card::<ReadInput>(error),
-            ToolKind::Write => bare_card::<WriteInput>(error),
-            ToolKind::StrReplace => bare_card::<StrReplaceInput>(error),
-            ToolKind::Delete => bare_card::<DeleteInput>(error),
-            ToolKind::Grep => bare_card::<GrepInput>(error),
-            ToolKind::Glob => bare_card::<GlobInput>(error),
-            ToolKind::Ls => bare_card::<LsInput>(error),
-            ToolKind::ReadLints => bare_card::<ReadLintsInput>(error),
-            ToolKind::Shell => bare_card::<ShellInput>(error),
-            ToolKind::TodoWrite => bare_card::<TodoWriteInput>(error),
-            ToolKind::AskQuestion => bare_card::<AskQuestionInput>(error),
-            ToolKind::SwitchMode => bare_card::<SwitchModeInput>(error),
-            ToolKind::CreatePlan => bare_card::<CreatePlanInput>(error),
-            ToolKind::WebFetch => bare_card::<WebFetchInput>(error),
-            ToolKind::WebSearch => bare_card::<WebSearchInput>(error),
-            ToolKind::ListMcpResources => bare_card::<ListMcpResourcesInput>(error),
-            ToolKind::FetchMcpResource => bare_card::<FetchMcpResourceInput>(error),
-            ToolKind::Task => bare_card::<TaskInput>(error),
-            ToolKind::Mcp => bare_card::<McpInput>(error),
-        }
-    }
-
-    /// The arguments `parse_input` accepts for this tool, as (name, required). A mode's tool
-    /// description must list exactly these (checked when the prompt assets load).
-    pub fn arguments(self) -> &'static [(&'static str, bool)] {
-        match self {
-            ToolKind::Read => &[("path", true), ("offset", false), ("limit", false)],
-            ToolKind::Write => &[("path", true), ("contents", true)],
-            ToolKind::StrReplace => &[
-                ("path", true),
-                ("old_string", true),
-                ("new_string", true),
-                ("replace_all", false),
-            ],
-            ToolKind::Delete => &[("path", true)],
-            ToolKind::Grep => &[
-                ("pattern", true),
-                ("path", false),
-                ("glob", false),
-                ("type", false),
-                ("output_mode", false),
-                ("-A", false),
-                ("-B", false),
-                ("-C", false),
-                ("-i", false),
-                ("multiline", false),
-                ("head_limit", false),
-                ("offset", false),
-            ],
-            ToolKind::Glob => &[("glob_pattern", true), ("target_directory", false)],
-            ToolKind::Ls => &[("path", true), ("ignore", false)],
-            ToolKind::ReadLints => &[("paths", true)],
-            ToolKind::Shell => &[
-                ("command", true),
-                ("working_directory", false),
-                ("block_until_ms", false),
-                ("description", false),
-            ],
-            ToolKind::TodoWrite => &[("todos", true), ("merge", true)],
-            ToolKind::AskQuestion => &[("title", false), ("questions", true)],
-            ToolKind::SwitchMode => &[("target_mode_id", true), ("explanation", false)],
-            ToolKind::CreatePlan => &[
-                ("name", true),
-                ("overview", true),
-                ("plan", true),
-                ("todos", false),
-            ],
-            ToolKind::WebFetch => &[("url", true)],
-            ToolKind::WebSearch => &[("search_term", true)],
-            ToolKind::ListMcpResources => &[("server", false)],
-            ToolKind::FetchMcpResource => &[("server", true), ("uri", true)],
-            ToolKind::Task => &[
-                ("description", true),
-                ("prompt", true),
-                ("subagent_type", false),
-                ("model", false),
-                ("readonly", false),
-                ("resume", false),
-                ("run_in_background", false),
-                ("attachments", false),
-            ],
-            // Whatever the MCP server's own schema says; checked against its `required`.
-            ToolKind::Mcp => &[],
-        }
-    }
-
-    /// The argument whose value streams into the card as file content while the model writes it.
-    pub fn streamed_content_field(self) -> Option<&'static str> {
-        match self {
-            ToolKind::Write => Some("contents"),
-            _ => None,
-        }
-    }
-}
-
-/// A tool call with validated arguments.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ToolInput {
+// The registry: one line per tool. Adding a tool is its `Tool` impl in a family file and its line
+// here (and its description in the modes' `tools.json`, which the prompt assets check against
+// `Tool::ARGUMENTS`). The order is the order of the unknown-tool message's list.
+registry! {$
     Read(ReadInput),
     Write(WriteInput),
     StrReplace(StrReplaceInput),
@@ -267,69 +122,50 @@ pub enum ToolInput {
     ListMcpResources(ListMcpResourcesInput),
     FetchMcpResource(FetchMcpResourceInput),
     Task(TaskInput),
-    Mcp(McpInput),
+    ;
+    /// One of the user's MCP tools; its model-facing name comes from the request (`McpTool`).
+    Mcp(McpInput)
 }
 
-/// Runs `$body` with `$tool` bound to the call's typed input, whatever its tool: the one table from
-/// a validated call to its family.
-macro_rules! with_tool {
-    ($input:expr, $tool:ident => $body:expr) => {
-        match $input {
-            ToolInput::Read($tool) => $body,
-            ToolInput::Write($tool) => $body,
-            ToolInput::StrReplace($tool) => $body,
-            ToolInput::Delete($tool) => $body,
-            ToolInput::Grep($tool) => $body,
-            ToolInput::Glob($tool) => $body,
-            ToolInput::Ls($tool) => $body,
-            ToolInput::ReadLints($tool) => $body,
-            ToolInput::Shell($tool) => $body,
-            ToolInput::TodoWrite($tool) => $body,
-            ToolInput::AskQuestion($tool) => $body,
-            ToolInput::SwitchMode($tool) => $body,
-            ToolInput::CreatePlan($tool) => $body,
-            ToolInput::WebFetch($tool) => $body,
-            ToolInput::WebSearch($tool) => $body,
-            ToolInput::ListMcpResources($tool) => $body,
-            ToolInput::FetchMcpResource($tool) => $body,
-            ToolInput::Task($tool) => $body,
-            ToolInput::Mcp($tool) => $body,
-        }
-    };
-}
+impl ToolKind {
+    /// The model-facing name (`Tool::NAME`).
+    pub fn name(self) -> &'static str {
+        per_kind!(self, T => T::NAME)
+    }
 
-/// Parses and validates the model's argument text for `kind`. The message goes back to the model.
-pub fn parse_input(kind: ToolKind, arguments: &str) -> Result<ToolInput, String> {
-    let text = argument_text(arguments);
-    Ok(match kind {
-        ToolKind::Read => ToolInput::Read(ReadInput::parse(text)?),
-        ToolKind::Write => ToolInput::Write(WriteInput::parse(text)?),
-        ToolKind::StrReplace => ToolInput::StrReplace(StrReplaceInput::parse(text)?),
-        ToolKind::Delete => ToolInput::Delete(DeleteInput::parse(text)?),
-        ToolKind::Grep => ToolInput::Grep(GrepInput::parse(text)?),
-        ToolKind::Glob => ToolInput::Glob(GlobInput::parse(text)?),
-        ToolKind::Ls => ToolInput::Ls(LsInput::parse(text)?),
-        ToolKind::ReadLints => ToolInput::ReadLints(ReadLintsInput::parse(text)?),
-        ToolKind::Shell => ToolInput::Shell(ShellInput::parse(text)?),
-        ToolKind::TodoWrite => ToolInput::TodoWrite(TodoWriteInput::parse(text)?),
-        ToolKind::AskQuestion => ToolInput::AskQuestion(AskQuestionInput::parse(text)?),
-        ToolKind::SwitchMode => ToolInput::SwitchMode(SwitchModeInput::parse(text)?),
-        ToolKind::CreatePlan => ToolInput::CreatePlan(CreatePlanInput::parse(text)?),
-        ToolKind::WebFetch => ToolInput::WebFetch(WebFetchInput::parse(text)?),
-        ToolKind::WebSearch => ToolInput::WebSearch(WebSearchInput::parse(text)?),
-        ToolKind::ListMcpResources => {
-            ToolInput::ListMcpResources(ListMcpResourcesInput::parse(text)?)
-        }
-        ToolKind::FetchMcpResource => {
-            ToolInput::FetchMcpResource(FetchMcpResourceInput::parse(text)?)
-        }
-        ToolKind::Task => ToolInput::Task(TaskInput::parse(text)?),
-        ToolKind::Mcp => {
-            return Err(
-                "internal error: MCP calls are parsed with their tool (parse_mcp_input)".to_owned(),
-            );
-        }
-    })
+    /// The fixed-name tool called `name` (MCP tools are resolved by `ToolEnv::kind_of`).
+    pub fn from_name(name: &str) -> Option<ToolKind> {
+        ToolKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    pub fn transport(self) -> Transport {
+        per_kind!(self, T => T::TRANSPORT)
+    }
+
+    /// The card Cursor draws while the model is still writing the arguments.
+    pub fn placeholder(self) -> pb::ToolCall {
+        self.card_without_args(None)
+    }
+
+    /// The card of a call to this tool whose arguments did not validate: the placeholder with the
+    /// tool's error result.
+    pub fn invalid_card(self, message: &str) -> pb::ToolCall {
+        self.card_without_args(Some(message))
+    }
+
+    fn card_without_args(self, error: Option<&str>) -> pb::ToolCall {
+        per_kind!(self, T => bare_card::<T>(error))
+    }
+
+    /// The arguments `parse_input` accepts for this tool, as (name, required) (`Tool::ARGUMENTS`).
+    pub fn arguments(self) -> &'static [(&'static str, bool)] {
+        per_kind!(self, T => T::ARGUMENTS)
+    }
+
+    /// The argument whose value streams into the card as file content while the model writes it.
+    pub fn streamed_content_field(self) -> Option<&'static str> {
+        per_kind!(self, T => T::STREAMED_CONTENT)
+    }
 }
 
 /// What this request makes available beyond a mode's own tool list: the client's switches and the
@@ -608,6 +444,28 @@ mod tests {
                 kind.name()
             );
         }
+    }
+
+    #[test]
+    fn the_registry_derives_each_tool_from_its_declaration() {
+        let mut names: Vec<&str> = ToolKind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ToolKind::ALL.len(), "two tools share a name");
+        for kind in ToolKind::ALL {
+            assert_eq!(ToolKind::from_name(kind.name()), Some(kind));
+            // Every declared argument list is accepted by the tool's own parser's field names:
+            // a required-only call missing them is refused, never parsed.
+            if kind.arguments().iter().any(|(_, required)| *required) {
+                assert!(parse_input(kind, "{}").is_err(), "{}", kind.name());
+            }
+        }
+        assert_eq!(ToolKind::from_name(ToolKind::Mcp.name()), None);
+        assert_eq!(ToolKind::Write.streamed_content_field(), Some("contents"));
+        assert_eq!(ToolKind::WebSearch.transport(), Transport::Interaction);
+        assert_eq!(ToolKind::TodoWrite.transport(), Transport::Local);
+        assert_eq!(ToolKind::Read.transport(), Transport::Exec);
+        assert!(parse_input(ToolKind::Mcp, "{}").is_err());
     }
 
     #[test]

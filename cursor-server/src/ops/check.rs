@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig, ProviderKind};
+use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig};
 use crate::provider;
 use crate::store::StoreError;
 
@@ -51,15 +51,18 @@ pub async fn probe_key(
     let url = format!(
         "{}{}",
         provider.base_url,
-        provider::endpoint_path(provider.kind)
+        provider.kind.family().endpoint_path()
     );
-    let body = minimal_request(provider.kind, &model.upstream_id);
+    let body = provider.kind.family().probe(&model.upstream_id);
     let Some(secret) = provider.keys.get(key).map(|k| &k.secret) else {
         return Probe::Failed {
             cause: format!("provider {:?} has no key {}", provider.name, key + 1),
         };
     };
-    let request = provider::authorize(http.post(&url).json(&body), provider.kind, secret);
+    let request = provider
+        .kind
+        .family()
+        .authorize(http.post(&url).json(&body), secret);
     let started = Instant::now();
     match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
         Err(_) => Probe::Failed {
@@ -103,21 +106,6 @@ pub async fn probe_key(
                 ));
             }
             Probe::Failed { cause }
-        }
-    }
-}
-
-fn minimal_request(kind: ProviderKind, model: &str) -> serde_json::Value {
-    let messages = serde_json::json!([{"role": "user", "content": "Reply with OK."}]);
-    match kind {
-        ProviderKind::OpenAiChat => {
-            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16, "stream": false})
-        }
-        ProviderKind::OpenAiResponses => {
-            serde_json::json!({"model": model, "input": "Reply with OK.", "max_output_tokens": 16, "stream": false})
-        }
-        ProviderKind::Anthropic => {
-            serde_json::json!({"model": model, "messages": messages, "max_tokens": 16})
         }
     }
 }
@@ -177,7 +165,7 @@ fn refused(
         ),
         404 => format!(
             "HTTP 404 at {url}: no such path; base_url should end where the API's version does (for example http://127.0.0.1:8080/v1), without {}",
-            provider::endpoint_path(provider.kind)
+            provider.kind.family().endpoint_path()
         ),
         429 => format!("HTTP 429: rate limited or out of quota ({said})"),
         _ => format!("HTTP {status}: {said}"),
@@ -220,9 +208,9 @@ pub async fn run(config: &Config) -> bool {
         println!(
             "provider {:?} ({}): {}{}, {}",
             provider_config.name,
-            kind_name(provider_config.kind),
+            provider_config.kind.name(),
             provider_config.base_url,
-            provider::endpoint_path(provider_config.kind),
+            provider_config.kind.family().endpoint_path(),
             provider_config.route.shown()
         );
         let keys: Vec<String> = (0..provider_config.keys.len())
@@ -263,6 +251,9 @@ pub async fn run(config: &Config) -> bool {
             }
             all_ok &= result.is_ok();
         }
+    }
+    if let Some(cluster) = &config.cluster {
+        all_ok &= check_cluster(config, cluster).await;
     }
     all_ok
 }
@@ -308,16 +299,55 @@ async fn check_database(url: &str) -> bool {
     }
 }
 
+/// `[cluster]`: the nodes this one sees in the shared database, each with its lease's age.
+async fn check_cluster(config: &Config, cluster: &crate::config::cluster::ClusterConfig) -> bool {
+    println!(
+        "cluster: node {:?} at {}, lease {} ms",
+        cluster.node_name,
+        cluster.internal_url,
+        cluster.lease.as_millis()
+    );
+    let store = match crate::store::Store::open(&config.database_url).await {
+        Ok(store) => store,
+        Err(e) => {
+            println!("  the database: FAILED: {e}");
+            return false;
+        }
+    };
+    let nodes = crate::store::nodes::list(&store).await;
+    store.close().await;
+    let nodes = match nodes {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            println!("  the node registry: FAILED: {e}");
+            return false;
+        }
+    };
+    let lease_ms = i64::try_from(cluster.lease.as_millis()).unwrap_or(i64::MAX);
+    for node in &nodes {
+        let state = match &node.stopped {
+            Some(why) => format!("stopped ({why})"),
+            None if node.lease_age_ms > lease_ms => "silent past its lease".to_owned(),
+            None => "live".to_owned(),
+        };
+        let me = if node.name == cluster.node_name {
+            " (this node)"
+        } else {
+            ""
+        };
+        println!(
+            "  node {:?}{me} at {}: lease {} ms old, {state}",
+            node.name, node.internal_url, node.lease_age_ms
+        );
+    }
+    if nodes.is_empty() {
+        println!("  no node has joined yet");
+    }
+    true
+}
+
 /// `key 2 (KEY_2)`: a key's number from 1 and where it comes from, never the key.
 pub fn key_name(provider: &ProviderConfig, index: usize) -> String {
     let source = provider.keys.get(index).map_or("missing", |k| k.source());
     format!("key {} ({source})", index + 1)
-}
-
-fn kind_name(kind: ProviderKind) -> &'static str {
-    match kind {
-        ProviderKind::OpenAiChat => "openai-chat",
-        ProviderKind::OpenAiResponses => "openai-responses",
-        ProviderKind::Anthropic => "anthropic",
-    }
 }

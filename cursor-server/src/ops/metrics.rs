@@ -28,6 +28,12 @@ pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
 pub const FALLBACKS: &str = "cursor_byok_provider_fallbacks_total";
 pub const SCHEMA_DRIFT: &str = "cursor_byok_schema_drift_total";
 pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
+/// `[cluster]`: 1, labelled with this node's name. An info series rather than a `node` label on
+/// every series (Prometheus's convention, as `build_info`): which process a scrape came from is
+/// the target's identity (`instance`), and a query that wants the node's name joins it on
+/// (`… * on(instance) group_left(node) cursor_byok_node_info`), so no series changes its labels
+/// when a node is renamed and a single node's series stay as they were.
+pub const NODE_INFO: &str = "cursor_byok_node_info";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
 /// reasoning call).
@@ -59,8 +65,15 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 /// The text `/metrics` answers with: every series in Prometheus exposition format. Gauges that are
 /// a state now (open runs, each provider's keys cooling down) are read at the scrape, since a
 /// cooldown ends by time, not by an event that could set them.
-pub fn render(active_runs: usize, keys_cooling: &[(String, usize)]) -> Option<String> {
+pub fn render(
+    active_runs: usize,
+    keys_cooling: &[(String, usize)],
+    node: Option<&str>,
+) -> Option<String> {
     let handle = install()?;
+    if let Some(node) = node {
+        gauge!(NODE_INFO, "node" => node.to_owned()).set(1.0);
+    }
     gauge!(RUNS_ACTIVE).set(active_runs as f64);
     for (provider, cooling) in keys_cooling {
         gauge!(KEYS_COOLING, "provider" => provider.clone()).set(*cooling as f64);

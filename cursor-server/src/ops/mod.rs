@@ -1,6 +1,6 @@
 //! The operator's routes, answered by this server itself and never passed through to Cursor's
 //! backend: `GET /healthz` (the process is up), `GET /readyz` (the database takes a write, the
-//! prompts are loaded, the server is not shutting down) and `GET /metrics` (Prometheus text).
+//! prompts are loaded, the server is not shutting down; in a cluster, this node's lease is held) and `GET /metrics` (Prometheus text).
 //! `check.rs` is the pre-flight check (`cursor-server check`); `drift.rs` notices what connected
 //! clients send that the schema does not know.
 
@@ -78,11 +78,14 @@ pub async fn readiness(state: &AppState) -> (bool, serde_json::Map<String, serde
     } else {
         Ok("accepting connections".to_owned())
     };
-    let checks = [
+    let mut checks = vec![
         ("database", database),
         ("prompts", prompts),
         ("listener", accepting),
     ];
+    if let Some(cluster) = &state.cluster {
+        checks.push(("lease", cluster.own_lease(&state.store).await));
+    }
     let ready = checks.iter().all(|(_, check)| check.is_ok());
     let body: serde_json::Map<String, serde_json::Value> = checks
         .into_iter()
@@ -99,7 +102,8 @@ pub async fn readiness(state: &AppState) -> (bool, serde_json::Map<String, serde
 
 async fn metrics_route(State(state): State<Arc<AppState>>) -> Response {
     let (active, _) = state.runs.counts();
-    match metrics::render(active, &state.keys.cooling()) {
+    let node = state.cluster.as_ref().map(|c| c.node_name());
+    match metrics::render(active, &state.keys.cooling(), node) {
         Some(text) => (
             [(
                 header::CONTENT_TYPE,

@@ -1,6 +1,7 @@
 //! Images in provider requests: the bytes a request shows (`ImageSet`, loaded by the run and keyed
-//! by blob), each family's image part, the providers' documented limits, and the text a model is
-//! given in place of an image it cannot be shown.
+//! by blob), each family's image part, how a family's documented limits (`ImageLimits`, declared by
+//! its module in `provider/`) are applied, and the text a model is given in place of an image it
+//! cannot be shown.
 //!
 //! Its own file because `prompting/projector.rs` holds the three families' message shapes within
 //! 800 lines, and which images a request shows (limits, vision, order) is one decision of its own,
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::config::{ModelConfig, ProviderKind};
+use crate::config::ModelConfig;
 use crate::model::conversation::{BlobId, ImageMime, ImageRef};
 
 /// The images a request may show, base64-encoded once per run (not once per provider call).
@@ -49,30 +50,10 @@ pub struct ImageLimits {
     pub max_total_bytes: u64,
 }
 
-const MB: u64 = 1024 * 1024;
-
-/// Anthropic: 5 MB per image and 100 images per request through the API, in a request of at most
-/// 32 MB. OpenAI (Chat and Responses): 20 MB per image, 500 images and 50 MB of payload per request.
-pub fn limits(kind: ProviderKind) -> ImageLimits {
-    match kind {
-        ProviderKind::Anthropic => ImageLimits {
-            family: "Anthropic",
-            max_bytes: 5 * MB,
-            max_count: 100,
-            max_total_bytes: 20 * MB,
-        },
-        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => ImageLimits {
-            family: "OpenAI",
-            max_bytes: 20 * MB,
-            max_count: 500,
-            max_total_bytes: 36 * MB,
-        },
-    }
-}
+pub const MB: u64 = 1024 * 1024;
 
 /// Why one message's images cannot be sent: too large or too many for the family.
-pub fn check_message(kind: ProviderKind, images: &[ImageRef]) -> Result<(), String> {
-    let limits = limits(kind);
+pub fn check_message(limits: ImageLimits, images: &[ImageRef]) -> Result<(), String> {
     if images.len() > limits.max_count {
         return Err(format!(
             "{} images are attached; {} takes at most {} per request",
@@ -113,12 +94,11 @@ pub struct Gallery<'a> {
 impl<'a> Gallery<'a> {
     /// `all`: every image of the request, in history order.
     pub fn new<'i>(
-        kind: ProviderKind,
+        limits: ImageLimits,
         model: &'a ModelConfig,
         set: &'a ImageSet,
         all: impl DoubleEndedIterator<Item = &'i ImageRef> + ExactSizeIterator,
     ) -> Gallery<'a> {
-        let limits = limits(kind);
         let total = all.len();
         let (mut shown, mut bytes) = (0usize, 0u64);
         for image in all.rev() {
@@ -212,6 +192,7 @@ pub fn tool_images_caption(tool: &str, call_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::{anthropic, openai_chat, openai_responses};
 
     fn image(n: u8, bytes: u64) -> ImageRef {
         ImageRef {
@@ -252,7 +233,7 @@ mod tests {
             set.insert(i.blob, b"\x89PNG\r\n\x1a\n");
         }
         let model = model(true);
-        let mut gallery = Gallery::new(ProviderKind::Anthropic, &model, &set, images.iter());
+        let mut gallery = Gallery::new(anthropic::IMAGE_LIMITS, &model, &set, images.iter());
         let parts: Vec<bool> = images
             .iter()
             .map(|i| matches!(gallery.part(i), Part::Image { .. }))
@@ -268,7 +249,7 @@ mod tests {
         set.insert(shot.blob, b"x");
         let model = model(false);
         let mut gallery = Gallery::new(
-            ProviderKind::OpenAiChat,
+            openai_chat::IMAGE_LIMITS,
             &model,
             &set,
             std::slice::from_ref(&shot).iter(),
@@ -282,11 +263,11 @@ mod tests {
     #[test]
     fn one_image_over_the_family_limit_is_a_clear_error() {
         let big = image(1, 6 * MB);
-        let error = check_message(ProviderKind::Anthropic, std::slice::from_ref(&big)).unwrap_err();
+        let error = check_message(anthropic::IMAGE_LIMITS, std::slice::from_ref(&big)).unwrap_err();
         assert!(
             error.contains("5 MB") && error.contains("shot1.png"),
             "{error}"
         );
-        assert!(check_message(ProviderKind::OpenAiResponses, &[big]).is_ok());
+        assert!(check_message(openai_responses::IMAGE_LIMITS, &[big]).is_ok());
     }
 }

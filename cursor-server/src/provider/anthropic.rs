@@ -1,6 +1,7 @@
 //! Anthropic Messages: maps content-block SSE events (keyed by block index) onto `ResponseEvent`s,
 //! keeps thinking blocks (text + signature, redacted data) verbatim for replay, and normalises
-//! usage (Anthropic's `input_tokens` excludes cached input).
+//! usage (Anthropic's `input_tokens` excludes cached input); the family's request body
+//! (`Family::request_body`, with its prompt-cache breakpoints), image limits and probe.
 //!
 //! A stream succeeds only with `message_stop`; an `error` event after HTTP 200, or EOF before
 //! `message_stop`, is an error.
@@ -9,9 +10,14 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::family::Family;
 use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
+use crate::config::Secret;
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
+use crate::prompting::compiler::{Effort, ModelRequest};
+use crate::prompting::images::{self, ImageLimits, MB};
+use crate::prompting::projector::{Item, arguments_text, gallery, items};
 
 pub const API_VERSION: &str = "2023-06-01";
 
@@ -260,4 +266,209 @@ impl StreamParser for AnthropicStreamParser {
     fn terminal(&self) -> &'static str {
         "message_stop"
     }
+}
+
+// ---- the family -------------------------------------------------------------------------------
+
+/// Anthropic Messages.
+pub struct Anthropic;
+
+/// Anthropic: 5 MB per image and 100 images per request through the API, in a request of at most
+/// 32 MB.
+pub const IMAGE_LIMITS: ImageLimits = ImageLimits {
+    family: "Anthropic",
+    max_bytes: 5 * MB,
+    max_count: 100,
+    max_total_bytes: 20 * MB,
+};
+
+impl Family for Anthropic {
+    fn endpoint_path(&self) -> &'static str {
+        "/messages"
+    }
+
+    fn authorize(&self, request: reqwest::RequestBuilder, key: &Secret) -> reqwest::RequestBuilder {
+        request
+            .header("x-api-key", key.expose())
+            .header("anthropic-version", API_VERSION)
+    }
+
+    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+        request_body(request)
+    }
+
+    fn parser(&self, provider: &str) -> Box<dyn StreamParser> {
+        Box::new(AnthropicStreamParser::new(provider))
+    }
+
+    fn image_limits(&self) -> ImageLimits {
+        IMAGE_LIMITS
+    }
+
+    fn probe(&self, model: &str) -> Value {
+        let messages = json!([{"role": "user", "content": "Reply with OK."}]);
+        json!({"model": model, "messages": messages, "max_tokens": 16})
+    }
+}
+
+/// Anthropic requires tool ids matching `^[a-zA-Z0-9_-]+$`; ids from other families are mapped
+/// deterministically, the same way on the call and on its result.
+fn anthropic_tool_id(id: &str) -> String {
+    let mapped: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if mapped.is_empty() {
+        "tool".to_owned()
+    } else {
+        mapped
+    }
+}
+
+/// Anthropic Messages, with prompt-cache breakpoints on the system prompt, the tools and the last
+/// message (3 of the 4 allowed): everything before the newest message is reused next time.
+pub fn request_body(request: &ModelRequest<'_>) -> Value {
+    let model = request.model;
+    let mut messages: Vec<Value> = Vec::new();
+    let mut push = |role: &str, blocks: Vec<Value>| {
+        if blocks.is_empty() {
+            return;
+        }
+        // Consecutive same-role turns (a failed turn followed by a new message) are merged.
+        if let Some(last) = messages.last_mut()
+            && last["role"] == role
+            && let Some(content) = last["content"].as_array_mut()
+        {
+            content.extend(blocks);
+            return;
+        }
+        messages.push(json!({ "role": role, "content": blocks }));
+    };
+    let items = items(&request.history);
+    let mut gallery = gallery(IMAGE_LIMITS, request, &items);
+    for item in items {
+        match item {
+            Item::User(user) => {
+                // Images first: Claude reads an image best before the text about it.
+                let mut blocks: Vec<Value> = (user.images.iter())
+                    .map(|i| images::anthropic_part(gallery.part(i)))
+                    .collect();
+                if !user.text.is_empty() {
+                    blocks.push(json!({ "type": "text", "text": user.text }));
+                }
+                push("user", blocks);
+            }
+            Item::Exchange(exchange) => {
+                let assistant = exchange.assistant;
+                let mut blocks = Vec::new();
+                if let Some(ProviderReplay::Anthropic { blocks: thinking }) = &assistant.replay
+                    && assistant.model_id == model.id
+                {
+                    blocks.extend(thinking.iter().cloned());
+                }
+                if !assistant.text.is_empty() {
+                    blocks.push(json!({ "type": "text", "text": assistant.text }));
+                }
+                for (call, _) in &exchange.calls {
+                    let input: Value = serde_json::from_str(&arguments_text(call))
+                        .ok()
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| json!({ "invalid_arguments": call.call.arguments }));
+                    blocks.push(json!({
+                        "type": "tool_use",
+                        "id": anthropic_tool_id(&call.call.provider_call_id),
+                        "name": call.call.name,
+                        "input": input,
+                    }));
+                }
+                push("assistant", blocks);
+                let results: Vec<Value> = exchange
+                    .calls
+                    .iter()
+                    .map(|(call, result)| {
+                        let text = if result.result.content.is_empty() {
+                            "(no output)"
+                        } else {
+                            result.result.content.as_str()
+                        };
+                        let content = if result.result.images.is_empty() {
+                            Value::String(text.to_owned())
+                        } else {
+                            let text = json!({ "type": "text", "text": text });
+                            let shown = (result.result.images.iter())
+                                .map(|i| images::anthropic_part(gallery.part(i)));
+                            Value::Array(std::iter::once(text).chain(shown).collect())
+                        };
+                        let mut block = json!({
+                            "type": "tool_result",
+                            "tool_use_id": anthropic_tool_id(&call.call.provider_call_id),
+                            "content": content,
+                        });
+                        if result.result.is_error {
+                            block["is_error"] = true.into();
+                        }
+                        block
+                    })
+                    .collect();
+                push("user", results);
+            }
+        }
+    }
+    let cache = json!({ "type": "ephemeral" });
+    if let Some(last) = messages
+        .last_mut()
+        .and_then(|m| m["content"].as_array_mut())
+        .and_then(|c| c.last_mut())
+    {
+        last["cache_control"] = cache.clone();
+    }
+    let mut tools: Vec<Value> = request
+        .tools
+        .iter()
+        .map(|tool| {
+            let function = &tool["function"];
+            json!({
+                "name": function["name"],
+                "description": function["description"],
+                "input_schema": function["parameters"],
+            })
+        })
+        .collect();
+    if let Some(last) = tools.last_mut() {
+        last["cache_control"] = cache.clone();
+    }
+    let mut body = json!({
+        "model": model.upstream_id,
+        "max_tokens": model.output_limit(),
+        "system": [{ "type": "text", "text": request.system, "cache_control": cache }],
+        "messages": messages,
+        "stream": true,
+    });
+    if !tools.is_empty() {
+        body["tools"] = Value::Array(tools);
+    }
+    if model.reasoning {
+        match model.thinking_budget {
+            Some(budget) => {
+                body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget })
+            }
+            None => {
+                body["thinking"] = json!({ "type": "adaptive" });
+                if let Some(effort) = request.parameters.effort {
+                    let value = match effort {
+                        Effort::Minimal => "low",
+                        other => other.as_str(),
+                    };
+                    body["output_config"] = json!({ "effort": value });
+                }
+            }
+        }
+    }
+    body
 }

@@ -1,8 +1,16 @@
 //! LLM endpoint adapters. `call` starts one streaming provider call and hands back its canonical
-//! events; which adapter runs is decided by the configured provider kind, nowhere else.
+//! events: the HTTP, timeouts, keys and the one retry policy (`retry`) every family shares. What
+//! differs by family (path, authorization, body, parser, images, probe) is its module behind
+//! `family::Family`, chosen from the configured kind by the registry below (`ProviderKind::family`),
+//! nowhere else.
+//!
+//! Length: one call's life is one concept here — request, retries, keys, the SSE read and the
+//! receiver that merges ready deltas — and about half the lines are its tests (retry timing,
+//! delta merging), which read best beside the code they pin down.
 
 pub mod anthropic;
 pub mod event;
+pub mod family;
 pub mod keys;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -20,6 +28,17 @@ use crate::config::{Config, ProviderConfig, ProviderKind, Route, Secret};
 pub use crate::store::runs::FailedAttempt;
 pub use event::{FinishReason, ResponseEvent};
 use keys::{KeyLease, KeyPool};
+
+impl ProviderKind {
+    /// The registry: one line per family (its module is declared above).
+    pub fn family(self) -> &'static dyn family::Family {
+        match self {
+            ProviderKind::OpenAiChat => &openai_chat::OpenAiChat,
+            ProviderKind::OpenAiResponses => &openai_responses::OpenAiResponses,
+            ProviderKind::Anthropic => &anthropic::Anthropic,
+        }
+    }
+}
 
 /// How many canonical events may wait between the adapter task and the loop.
 const EVENT_BUFFER: usize = 256;
@@ -62,6 +81,32 @@ pub enum ProviderError {
         retry_in_secs: u64,
         retry_at: String,
     },
+}
+
+/// The one retry policy: which failures are tried again, by whom. Two questions, answered here
+/// together so they stay consistent: what a call retries itself before its first streamed byte,
+/// and what the client is told may succeed if it sends the request again.
+pub mod retry {
+    use super::ProviderError;
+
+    /// A call retries (with backoff, or on another key) an HTTP status that may pass on its own
+    /// moments later: 429 (rate limit), 5xx and Anthropic's 529 (overloaded).
+    pub fn in_call(status: u16) -> bool {
+        status == 429 || status == 529 || (500..=599).contains(&status)
+    }
+
+    /// Whether sending the same request again can succeed: a provider that is down, slow, rate
+    /// limiting or cut the stream, yes (also 408, 409, 425: the request was fine, its moment was
+    /// not, which the call itself does not wait out); a rejected request, key or model, no.
+    pub fn by_client(error: &ProviderError) -> bool {
+        match error {
+            ProviderError::Http { status, .. } => {
+                matches!(status, 408 | 409 | 425 | 429) || *status >= 500
+            }
+            ProviderError::Unsupported(_) => false,
+            _ => true,
+        }
+    }
 }
 
 impl ProviderError {
@@ -180,10 +225,17 @@ fn provider_proxies(config: &Config) -> reqwest::Proxy {
 /// Longest `retry-after` honoured; beyond it the error goes to the user instead.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// Largest text one coalesced delta carries: past it the rest waits for the next `recv`, so a
+/// client far behind still gets frames of a bounded size.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
 /// A call's canonical events, and the attempts that failed before it streamed and the key that
 /// served it (for its record).
 pub struct EventReceiver {
     events: mpsc::Receiver<Result<ResponseEvent, ProviderError>>,
+    /// An event taken from the channel while coalescing that was not a delta of the same kind: the
+    /// next `recv` returns it first.
+    held: Option<Result<ResponseEvent, ProviderError>>,
     log: Arc<Mutex<CallLog>>,
 }
 
@@ -196,9 +248,58 @@ struct CallLog {
 }
 
 impl EventReceiver {
-    /// The next event; an error is the last item; `None` once the call is over.
+    /// The next event; an error is the last item; `None` once the call is over. Text (or
+    /// reasoning) deltas that are already waiting behind the first come merged into it: when the
+    /// run is behind the provider (a slow client, a busy machine), one frame and one write carry
+    /// what several would have, and a run that keeps up gets every delta as it comes. Only deltas
+    /// already received are merged, so nothing waits for the next one.
     pub async fn recv(&mut self) -> Option<Result<ResponseEvent, ProviderError>> {
-        self.events.recv().await
+        let first = match self.held.take() {
+            Some(event) => event,
+            None => self.events.recv().await?,
+        };
+        Some(match first {
+            Ok(ResponseEvent::TextDelta(text)) => Ok(ResponseEvent::TextDelta(self.merge_ready(
+                text,
+                |e| match e {
+                    ResponseEvent::TextDelta(t) => Ok(t),
+                    other => Err(other),
+                },
+            ))),
+            Ok(ResponseEvent::ReasoningDelta(text)) => Ok(ResponseEvent::ReasoningDelta(
+                self.merge_ready(text, |e| match e {
+                    ResponseEvent::ReasoningDelta(t) => Ok(t),
+                    other => Err(other),
+                }),
+            )),
+            other => other,
+        })
+    }
+
+    /// Appends to `text` every delta of the same kind (`same` gives its text back) already waiting
+    /// in the channel, up to `COALESCE_LIMIT`; the first other event is held for the next `recv`.
+    fn merge_ready(
+        &mut self,
+        mut text: String,
+        same: fn(ResponseEvent) -> Result<String, ResponseEvent>,
+    ) -> String {
+        while text.len() < COALESCE_LIMIT {
+            match self.events.try_recv() {
+                Ok(Ok(event)) => match same(event) {
+                    Ok(more) => text.push_str(&more),
+                    Err(other) => {
+                        self.held = Some(Ok(other));
+                        break;
+                    }
+                },
+                Ok(Err(error)) => {
+                    self.held = Some(Err(error));
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        text
     }
 
     /// The attempts that failed and were retried so far, oldest first.
@@ -249,31 +350,6 @@ impl RequestBody {
     }
 }
 
-/// The path after `base_url` each kind of endpoint is called at.
-pub fn endpoint_path(kind: ProviderKind) -> &'static str {
-    match kind {
-        ProviderKind::OpenAiChat => "/chat/completions",
-        ProviderKind::OpenAiResponses => "/responses",
-        ProviderKind::Anthropic => "/messages",
-    }
-}
-
-/// Sets one of the provider's keys on `request` the way its kind expects it.
-pub fn authorize(
-    request: reqwest::RequestBuilder,
-    kind: ProviderKind,
-    key: &Secret,
-) -> reqwest::RequestBuilder {
-    match kind {
-        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => {
-            request.bearer_auth(key.expose())
-        }
-        ProviderKind::Anthropic => request
-            .header("x-api-key", key.expose())
-            .header("anthropic-version", anthropic::API_VERSION),
-    }
-}
-
 /// Starts a streaming call with an already projected request `body`. The call runs on its own task
 /// until it finishes, fails (the error is the last item) or `cancel` fires (then nothing more is sent
 /// and the HTTP connection is dropped, which the provider observes as a disconnect). Each attempt
@@ -287,18 +363,13 @@ pub fn call(
     cancel: CancellationToken,
 ) -> EventReceiver {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let path = endpoint_path(provider.kind);
-    let parser: Box<dyn StreamParser> = match provider.kind {
-        ProviderKind::OpenAiChat => Box::new(openai_chat::ChatStreamParser::new(&provider.name)),
-        ProviderKind::OpenAiResponses => {
-            Box::new(openai_responses::ResponsesStreamParser::new(&provider.name))
-        }
-        ProviderKind::Anthropic => Box::new(anthropic::AnthropicStreamParser::new(&provider.name)),
-    };
+    let family = provider.kind.family();
+    let path = family.endpoint_path();
+    let parser = family.parser(&provider.name);
     let call = HttpCall {
         http: http.clone(),
         provider: provider.name.clone(),
-        kind: provider.kind,
+        family,
         url: format!("{}{path}", provider.base_url),
         keys: Arc::clone(keys),
         body,
@@ -318,13 +389,17 @@ pub fn call(
         task,
         tracing::Span::current(),
     ));
-    EventReceiver { events: rx, log }
+    EventReceiver {
+        events: rx,
+        held: None,
+        log,
+    }
 }
 
 struct HttpCall {
     http: reqwest::Client,
     provider: String,
-    kind: ProviderKind,
+    family: &'static dyn family::Family,
     url: String,
     keys: Arc<KeyPool>,
     body: RequestBody,
@@ -352,7 +427,7 @@ impl HttpCall {
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(self.body.0.clone());
-        authorize(request, self.kind, key)
+        self.family.authorize(request, key)
     }
 
     /// One attempt with `key`: the response, or why it failed and the `retry-after` it carried.
@@ -473,7 +548,7 @@ impl HttpCall {
                     }
                     (None, wait)
                 }
-                None if status.is_some_and(|s| !is_retryable_status(s))
+                None if status.is_some_and(|s| !retry::in_call(s))
                     || retry_after.is_some_and(|d| d > MAX_RETRY_AFTER) =>
                 {
                     return Err(error);
@@ -646,11 +721,6 @@ pub(crate) fn str_field<'a>(value: &'a serde_json::Value, field: &str) -> &'a st
         .unwrap_or_default()
 }
 
-/// 429 (rate limit), 5xx and Anthropic's 529 (overloaded) may succeed on a retry.
-fn is_retryable_status(status: u16) -> bool {
-    status == 429 || status == 529 || (500..=599).contains(&status)
-}
-
 /// reqwest errors print the URL; keep logs and user-facing errors free of query strings and paths.
 fn without_url(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
@@ -703,5 +773,119 @@ mod tests {
         assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(retry_after("-3", now), None);
         assert_eq!(retry_after("soon", now), None);
+    }
+
+    #[tokio::test]
+    async fn deltas_already_waiting_come_merged_and_nothing_else_moves() {
+        use ResponseEvent::{ReasoningDelta, TextDelta, ToolCallStart, Usage as UsageEvent};
+        let (tx, rx) = mpsc::channel(16);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        for event in [
+            ReasoningDelta("think ".into()),
+            ReasoningDelta("more".into()),
+            TextDelta("Hel".into()),
+            TextDelta("lo".into()),
+            TextDelta(", ".into()),
+            ToolCallStart {
+                index: 0,
+                id: "c".into(),
+                name: "Read".into(),
+            },
+            TextDelta("after".into()),
+            UsageEvent(Default::default()),
+        ] {
+            tx.send(Ok(event)).await.expect("room");
+        }
+        tx.send(Err(ProviderError::Truncated {
+            provider: "p".into(),
+            missing: "terminal event",
+        }))
+        .await
+        .expect("room");
+        drop(tx);
+        let mut got = Vec::new();
+        while let Some(event) = events.recv().await {
+            got.push(event.map_err(|e| e.to_string()));
+        }
+        assert_eq!(
+            got,
+            [
+                Ok(ReasoningDelta("think more".into())),
+                Ok(TextDelta("Hello, ".into())),
+                Ok(ToolCallStart {
+                    index: 0,
+                    id: "c".into(),
+                    name: "Read".into(),
+                }),
+                Ok(TextDelta("after".into())),
+                Ok(UsageEvent(Default::default())),
+                Err(ProviderError::Truncated {
+                    provider: "p".into(),
+                    missing: "terminal event",
+                }
+                .to_string()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delta_that_waits_for_the_next_is_sent_alone_and_an_error_behind_it_is_kept() {
+        let (tx, rx) = mpsc::channel(16);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        tx.send(Ok(ResponseEvent::TextDelta("one".into())))
+            .await
+            .expect("room");
+        // Nothing else is ready: the delta comes at once, alone.
+        assert_eq!(
+            events.recv().await.map(|e| e.map_err(|e| e.to_string())),
+            Some(Ok(ResponseEvent::TextDelta("one".into())))
+        );
+        tx.send(Ok(ResponseEvent::TextDelta("two".into())))
+            .await
+            .expect("room");
+        tx.send(Err(ProviderError::Truncated {
+            provider: "p".into(),
+            missing: "[DONE]",
+        }))
+        .await
+        .expect("room");
+        assert_eq!(
+            events.recv().await.map(|e| e.map_err(|e| e.to_string())),
+            Some(Ok(ResponseEvent::TextDelta("two".into())))
+        );
+        assert!(matches!(
+            events.recv().await,
+            Some(Err(ProviderError::Truncated { .. }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_merged_delta_stops_growing_at_the_limit() {
+        let (tx, rx) = mpsc::channel(64);
+        let mut events = EventReceiver {
+            events: rx,
+            held: None,
+            log: Arc::default(),
+        };
+        let piece = "x".repeat(COALESCE_LIMIT / 4);
+        for _ in 0..6 {
+            tx.send(Ok(ResponseEvent::TextDelta(piece.clone())))
+                .await
+                .expect("room");
+        }
+        drop(tx);
+        let mut sizes = Vec::new();
+        while let Some(Ok(ResponseEvent::TextDelta(text))) = events.recv().await {
+            sizes.push(text.len());
+        }
+        assert_eq!(sizes, [COALESCE_LIMIT, COALESCE_LIMIT / 2]);
     }
 }

@@ -1,5 +1,5 @@
 //! OpenAI Chat Completions (and compatible endpoints): maps the SSE chunks of a streaming call onto
-//! `ResponseEvent`s.
+//! `ResponseEvent`s; the family's request body (`Family::request_body`), image limits and probe.
 //!
 //! A stream succeeds only if it reaches `data: [DONE]` after a `finish_reason`; an in-band
 //! `{"error":...}` chunk, EOF before `[DONE]`, or an idle gap longer than the limit is an error.
@@ -8,9 +8,14 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
+use super::family::Family;
 use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
+use crate::prompting::compiler::{Effort, ModelRequest};
+use crate::prompting::images::{self, ImageLimits, MB};
+use crate::prompting::projector::{Item, arguments_text, gallery, items};
+use serde_json::{Map, Value, json};
 
 /// Turns Chat SSE `data` payloads into canonical events. Pure and synchronous, so it can be tested on
 /// transcripts.
@@ -304,6 +309,171 @@ impl ChatUsage {
                 .and_then(|d| d.reasoning_tokens),
         }
     }
+}
+
+// ---- the family -------------------------------------------------------------------------------
+
+/// OpenAI Chat Completions and the servers that speak it.
+pub struct OpenAiChat;
+
+/// OpenAI: 20 MB per image, 500 images and 50 MB of payload per request.
+pub const IMAGE_LIMITS: ImageLimits = ImageLimits {
+    family: "OpenAI",
+    max_bytes: 20 * MB,
+    max_count: 500,
+    max_total_bytes: 36 * MB,
+};
+
+impl Family for OpenAiChat {
+    fn endpoint_path(&self) -> &'static str {
+        "/chat/completions"
+    }
+
+    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+        request_body(request)
+    }
+
+    fn parser(&self, provider: &str) -> Box<dyn StreamParser> {
+        Box::new(ChatStreamParser::new(provider))
+    }
+
+    fn image_limits(&self) -> ImageLimits {
+        IMAGE_LIMITS
+    }
+
+    fn probe(&self, model: &str) -> Value {
+        let messages = json!([{"role": "user", "content": "Reply with OK."}]);
+        json!({"model": model, "messages": messages, "max_tokens": 16, "stream": false})
+    }
+}
+
+/// OpenAI Chat Completions.
+pub fn request_body(request: &ModelRequest<'_>) -> Value {
+    let model = request.model;
+    let mut messages = vec![json!({ "role": "system", "content": request.system })];
+    let items = items(&request.history);
+    let mut gallery = gallery(IMAGE_LIMITS, request, &items);
+    for item in items {
+        match item {
+            Item::User(user) if user.images.is_empty() => {
+                messages.push(json!({ "role": "user", "content": user.text }))
+            }
+            Item::User(user) => {
+                let mut parts = vec![json!({ "type": "text", "text": user.text })];
+                parts.extend(
+                    user.images
+                        .iter()
+                        .map(|i| images::chat_part(gallery.part(i))),
+                );
+                messages.push(json!({ "role": "user", "content": parts }));
+            }
+            Item::Exchange(exchange) => {
+                let assistant = exchange.assistant;
+                let mut out = Map::new();
+                out.insert("role".into(), "assistant".into());
+                let has_calls = !exchange.calls.is_empty();
+                out.insert(
+                    "content".into(),
+                    if assistant.text.is_empty() && has_calls {
+                        Value::Null
+                    } else {
+                        Value::String(assistant.text.clone())
+                    },
+                );
+                let (reasoning, details) = match &assistant.replay {
+                    Some(ProviderReplay::OpenAiChat {
+                        reasoning_content,
+                        reasoning_details,
+                    }) => (
+                        Some(reasoning_content.as_str()),
+                        reasoning_details.as_slice(),
+                    ),
+                    _ => (None, &[][..]),
+                };
+                if !details.is_empty() {
+                    out.insert("reasoning_details".into(), Value::Array(details.to_vec()));
+                }
+                match reasoning {
+                    Some(text) if !text.is_empty() => {
+                        out.insert("reasoning_content".into(), text.into());
+                    }
+                    // Thinking models reject tool-call messages without the field (even if empty);
+                    // for history from another family this is a placeholder, not invented thinking.
+                    _ if has_calls && model.quirks.reasoning_content_on_tool_calls => {
+                        out.insert("reasoning_content".into(), "".into());
+                    }
+                    _ => {}
+                }
+                if has_calls {
+                    let calls: Vec<Value> = exchange
+                        .calls
+                        .iter()
+                        .map(|(call, _)| {
+                            json!({
+                                "id": call.call.provider_call_id,
+                                "type": "function",
+                                "function": { "name": call.call.name, "arguments": arguments_text(call) },
+                            })
+                        })
+                        .collect();
+                    out.insert("tool_calls".into(), Value::Array(calls));
+                }
+                messages.push(Value::Object(out));
+                for (call, result) in &exchange.calls {
+                    messages.push(json!({
+                        "role": "tool",
+                        "tool_call_id": call.call.provider_call_id,
+                        "content": result.result.content,
+                    }));
+                }
+                // A tool message is text only: the results' images follow as a user message.
+                let mut parts = Vec::new();
+                for (call, result) in &exchange.calls {
+                    if result.result.images.is_empty() {
+                        continue;
+                    }
+                    let caption = images::tool_images_caption(&call.call.name, &call.call.call_id);
+                    parts.push(json!({ "type": "text", "text": caption }));
+                    parts.extend(
+                        (result.result.images.iter()).map(|i| images::chat_part(gallery.part(i))),
+                    );
+                }
+                if !parts.is_empty() {
+                    messages.push(json!({ "role": "user", "content": parts }));
+                }
+            }
+        }
+    }
+    let mut body = json!({
+        "model": model.upstream_id,
+        "messages": messages,
+        "stream": true,
+    });
+    if model.quirks.stream_usage {
+        body["stream_options"] = json!({ "include_usage": true });
+    }
+    if !request.tools.is_empty() {
+        body["tools"] = Value::Array(request.tools.to_vec());
+    }
+    if let Some(limit) = model.max_output_tokens {
+        // OpenAI's reasoning models take only `max_completion_tokens`; other servers `max_tokens`.
+        let field = if model.reasoning {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body[field] = limit.into();
+    }
+    if let Some(effort) = request.parameters.effort.filter(|_| model.reasoning) {
+        // DeepSeek-style servers know low..high; "minimal"/"max" are clamped to the nearest.
+        let value = match effort {
+            Effort::Minimal => "low",
+            Effort::Max => "high",
+            other => other.as_str(),
+        };
+        body["reasoning_effort"] = value.into();
+    }
+    body
 }
 
 #[cfg(test)]

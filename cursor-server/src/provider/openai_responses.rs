@@ -1,5 +1,6 @@
 //! OpenAI Responses: maps the typed SSE events of a streaming, stateless (`store: false`) call onto
-//! `ResponseEvent`s, and keeps the response's output items verbatim for replay.
+//! `ResponseEvent`s, and keeps the response's output items verbatim for replay; the family's request
+//! body (`Family::request_body`), image limits and probe.
 //!
 //! A stream succeeds only with `response.completed` or `response.incomplete`; `error`,
 //! `response.failed`, or EOF before a terminal event is an error.
@@ -8,9 +9,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
+use super::family::Family;
 use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
+use crate::prompting::compiler::{Effort, ModelRequest};
+use crate::prompting::images::{self, ImageLimits};
+use crate::prompting::projector::{Item, arguments_text, gallery, items, replayable_arguments};
+use serde_json::json;
 
 pub struct ResponsesStreamParser {
     provider: String,
@@ -201,4 +207,160 @@ impl StreamParser for ResponsesStreamParser {
     fn terminal(&self) -> &'static str {
         "response.completed"
     }
+}
+
+// ---- the family -------------------------------------------------------------------------------
+
+/// OpenAI Responses, called statelessly.
+pub struct OpenAiResponses;
+
+/// OpenAI's limits, as for Chat Completions.
+pub const IMAGE_LIMITS: ImageLimits = super::openai_chat::IMAGE_LIMITS;
+
+impl Family for OpenAiResponses {
+    fn endpoint_path(&self) -> &'static str {
+        "/responses"
+    }
+
+    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+        request_body(request)
+    }
+
+    fn parser(&self, provider: &str) -> Box<dyn StreamParser> {
+        Box::new(ResponsesStreamParser::new(provider))
+    }
+
+    fn image_limits(&self) -> ImageLimits {
+        IMAGE_LIMITS
+    }
+
+    fn probe(&self, model: &str) -> Value {
+        json!({"model": model, "input": "Reply with OK.", "max_output_tokens": 16, "stream": false})
+    }
+}
+
+/// OpenAI Responses, stateless: `store: false`, reasoning replayed from its encrypted content.
+pub fn request_body(request: &ModelRequest<'_>) -> Value {
+    let model = request.model;
+    let mut input = Vec::new();
+    let items = items(&request.history);
+    let mut gallery = gallery(IMAGE_LIMITS, request, &items);
+    for item in items {
+        match item {
+            Item::User(user) if user.images.is_empty() => {
+                input.push(json!({ "role": "user", "content": user.text }))
+            }
+            Item::User(user) => {
+                let mut parts = vec![json!({ "type": "input_text", "text": user.text })];
+                parts.extend(
+                    user.images
+                        .iter()
+                        .map(|i| images::responses_part(gallery.part(i))),
+                );
+                input.push(json!({ "role": "user", "content": parts }));
+            }
+            Item::Exchange(exchange) => {
+                let answered: Vec<&str> = exchange
+                    .calls
+                    .iter()
+                    .map(|(call, _)| call.call.provider_call_id.as_str())
+                    .collect();
+                match &exchange.assistant.replay {
+                    Some(ProviderReplay::OpenAiResponses { items }) => {
+                        // Verbatim and in order, so each reasoning item keeps the item after it; a
+                        // function call that never got its result is the only thing left out.
+                        for item in items {
+                            let unanswered = item["type"] == "function_call"
+                                && !answered
+                                    .contains(&item["call_id"].as_str().unwrap_or_default());
+                            if unanswered {
+                                continue;
+                            }
+                            let mut item = item.clone();
+                            // Arguments are normalised like everywhere else (empty, cut off).
+                            if item["type"] == "function_call"
+                                && let Some(raw) = item["arguments"].as_str()
+                            {
+                                item["arguments"] = replayable_arguments(raw).into();
+                            }
+                            input.push(item);
+                        }
+                    }
+                    _ => {
+                        if !exchange.assistant.text.is_empty() {
+                            input.push(
+                                json!({ "role": "assistant", "content": exchange.assistant.text }),
+                            );
+                        }
+                        for (call, _) in &exchange.calls {
+                            input.push(json!({
+                                "type": "function_call",
+                                "call_id": call.call.provider_call_id,
+                                "name": call.call.name,
+                                "arguments": arguments_text(call),
+                            }));
+                        }
+                    }
+                }
+                for (call, result) in &exchange.calls {
+                    let output = if result.result.images.is_empty() {
+                        Value::String(result.result.content.clone())
+                    } else {
+                        let text = json!({ "type": "input_text", "text": result.result.content });
+                        let shown = (result.result.images.iter())
+                            .map(|i| images::responses_part(gallery.part(i)));
+                        Value::Array(std::iter::once(text).chain(shown).collect())
+                    };
+                    input.push(json!({
+                        "type": "function_call_output",
+                        "call_id": call.call.provider_call_id,
+                        "output": output,
+                    }));
+                }
+            }
+        }
+    }
+    let tools: Vec<Value> = request
+        .tools
+        .iter()
+        .map(|tool| {
+            let function = &tool["function"];
+            json!({
+                "type": "function",
+                "name": function["name"],
+                "description": function["description"],
+                "parameters": function["parameters"],
+                "strict": false,
+            })
+        })
+        .collect();
+    let mut body = json!({
+        "model": model.upstream_id,
+        "instructions": request.system,
+        "input": input,
+        "stream": true,
+        "store": false,
+    });
+    if !tools.is_empty() {
+        body["tools"] = Value::Array(tools);
+    }
+    if let Some(limit) = model.max_output_tokens {
+        body["max_output_tokens"] = limit.into();
+    }
+    if model.reasoning {
+        let mut reasoning = json!({ "summary": "auto" });
+        if let Some(effort) = request.parameters.effort {
+            let value = match effort {
+                Effort::Max => "high",
+                other => other.as_str(),
+            };
+            reasoning["effort"] = value.into();
+        }
+        body["reasoning"] = reasoning;
+        body["include"] = json!(["reasoning.encrypted_content"]);
+    }
+    if request.parameters.fast {
+        body["service_tier"] = "priority".into();
+    }
+    body
 }

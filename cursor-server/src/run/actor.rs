@@ -745,6 +745,12 @@ impl RunActor {
     /// a signal, not a queued command: it reaches a run whatever it waits on. Should the old run
     /// still not end in time, the store refuses its appends: this run owns the conversation.
     async fn take_over_conversation(&mut self, conversation_id: &str) {
+        if let Some(cluster) = &self.app.cluster {
+            let wait = self.app.config.interrupt_wait;
+            cluster
+                .stop_elsewhere(&self.app.store, conversation_id, &self.request_id, wait)
+                .await;
+        }
         let Some((previous, handle)) = self
             .app
             .runs
@@ -765,9 +771,10 @@ impl RunActor {
 
     /// Why the run's stop signal fired.
     fn stopped(&self) -> RunEnd {
-        let reason = match self.control.superseded_by() {
-            Some(by) => format!("interrupted by a new run ({by}) on the same conversation"),
-            None => "the server is shutting down".to_owned(),
+        let reason = match (self.control.superseded_by(), self.control.stopped_because()) {
+            (Some(by), _) => format!("interrupted by a new run ({by}) on the same conversation"),
+            (None, Some(why)) => why.to_owned(),
+            (None, None) => "the server is shutting down".to_owned(),
         };
         RunEnd::Canceled { reason }
     }

@@ -235,12 +235,12 @@ pub(super) async fn open(
         .record("provider", tracing::field::display(&provider.name))
         .record("model", tracing::field::display(&model.id));
     let model_id = model.id.clone();
-    runs::start(
+    runs::start_on(
         &app.store,
         request_id,
         &input.conversation_id,
-        &model_id,
-        &requested,
+        (&model_id, &requested),
+        app.cluster.as_ref().map(|c| c.node_name()),
     )
     .await?;
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
@@ -762,9 +762,9 @@ async fn store_images(
         blobs.push((blob, data));
     }
     let (app, model) = (request.app, request.model);
-    images::check_message(request.provider_kind, &refs).map_err(|reason| {
-        ServerError::InvalidRequest(format!("Cannot send the images: {reason}."))
-    })?;
+    images::check_message(request.provider_kind.family().image_limits(), &refs).map_err(
+        |reason| ServerError::InvalidRequest(format!("Cannot send the images: {reason}.")),
+    )?;
     if !refs.is_empty() && !model.vision {
         tracing::warn!(request_id, model = %model.id, images = refs.len(), "the user attached images but the model is configured vision = false; it is told their names instead");
     }

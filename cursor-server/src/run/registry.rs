@@ -36,6 +36,9 @@ pub struct RunControl {
     stop: CancellationToken,
     /// The run that took the conversation over.
     superseded_by: OnceLock<String>,
+    /// Why the run was stopped, when neither a new run nor the shutdown stopped it (`[cluster]`:
+    /// another node took this one as stopped).
+    stopped_because: OnceLock<String>,
 }
 
 impl RunControl {
@@ -54,6 +57,11 @@ impl RunControl {
     /// The run that took the conversation over, if that is why the run stops.
     pub fn superseded_by(&self) -> Option<&str> {
         self.superseded_by.get().map(String::as_str)
+    }
+
+    /// Why the run was stopped, if it was for another reason than a new run or the shutdown.
+    pub fn stopped_because(&self) -> Option<&str> {
+        self.stopped_because.get().map(String::as_str)
     }
 }
 
@@ -261,6 +269,7 @@ impl RunRegistry {
                 input_open: Mutex::new(true),
                 stop,
                 superseded_by: OnceLock::new(),
+                stopped_because: OnceLock::new(),
             }),
             done: CancellationToken::new(),
         };
@@ -309,6 +318,28 @@ impl RunRegistry {
             }
             None => false,
         }
+    }
+
+    /// Whether `request_id` is a run of this registry: active, or finished recently.
+    pub fn knows(&self, request_id: &str) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.active.contains_key(request_id) || inner.finished.contains(request_id)
+    }
+
+    /// The active run `request_id`, if there is one.
+    pub fn running(&self, request_id: &str) -> Option<RunHandle> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.active.get(request_id).cloned()
+    }
+
+    /// Stops every active run at once for `reason`; how many there were.
+    pub fn stop_every(&self, reason: &str) -> usize {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        for handle in inner.active.values() {
+            let _ = handle.control.stopped_because.set(reason.to_owned());
+            handle.control.stop.cancel();
+        }
+        inner.active.len()
     }
 
     /// How many runs are active, and how many have finished since the registry started.

@@ -16,7 +16,7 @@ use super::lifecycle::Checkpoints;
 use crate::config::{Config, ModelChoice, ModelConfig, ProviderConfig, RouteRequest, RoutedBy};
 use crate::cursor::checkpoint::StateDetails;
 use crate::cursor::pending::PendingExecs;
-use crate::cursor::tool_result::ToolEnv;
+use crate::cursor::tool_result::{Tool, ToolEnv};
 use crate::cursor::tools::{ToolKind, ToolOptions, interactive, task, todo};
 use crate::error::ServerError;
 use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunState, Todo};
@@ -25,9 +25,9 @@ use crate::model::tool::ToolCall;
 use crate::model::usage::Usage;
 use crate::ops::metrics;
 use crate::prompting::compiler::{self, RequestParameters};
+use crate::prompting::derived_state;
 use crate::prompting::images::ImageSet;
-use crate::prompting::{derived_state, projector};
-use crate::provider::{self, CallLimits, EventReceiver, ProviderError, RequestBody};
+use crate::provider::{self, CallLimits, EventReceiver, ProviderError, RequestBody, family};
 use crate::state::AppState;
 use crate::store::runs::{self, CallPurpose};
 use crate::store::{blobs, messages, now_ms};
@@ -220,7 +220,7 @@ impl Turn {
             self.parameters,
             &self.images,
         );
-        RequestBody::from_json(&projector::project(self.provider.kind, &request))
+        RequestBody::from_json(&family::project(self.provider.kind, &request))
     }
 
     /// A new provider call starts on the run's own model.

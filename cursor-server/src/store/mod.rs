@@ -90,6 +90,7 @@ macro_rules! write_tx {
 pub mod blobs;
 pub mod conversations;
 pub mod messages;
+pub mod nodes;
 pub mod outbox;
 pub mod postgres;
 pub mod runs;
@@ -244,6 +245,13 @@ pub(crate) enum Tx {
 }
 
 impl Tx {
+    pub(crate) fn kind(&self) -> DatabaseKind {
+        match self {
+            Tx::Sqlite(_) => DatabaseKind::Sqlite,
+            Tx::Postgres(_) => DatabaseKind::Postgres,
+        }
+    }
+
     pub(crate) async fn commit(self, context: &'static str) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(tx) => tx.commit().await.context(context),

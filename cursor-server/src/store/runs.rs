@@ -62,19 +62,38 @@ pub async fn start(
     model_id: &str,
     requested_model: &str,
 ) -> Result<(), StoreError> {
+    start_on(
+        store,
+        request_id,
+        conversation_id,
+        (model_id, requested_model),
+        None,
+    )
+    .await
+}
+
+/// `start`, recording the node that runs it (`[cluster]`; `None` for a single node).
+pub async fn start_on(
+    store: &Store,
+    request_id: &str,
+    conversation_id: &str,
+    (model_id, requested_model): (&str, &str),
+    node: Option<&str>,
+) -> Result<(), StoreError> {
     write_tx!(store, "committing run start", |tx| {
         conversations::ensure(&mut tx, conversation_id).await?;
         on_tx!(&mut tx, |c| {
             sqlx::query(
                 "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-                     started_at_ms)
-                 VALUES ($1, $2, 'running', $3, $4, $5)",
+                     started_at_ms, node)
+                 VALUES ($1, $2, 'running', $3, $4, $5, $6)",
             )
             .bind(request_id)
             .bind(conversation_id)
             .bind(model_id)
             .bind(requested_model)
             .bind(now_ms())
+            .bind(node)
             .execute(&mut *c)
             .await
             .map(|done| done.rows_affected())
@@ -369,6 +388,8 @@ pub struct RunSummary {
     /// The mode the run ended in, and its transport (`run_sse`, `http2_run`), once it ended.
     pub mode: Option<String>,
     pub transport: Option<String>,
+    /// The node that ran it (`[cluster]`; `None` for a single node).
+    pub node: Option<String>,
 }
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
@@ -430,6 +451,7 @@ fn summary_of(row: &impl Columns) -> Result<RunSummary, StoreError> {
         first_token_ms: row.opt_int("first_token_ms"),
         mode: row.opt_text("mode"),
         transport: row.opt_text("transport"),
+        node: row.opt_text("node"),
     })
 }
 

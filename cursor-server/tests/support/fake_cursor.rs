@@ -20,6 +20,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 pub struct FakeCursor {
     base: String,
+    /// Where BidiAppends go, in turn (one server, or the nodes of a cluster behind a round-robin
+    /// balancer); RunSSE and `Run` go to `base`.
+    append_bases: Vec<String>,
+    next_append: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     http1: reqwest::Client,
     h2: reqwest::Client,
 }
@@ -149,8 +153,17 @@ pub fn kind(message: &AgentServerMessage) -> &'static str {
 
 impl FakeCursor {
     pub fn new(addr: SocketAddr) -> FakeCursor {
+        FakeCursor::alternating(&[addr])
+    }
+
+    /// A client whose RunSSE and `Run` go to `addrs[0]` and whose BidiAppends go to each of
+    /// `addrs` in turn, starting with the last (as a round-robin balancer would spread them).
+    pub fn alternating(addrs: &[SocketAddr]) -> FakeCursor {
+        let bases: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
         FakeCursor {
-            base: format!("http://{addr}"),
+            base: bases[0].clone(),
+            next_append: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(bases.len() - 1)),
+            append_bases: bases,
             http1: reqwest::Client::builder()
                 .http1_only()
                 .build()
@@ -200,9 +213,13 @@ impl FakeCursor {
         body: Vec<u8>,
         content_encoding: Option<&str>,
     ) -> reqwest::Response {
+        let turn = self
+            .next_append
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = &self.append_bases[turn % self.append_bases.len()];
         let mut request = self
             .http1
-            .post(format!("{}/aiserver.v1.BidiService/BidiAppend", self.base))
+            .post(format!("{base}/aiserver.v1.BidiService/BidiAppend"))
             .header("content-type", "application/proto")
             .header("connect-protocol-version", "1");
         if let Some(encoding) = content_encoding {

@@ -201,7 +201,6 @@ pub async fn spawn_process(
     provider_base_url: &str,
     db_dir: &Path,
 ) -> (tokio::process::Child, SocketAddr) {
-    use tokio::io::AsyncBufReadExt as _;
     let config = db_dir.join("cursor-byok.toml");
     let text = config_text(
         provider_base_url,
@@ -210,6 +209,82 @@ pub async fn spawn_process(
         "openai-chat",
     );
     std::fs::write(&config, text).expect("config written");
+    let (child, addr, _) = spawn_binary(&config, &[]).await;
+    (child, addr)
+}
+
+/// The shared secret of the test clusters.
+pub const CLUSTER_SECRET: &str = "test-cluster-secret-0123456789";
+
+/// A node of a test cluster: the real binary on the database inside `db_dir` (shared by every
+/// node), named `name`, listening on a port of its own which is also its internal address, with
+/// `secret` as the cluster secret, `extra` top-level lines and `lease_secs`. Its log lines are
+/// kept (see `NodeLog`).
+pub async fn spawn_node(
+    provider_base_url: &str,
+    db_dir: &Path,
+    (name, secret): (&str, &str),
+    extra: &str,
+    lease_secs: f64,
+) -> (tokio::process::Child, SocketAddr, NodeLog) {
+    // A free port, so the node can name its internal address before it listens.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let text = config_text(
+        provider_base_url,
+        &db_dir.join("test.db"),
+        extra,
+        "openai-chat",
+    )
+    .replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    let text = format!(
+        "{text}\n[cluster]\nnode_name = \"{name}\"\ninternal_url = \"http://127.0.0.1:{port}\"\nsecret_env = \"TEST_CLUSTER_SECRET\"\nlease_secs = {lease_secs}\n"
+    );
+    let config = db_dir.join(format!("node-{name}.toml"));
+    std::fs::write(&config, text).expect("config written");
+    spawn_binary(&config, &[("TEST_CLUSTER_SECRET", secret)]).await
+}
+
+/// A node's log lines so far, and a way to wait for one.
+#[derive(Clone, Default)]
+pub struct NodeLog {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    added: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl NodeLog {
+    /// Waits (up to `within`) for a log line containing `needle`; returns it.
+    pub async fn wait_for(&self, needle: &str, within: std::time::Duration) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let added = self.added.notified();
+            if let Some(line) = self
+                .lines
+                .lock()
+                .expect("log lock")
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return line.clone();
+            }
+            if tokio::time::timeout_at(deadline, added).await.is_err() {
+                panic!("no log line with {needle:?} within {within:?}");
+            }
+        }
+    }
+}
+
+/// Starts the binary with `config` and `envs`; its address once it listens, and its log.
+async fn spawn_binary(
+    config: &Path,
+    envs: &[(&str, &str)],
+) -> (tokio::process::Child, SocketAddr, NodeLog) {
+    use tokio::io::AsyncBufReadExt as _;
     // Defined for cursor-server's own tests; cursor-backend's tests share these fixtures but never
     // start the binary.
     let Some(binary) = option_env!("CARGO_BIN_EXE_cursor-server") else {
@@ -217,7 +292,8 @@ pub async fn spawn_process(
     };
     let mut child = tokio::process::Command::new(binary)
         .arg("--config")
-        .arg(&config)
+        .arg(config)
+        .envs(envs.iter().copied())
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -237,9 +313,16 @@ pub async fn spawn_process(
     })
     .await
     .expect("cursor-server listens");
-    // Keep draining its output so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    // Keep draining its output so it never blocks on a full pipe, keeping the lines.
+    let log = NodeLog::default();
+    let kept = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            kept.lines.lock().expect("log lock").push(line);
+            kept.added.notify_waiters();
+        }
+    });
+    (child, addr, log)
 }
 
 /// A user message as the IDE sends it (with a request context, here an empty one).

@@ -10,7 +10,7 @@ use crate::cursor::proto::agent::{
 };
 use crate::cursor::tool_result::{
     PendingEdit, Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of,
-    non_empty, parse_args, unexpected_result,
+    non_empty, on_exec_answer, parse_args, unexpected_result,
 };
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -33,39 +33,6 @@ pub struct DeleteInput {
     pub path: String,
 }
 
-impl WriteInput {
-    pub fn parse(text: &str) -> Result<WriteInput, String> {
-        let input: WriteInput = parse_args("Write", text)?;
-        non_empty("Write", "path", &input.path)?;
-        Ok(input)
-    }
-}
-
-impl StrReplaceInput {
-    pub fn parse(text: &str) -> Result<StrReplaceInput, String> {
-        let input: StrReplaceInput = parse_args("StrReplace", text)?;
-        non_empty("StrReplace", "path", &input.path)?;
-        if input.old_string.is_empty() {
-            return Err("invalid arguments for StrReplace: `old_string` must not be empty (use Write to create a file)".to_owned());
-        }
-        if input.old_string == input.new_string {
-            return Err(
-                "invalid arguments for StrReplace: `new_string` is identical to `old_string`"
-                    .to_owned(),
-            );
-        }
-        Ok(input)
-    }
-}
-
-impl DeleteInput {
-    pub fn parse(text: &str) -> Result<DeleteInput, String> {
-        let input: DeleteInput = parse_args("Delete", text)?;
-        non_empty("Delete", "path", &input.path)?;
-        Ok(input)
-    }
-}
-
 /// Which edit a write finishes (the model is told what happened in its terms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EditKind {
@@ -84,6 +51,16 @@ fn edit_card(path: Option<&str>, result: Option<pb::EditResult>) -> pb::ToolCall
 impl Tool for WriteInput {
     type Result = pb::EditResult;
 
+    const NAME: &'static str = "Write";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("path", true), ("contents", true)];
+    const STREAMED_CONTENT: Option<&'static str> = Some("contents");
+
+    fn parse(text: &str) -> Result<WriteInput, String> {
+        let input: WriteInput = parse_args("Write", text)?;
+        non_empty("Write", "path", &input.path)?;
+        Ok(input)
+    }
+
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         edit_card(args.map(|a| a.path.as_str()), result)
     }
@@ -96,37 +73,34 @@ impl Tool for WriteInput {
         ToolStep::Exec(write_request(&self.path, &self.contents, call_id))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        _env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::WriteResult(result) => {
-                let written = PendingEdit {
-                    before: String::new(),
-                    after: self.contents.clone(),
-                    replacements: 0,
-                };
-                let outcome = edit_write_outcome(
-                    self,
-                    EditKind::Write,
-                    call_id,
-                    &self.path,
-                    result,
-                    Some(written),
-                );
-                vec![ToolStep::Done(outcome)]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(WriteResult => write_outcome);
 }
 
 impl Tool for StrReplaceInput {
     type Result = pb::EditResult;
+
+    const NAME: &'static str = "StrReplace";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[
+        ("path", true),
+        ("old_string", true),
+        ("new_string", true),
+        ("replace_all", false),
+    ];
+
+    fn parse(text: &str) -> Result<StrReplaceInput, String> {
+        let input: StrReplaceInput = parse_args("StrReplace", text)?;
+        non_empty("StrReplace", "path", &input.path)?;
+        if input.old_string.is_empty() {
+            return Err("invalid arguments for StrReplace: `old_string` must not be empty (use Write to create a file)".to_owned());
+        }
+        if input.old_string == input.new_string {
+            return Err(
+                "invalid arguments for StrReplace: `new_string` is identical to `old_string`"
+                    .to_owned(),
+            );
+        }
+        Ok(input)
+    }
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         edit_card(args.map(|a| a.path.as_str()), result)
@@ -171,6 +145,15 @@ impl Tool for StrReplaceInput {
 impl Tool for DeleteInput {
     type Result = pb::DeleteResult;
 
+    const NAME: &'static str = "Delete";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("path", true)];
+
+    fn parse(text: &str) -> Result<DeleteInput, String> {
+        let input: DeleteInput = parse_args("Delete", text)?;
+        non_empty("Delete", "path", &input.path)?;
+        Ok(input)
+    }
+
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::DeleteToolCall(pb::DeleteToolCall {
             args: args.map(|delete| pb::DeleteArgs {
@@ -197,22 +180,7 @@ impl Tool for DeleteInput {
         }))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        _env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::DeleteResult(result) => {
-                vec![ToolStep::Done(delete_outcome(
-                    self, call_id, &self.path, result,
-                ))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(DeleteResult => delete_outcome);
 }
 
 fn edit_args(path: &str) -> pb::EditArgs {
@@ -371,12 +339,35 @@ fn line_delta(before: &str, after: &str) -> (usize, usize) {
     (b.len() - prefix - suffix, a.len() - prefix - suffix)
 }
 
+/// A Write's answer: the whole new content is the card's diff.
+fn write_outcome(
+    write: &WriteInput,
+    call_id: &str,
+    result: pb::WriteResult,
+    _env: &ToolEnv,
+) -> ToolOutcome {
+    let written = PendingEdit {
+        before: String::new(),
+        after: write.contents.clone(),
+        replacements: 0,
+    };
+    edit_write_outcome(
+        write,
+        EditKind::Write,
+        call_id,
+        &write.path,
+        result,
+        Some(written),
+    )
+}
+
 fn delete_outcome(
     delete: &DeleteInput,
     call_id: &str,
-    path: &str,
     result: pb::DeleteResult,
+    _env: &ToolEnv,
 ) -> ToolOutcome {
+    let path = delete.path.as_str();
     use pb::delete_result::Result as D;
     let (text, is_error) = match &result.result {
         Some(D::Success(_)) => (format!("Deleted {path}."), false),

@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, interaction_query, interaction_response, tool_call};
 use crate::cursor::tool_result::{
-    Tool, ToolEnv, ToolStep, card, done, non_empty, parse_args, reason_suffix, unexpected_response,
+    Tool, ToolEnv, ToolStep, Transport, card, done, non_empty, parse_args, reason_suffix,
+    unexpected_response,
 };
 use crate::model::conversation::Mode;
 
@@ -60,8 +61,14 @@ pub struct CreatePlanInput {
     pub todos: Vec<PlanTodo>,
 }
 
-impl AskQuestionInput {
-    pub fn parse(text: &str) -> Result<AskQuestionInput, String> {
+impl Tool for AskQuestionInput {
+    type Result = pb::AskQuestionResult;
+
+    const NAME: &'static str = "AskQuestion";
+    const TRANSPORT: Transport = Transport::Interaction;
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("title", false), ("questions", true)];
+
+    fn parse(text: &str) -> Result<AskQuestionInput, String> {
         let input: AskQuestionInput = parse_args("AskQuestion", text)?;
         if input.questions.is_empty() {
             return Err(
@@ -80,10 +87,6 @@ impl AskQuestionInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for AskQuestionInput {
-    type Result = pb::AskQuestionResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::AskQuestionToolCall(
@@ -153,8 +156,15 @@ impl Tool for AskQuestionInput {
     }
 }
 
-impl SwitchModeInput {
-    pub fn parse(text: &str) -> Result<SwitchModeInput, String> {
+impl Tool for SwitchModeInput {
+    type Result = pb::SwitchModeResult;
+
+    const NAME: &'static str = "SwitchMode";
+    const TRANSPORT: Transport = Transport::Interaction;
+    const ARGUMENTS: &'static [(&'static str, bool)] =
+        &[("target_mode_id", true), ("explanation", false)];
+
+    fn parse(text: &str) -> Result<SwitchModeInput, String> {
         let mut input: SwitchModeInput = parse_args("SwitchMode", text)?;
         input.target = Mode::parse(input.target_mode_id.trim()).ok_or_else(|| {
             format!(
@@ -165,10 +175,6 @@ impl SwitchModeInput {
         })?;
         Ok(input)
     }
-}
-
-impl Tool for SwitchModeInput {
-    type Result = pb::SwitchModeResult;
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::SwitchModeToolCall(
@@ -243,8 +249,19 @@ impl Tool for SwitchModeInput {
     }
 }
 
-impl CreatePlanInput {
-    pub fn parse(text: &str) -> Result<CreatePlanInput, String> {
+impl Tool for CreatePlanInput {
+    type Result = pb::CreatePlanResult;
+
+    const NAME: &'static str = "CreatePlan";
+    const TRANSPORT: Transport = Transport::Interaction;
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[
+        ("name", true),
+        ("overview", true),
+        ("plan", true),
+        ("todos", false),
+    ];
+
+    fn parse(text: &str) -> Result<CreatePlanInput, String> {
         let input: CreatePlanInput = parse_args("CreatePlan", text)?;
         non_empty("CreatePlan", "name", &input.name)?;
         non_empty("CreatePlan", "plan", &input.plan)?;
@@ -255,10 +272,6 @@ impl CreatePlanInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for CreatePlanInput {
-    type Result = pb::CreatePlanResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::CreatePlanToolCall(

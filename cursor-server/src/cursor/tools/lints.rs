@@ -6,12 +6,10 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::exec::ExecRequest;
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, parse_args,
-    unexpected_result,
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, on_exec_answer,
+    parse_args,
 };
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -19,8 +17,13 @@ pub struct ReadLintsInput {
     pub paths: Vec<String>,
 }
 
-impl ReadLintsInput {
-    pub fn parse(text: &str) -> Result<ReadLintsInput, String> {
+impl Tool for ReadLintsInput {
+    type Result = pb::ReadLintsToolResult;
+
+    const NAME: &'static str = "ReadLints";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("paths", true)];
+
+    fn parse(text: &str) -> Result<ReadLintsInput, String> {
         let input: ReadLintsInput = parse_args("ReadLints", text)?;
         if input.paths.is_empty() || input.paths.iter().any(|p| p.trim().is_empty()) {
             return Err(
@@ -30,10 +33,6 @@ impl ReadLintsInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for ReadLintsInput {
-    type Result = pb::ReadLintsToolResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::ReadLintsToolCall(pb::ReadLintsToolCall {
@@ -66,20 +65,7 @@ impl Tool for ReadLintsInput {
         }
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        stage: &mut Stage,
-        _env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::DiagnosticsResult(result) => {
-                lints_step(self, call_id, stage, result)
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(DiagnosticsResult => steps lints_step);
 }
 
 fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
@@ -94,8 +80,9 @@ fn diagnostics_request(path: &str, call_id: &str) -> ExecRequest {
 fn lints_step(
     lints: &ReadLintsInput,
     call_id: &str,
-    stage: &mut Stage,
     result: pb::DiagnosticsResult,
+    stage: &mut Stage,
+    _env: &ToolEnv,
 ) -> Vec<ToolStep> {
     let path = lints
         .paths
@@ -199,6 +186,8 @@ fn report(lints: &ReadLintsInput, call_id: &str, files: Vec<pb::FileDiagnostics>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     #[test]

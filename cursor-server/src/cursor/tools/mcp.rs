@@ -6,12 +6,10 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::exec;
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolImage, ToolOutcome, ToolStep, argument_text, card, done, failed,
-    non_empty, parse_args, reason_suffix, truncate_for_model, unexpected_result,
+    Tool, ToolEnv, ToolImage, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
+    on_exec_answer, parse_args, reason_suffix, truncate_for_model,
 };
 use crate::model::conversation::{BlobId, ImageMime, ImageRef};
 use crate::model::tool::McpTool;
@@ -127,6 +125,16 @@ pub fn parse_mcp_input(tool: &McpTool, arguments: &str) -> Result<McpInput, Stri
 impl Tool for McpInput {
     type Result = pb::McpToolResult;
 
+    /// Never matched by name: each MCP tool has its own, from the request.
+    const NAME: &'static str = "mcp";
+    /// Whatever the MCP server's own schema says; checked against its `required`.
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[];
+
+    /// An MCP call is parsed with its tool's schema (`parse_mcp_input`), never by name alone.
+    fn parse(_text: &str) -> Result<McpInput, String> {
+        Err("internal error: MCP calls are parsed with their tool (parse_mcp_input)".to_owned())
+    }
+
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::McpToolCall(pb::McpToolCall {
             args: args.map(|mcp| mcp_args(mcp, call_id)),
@@ -149,30 +157,18 @@ impl Tool for McpInput {
         )))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::McpResult(result) => {
-                vec![ToolStep::Done(mcp_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
-}
-
-impl ListMcpResourcesInput {
-    pub fn parse(text: &str) -> Result<ListMcpResourcesInput, String> {
-        parse_args("ListMcpResources", text)
-    }
+    on_exec_answer!(McpResult => mcp_outcome);
 }
 
 impl Tool for ListMcpResourcesInput {
     type Result = pb::ListMcpResourcesExecResult;
+
+    const NAME: &'static str = "ListMcpResources";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("server", false)];
+
+    fn parse(text: &str) -> Result<ListMcpResourcesInput, String> {
+        parse_args("ListMcpResources", text)
+    }
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::ListMcpResourcesToolCall(
@@ -199,35 +195,21 @@ impl Tool for ListMcpResourcesInput {
         ))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::ListMcpResourcesExecResult(result) => {
-                vec![ToolStep::Done(mcp_resources_outcome(
-                    self, call_id, result, env,
-                ))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(ListMcpResourcesExecResult => mcp_resources_outcome);
 }
 
-impl FetchMcpResourceInput {
-    pub fn parse(text: &str) -> Result<FetchMcpResourceInput, String> {
+impl Tool for FetchMcpResourceInput {
+    type Result = pb::ReadMcpResourceExecResult;
+
+    const NAME: &'static str = "FetchMcpResource";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("server", true), ("uri", true)];
+
+    fn parse(text: &str) -> Result<FetchMcpResourceInput, String> {
         let input: FetchMcpResourceInput = parse_args("FetchMcpResource", text)?;
         non_empty("FetchMcpResource", "server", &input.server)?;
         non_empty("FetchMcpResource", "uri", &input.uri)?;
         Ok(input)
     }
-}
-
-impl Tool for FetchMcpResourceInput {
-    type Result = pb::ReadMcpResourceExecResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::ReadMcpResourceToolCall(
@@ -255,22 +237,7 @@ impl Tool for FetchMcpResourceInput {
         ))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::ReadMcpResourceExecResult(result) => {
-                vec![ToolStep::Done(mcp_resource_outcome(
-                    self, call_id, result, env,
-                ))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(ReadMcpResourceExecResult => mcp_resource_outcome);
 }
 
 fn list_mcp_resources_args(list: &ListMcpResourcesInput) -> pb::ListMcpResourcesExecArgs {
@@ -545,6 +512,8 @@ fn mcp_resource_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     fn call() -> McpInput {

@@ -6,12 +6,10 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::exec::ExecRequest;
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, parse_args,
-    truncate_for_model, unexpected_result,
+    Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, on_exec_answer,
+    parse_args, truncate_for_model,
 };
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -21,8 +19,14 @@ pub struct ReadInput {
     pub limit: Option<u32>,
 }
 
-impl ReadInput {
-    pub fn parse(text: &str) -> Result<ReadInput, String> {
+impl Tool for ReadInput {
+    type Result = pb::ReadToolResult;
+
+    const NAME: &'static str = "Read";
+    const ARGUMENTS: &'static [(&'static str, bool)] =
+        &[("path", true), ("offset", false), ("limit", false)];
+
+    fn parse(text: &str) -> Result<ReadInput, String> {
         let input: ReadInput = parse_args("Read", text)?;
         non_empty("Read", "path", &input.path)?;
         if input.limit == Some(0) {
@@ -30,10 +34,6 @@ impl ReadInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for ReadInput {
-    type Result = pb::ReadToolResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::ReadToolCall(pb::ReadToolCall {
@@ -54,20 +54,7 @@ impl Tool for ReadInput {
         ToolStep::Exec(read_request(&self.path, self.offset, self.limit, call_id))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::ReadResult(result) => {
-                vec![ToolStep::Done(read_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(ReadResult => read_outcome);
 }
 
 fn read_args(input: &ReadInput) -> pb::ReadToolArgs {
@@ -266,6 +253,8 @@ fn select_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     fn read() -> ReadInput {

@@ -5,12 +5,10 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, non_empty, parse_args,
-    truncate_for_model, unexpected_result,
+    Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, non_empty, on_exec_answer,
+    parse_args, truncate_for_model,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -65,32 +63,30 @@ pub struct LsInput {
     pub ignore: Vec<String>,
 }
 
-impl GrepInput {
-    pub fn parse(text: &str) -> Result<GrepInput, String> {
+impl Tool for GrepInput {
+    type Result = pb::GrepResult;
+
+    const NAME: &'static str = "Grep";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[
+        ("pattern", true),
+        ("path", false),
+        ("glob", false),
+        ("type", false),
+        ("output_mode", false),
+        ("-A", false),
+        ("-B", false),
+        ("-C", false),
+        ("-i", false),
+        ("multiline", false),
+        ("head_limit", false),
+        ("offset", false),
+    ];
+
+    fn parse(text: &str) -> Result<GrepInput, String> {
         let input: GrepInput = parse_args("Grep", text)?;
         non_empty("Grep", "pattern", &input.pattern)?;
         Ok(input)
     }
-}
-
-impl GlobInput {
-    pub fn parse(text: &str) -> Result<GlobInput, String> {
-        let input: GlobInput = parse_args("Glob", text)?;
-        non_empty("Glob", "glob_pattern", &input.glob_pattern)?;
-        Ok(input)
-    }
-}
-
-impl LsInput {
-    pub fn parse(text: &str) -> Result<LsInput, String> {
-        let input: LsInput = parse_args("LS", text)?;
-        non_empty("LS", "path", &input.path)?;
-        Ok(input)
-    }
-}
-
-impl Tool for GrepInput {
-    type Result = pb::GrepResult;
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::GrepToolCall(pb::GrepToolCall {
@@ -113,24 +109,21 @@ impl Tool for GrepInput {
         )))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::GrepResult(result) => {
-                vec![ToolStep::Done(grep_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(GrepResult => grep_outcome);
 }
 
 impl Tool for GlobInput {
     type Result = pb::GlobToolResult;
+
+    const NAME: &'static str = "Glob";
+    const ARGUMENTS: &'static [(&'static str, bool)] =
+        &[("glob_pattern", true), ("target_directory", false)];
+
+    fn parse(text: &str) -> Result<GlobInput, String> {
+        let input: GlobInput = parse_args("Glob", text)?;
+        non_empty("Glob", "glob_pattern", &input.glob_pattern)?;
+        Ok(input)
+    }
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::GlobToolCall(pb::GlobToolCall {
@@ -156,20 +149,7 @@ impl Tool for GlobInput {
         )))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::GrepResult(result) => {
-                vec![ToolStep::Done(glob_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(GrepResult => glob_outcome);
 }
 
 fn ls_args(ls: &LsInput, call_id: &str) -> pb::LsArgs {
@@ -183,6 +163,15 @@ fn ls_args(ls: &LsInput, call_id: &str) -> pb::LsArgs {
 
 impl Tool for LsInput {
     type Result = pb::LsResult;
+
+    const NAME: &'static str = "LS";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("path", true), ("ignore", false)];
+
+    fn parse(text: &str) -> Result<LsInput, String> {
+        let input: LsInput = parse_args("LS", text)?;
+        non_empty("LS", "path", &input.path)?;
+        Ok(input)
+    }
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::LsToolCall(pb::LsToolCall {
@@ -204,20 +193,7 @@ impl Tool for LsInput {
         ToolStep::exec(exec_server_message::Message::LsArgs(ls_args(self, call_id)))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::LsResult(result) => {
-                vec![ToolStep::Done(ls_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(LsResult => ls_outcome);
 }
 
 /// `GrepArgs` for a Grep call; also the Grep card's typed args.
@@ -437,6 +413,8 @@ pub(crate) fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     #[test]

@@ -5,12 +5,10 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
     Bounded, CLOSED_WITHOUT_RESULT, Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done,
-    failed, non_empty, parse_args, truncate_for_model, unexpected_result,
+    failed, non_empty, on_exec_answer, parse_args, truncate_for_model,
 };
 
 /// Shell defaults the official backend sends (protocol.md §6).
@@ -26,16 +24,22 @@ pub struct ShellInput {
     pub description: Option<String>,
 }
 
-impl ShellInput {
-    pub fn parse(text: &str) -> Result<ShellInput, String> {
+impl Tool for ShellInput {
+    type Result = pb::ShellResult;
+
+    const NAME: &'static str = "Shell";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[
+        ("command", true),
+        ("working_directory", false),
+        ("block_until_ms", false),
+        ("description", false),
+    ];
+
+    fn parse(text: &str) -> Result<ShellInput, String> {
         let input: ShellInput = parse_args("Shell", text)?;
         non_empty("Shell", "command", &input.command)?;
         Ok(input)
     }
-}
-
-impl Tool for ShellInput {
-    type Result = pb::ShellResult;
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::ShellToolCall(pb::ShellToolCall {
@@ -87,20 +91,7 @@ impl Tool for ShellInput {
         )))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::ShellStream(stream) => {
-                shell_step(self, call_id, stage, stream, env)
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(ShellStream => steps shell_step);
 
     /// The output so far goes to the model with the failure.
     fn on_closed(&self, call_id: &str, stage: &mut Stage, env: &ToolEnv) -> ToolOutcome {
@@ -140,8 +131,8 @@ fn shell_args(input: &ShellInput, call_id: &str) -> pb::ShellArgs {
 fn shell_step(
     shell: &ShellInput,
     call_id: &str,
-    stage: &mut Stage,
     stream: pb::ShellStream,
+    stage: &mut Stage,
     env: &ToolEnv,
 ) -> Vec<ToolStep> {
     use pb::shell_stream::Event as E;
@@ -414,6 +405,8 @@ pub fn resolutions(list: &pb::InterruptedPendingToolCallResolutions) -> Vec<(Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     fn shell() -> ShellInput {

@@ -4,12 +4,10 @@
 
 use serde::Deserialize;
 
-use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, tool_call,
-};
+use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
-    parse_args, unexpected_result,
+    Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
+    on_exec_answer, parse_args,
 };
 use crate::model::conversation::{Mode, SubagentRunState, SubagentStatus};
 use crate::model::tool::ToolMeta;
@@ -40,17 +38,27 @@ impl TaskInput {
     }
 }
 
-impl TaskInput {
-    pub fn parse(text: &str) -> Result<TaskInput, String> {
+impl Tool for TaskInput {
+    type Result = pb::TaskResult;
+
+    const NAME: &'static str = "Task";
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[
+        ("description", true),
+        ("prompt", true),
+        ("subagent_type", false),
+        ("model", false),
+        ("readonly", false),
+        ("resume", false),
+        ("run_in_background", false),
+        ("attachments", false),
+    ];
+
+    fn parse(text: &str) -> Result<TaskInput, String> {
         let input: TaskInput = parse_args("Task", text)?;
         non_empty("Task", "description", &input.description)?;
         non_empty("Task", "prompt", &input.prompt)?;
         Ok(input)
     }
-}
-
-impl Tool for TaskInput {
-    type Result = pb::TaskResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::TaskToolCall(pb::TaskToolCall {
@@ -73,20 +81,7 @@ impl Tool for TaskInput {
         )))
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        _env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::SubagentResult(result) => {
-                vec![ToolStep::Done(task_outcome(self, call_id, result))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
+    on_exec_answer!(SubagentResult => task_outcome);
 }
 
 fn task_args(task: &TaskInput) -> pb::TaskArgs {
@@ -148,7 +143,12 @@ const SUBAGENT_BACKGROUND: &str = "is running in the background";
 
 /// A subagent's result completes the parent's Task card; the model reads the subagent's final
 /// message under a line naming the agent id (so it can `resume` it).
-fn task_outcome(task: &TaskInput, call_id: &str, result: pb::SubagentResult) -> ToolOutcome {
+fn task_outcome(
+    task: &TaskInput,
+    call_id: &str,
+    result: pb::SubagentResult,
+    _env: &ToolEnv,
+) -> ToolOutcome {
     let (agent_id, backgrounded) = match &result.result {
         Some(pb::subagent_result::Result::Success(success)) => (
             Some(success.agent_id.clone()),
@@ -269,6 +269,8 @@ pub fn running(call_id: &str, arguments: &str) -> SubagentRunState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cursor::proto::agent::exec_client_message;
+    use crate::cursor::tool_result::Stage;
     use crate::cursor::tool_result::testing::{ended, env};
 
     fn task() -> TaskInput {

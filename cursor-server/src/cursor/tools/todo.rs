@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, tool_call};
 use crate::cursor::tool_result::{
-    Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, i32_of, parse_args,
+    Tool, ToolEnv, ToolOutcome, ToolStep, Transport, argument_text, card, done, i32_of, parse_args,
 };
 use crate::model::conversation::{Todo, TodoStatus, TodoUpdate};
 
@@ -24,8 +24,14 @@ pub struct TodoWriteInput {
     pub merge: bool,
 }
 
-impl TodoWriteInput {
-    pub fn parse(text: &str) -> Result<TodoWriteInput, String> {
+impl Tool for TodoWriteInput {
+    type Result = pb::UpdateTodosResult;
+
+    const NAME: &'static str = "TodoWrite";
+    const TRANSPORT: Transport = Transport::Local;
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("todos", true), ("merge", true)];
+
+    fn parse(text: &str) -> Result<TodoWriteInput, String> {
         let input: TodoWriteInput = parse_args("TodoWrite", text)?;
         if let Some(todo) = input.todos.iter().find(|t| t.id.trim().is_empty()) {
             return Err(format!(
@@ -45,10 +51,6 @@ impl TodoWriteInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for TodoWriteInput {
-    type Result = pb::UpdateTodosResult;
 
     fn card(args: Option<&Self>, _call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::UpdateTodosToolCall(

@@ -7,13 +7,11 @@ use serde::Deserialize;
 
 use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
-    self as pb, exec_client_message, exec_server_message, interaction_query, interaction_response,
-    tool_call,
+    self as pb, exec_server_message, interaction_query, interaction_response, tool_call,
 };
 use crate::cursor::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, floor_char_boundary,
-    non_empty, parse_args, reason_suffix, truncate_for_model, unexpected_response,
-    unexpected_result,
+    Tool, ToolEnv, ToolOutcome, ToolStep, Transport, card, done, failed, floor_char_boundary,
+    non_empty, on_exec_answer, parse_args, reason_suffix, truncate_for_model, unexpected_response,
 };
 use crate::provider::web_search::SearchHit;
 
@@ -27,8 +25,15 @@ pub struct WebSearchInput {
     pub search_term: String,
 }
 
-impl WebFetchInput {
-    pub fn parse(text: &str) -> Result<WebFetchInput, String> {
+impl Tool for WebFetchInput {
+    type Result = pb::WebFetchResult;
+
+    const NAME: &'static str = "WebFetch";
+    // Asks first; once approved the same call becomes a `fetch_args` exec.
+    const TRANSPORT: Transport = Transport::Interaction;
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("url", true)];
+
+    fn parse(text: &str) -> Result<WebFetchInput, String> {
         let mut input: WebFetchInput = parse_args("WebFetch", text)?;
         input.url = input.url.trim().to_owned();
         let url = url::Url::parse(&input.url)
@@ -41,10 +46,6 @@ impl WebFetchInput {
         }
         Ok(input)
     }
-}
-
-impl Tool for WebFetchInput {
-    type Result = pb::WebFetchResult;
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::WebFetchToolCall(pb::WebFetchToolCall {
@@ -108,32 +109,22 @@ impl Tool for WebFetchInput {
         }
     }
 
-    fn on_result(
-        &self,
-        call_id: &str,
-        result: exec_client_message::Message,
-        _stage: &mut Stage,
-        env: &ToolEnv,
-    ) -> Vec<ToolStep> {
-        match result {
-            exec_client_message::Message::FetchResult(result) => {
-                vec![ToolStep::Done(fetch_outcome(self, call_id, result, env))]
-            }
-            other => unexpected_result(self, call_id, &other),
-        }
-    }
-}
-
-impl WebSearchInput {
-    pub fn parse(text: &str) -> Result<WebSearchInput, String> {
-        let input: WebSearchInput = parse_args("WebSearch", text)?;
-        non_empty("WebSearch", "search_term", &input.search_term)?;
-        Ok(input)
-    }
+    on_exec_answer!(FetchResult => fetch_outcome);
 }
 
 impl Tool for WebSearchInput {
     type Result = pb::WebSearchResult;
+
+    const NAME: &'static str = "WebSearch";
+    // Asks first; once approved the server's search backend runs it.
+    const TRANSPORT: Transport = Transport::Interaction;
+    const ARGUMENTS: &'static [(&'static str, bool)] = &[("search_term", true)];
+
+    fn parse(text: &str) -> Result<WebSearchInput, String> {
+        let input: WebSearchInput = parse_args("WebSearch", text)?;
+        non_empty("WebSearch", "search_term", &input.search_term)?;
+        Ok(input)
+    }
 
     fn card(args: Option<&Self>, call_id: &str, result: Option<Self::Result>) -> pb::ToolCall {
         card(tool_call::Tool::WebSearchToolCall(pb::WebSearchToolCall {

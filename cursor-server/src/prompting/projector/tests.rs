@@ -2,6 +2,24 @@
 //! appends to the request.
 
 use super::*;
+use crate::config::ProviderKind;
+use crate::model::message::ProviderReplay;
+use crate::prompting::compiler::Effort;
+pub use crate::provider::family::project;
+use crate::provider::{anthropic, openai_chat, openai_responses};
+use serde_json::Map;
+
+fn openai_chat(request: &ModelRequest<'_>) -> Value {
+    openai_chat::request_body(request)
+}
+
+fn openai_responses(request: &ModelRequest<'_>) -> Value {
+    openai_responses::request_body(request)
+}
+
+fn anthropic(request: &ModelRequest<'_>) -> Value {
+    anthropic::request_body(request)
+}
 use crate::config::{ModelConfig, Quirks};
 use crate::model::message::{Origin, UserMessage};
 use crate::model::tool::{ToolCall, ToolResult};
