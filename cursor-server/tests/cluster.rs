@@ -188,11 +188,13 @@ async fn a_run_served_through_both_nodes_reads_as_on_a_single_node() {
     let node_of = |id: &'static str| {
         let store = store.clone();
         async move {
-            sqlx::query_scalar::<_, Option<String>>("SELECT node FROM runs WHERE request_id = ?")
-                .bind(id)
-                .fetch_one(store.pool())
-                .await
-                .expect("run row")
+            let filter = runs::RunFilter {
+                request_id: Some(id.to_owned()),
+                limit: 1,
+                ..Default::default()
+            };
+            let listed = runs::list(&store, &filter).await.expect("run row");
+            listed.into_iter().next().expect("run row").node
         }
     };
     assert_eq!(node_of("req-a1").await.as_deref(), Some("a"));
