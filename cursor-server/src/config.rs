@@ -61,6 +61,10 @@ pub enum ConfigError {
     },
     #[error("parsing config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error(
+        "database_url must be sqlite://FILE (the default) or postgres://USER:PASSWORD@HOST:PORT/DB; {0} is neither"
+    )]
+    DatabaseUrl(&'static str),
     #[error("invalid listen address {value:?}: {message}")]
     Listen { value: String, message: String },
     #[error(

@@ -51,6 +51,8 @@ impl ServerError {
                 ConnectCode::InvalidArgument
             }
             ServerError::NotFound(_) => ConnectCode::NotFound,
+            // A database that is down or restarting: the client may try again once it is back.
+            ServerError::Store(store) if store.is_unavailable() => ConnectCode::Unavailable,
             ServerError::Config(_)
             | ServerError::Store(_)
             | ServerError::Bind { .. }

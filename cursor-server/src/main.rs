@@ -36,7 +36,7 @@ struct Args {
     /// Address to listen on, overriding the file's `listen`.
     #[arg(long, global = true, env = "CURSOR_BYOK_LISTEN")]
     listen: Option<std::net::SocketAddr>,
-    /// SQLite database URL, overriding the file's `database_url`.
+    /// Database URL (`sqlite://FILE` or `postgres://…`), overriding the file's `database_url`.
     #[arg(long, global = true, env = "CURSOR_BYOK_DATABASE_URL")]
     database_url: Option<String>,
     /// The model used when Cursor names none (and for Auto), overriding `default_model`.
@@ -173,7 +173,10 @@ fn log_banner(config: &Config) {
             );
         }
     }
-    tracing::info!(database = %config.database_url, "database");
+    tracing::info!(
+        database = %cursor_server::store::postgres::redacted(&config.database_url),
+        "database"
+    );
     match &config.upstream {
         Some(upstream) => {
             tracing::info!(target = %upstream.url, proxy = upstream.proxy.is_some(), "pass-through to Cursor's backend")

@@ -352,7 +352,7 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
     assert_eq!(resent, 0, "acknowledged roots are never sent twice");
 
     let _db = second_server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+    let store = Store::open(&fixtures::database_url(&db_path))
         .await
         .unwrap();
     let (head, revision) = conversations::head(&store, "conv-restart")
@@ -1084,9 +1084,8 @@ async fn runs_a_killed_process_left_running_are_ended_with_a_reason_when_the_ser
     drop(session);
 
     let server = TestServer::start_in(&provider.base_url(), db_dir, "").await;
-    let store = Store::open(&format!(
-        "sqlite://{}",
-        server.db_dir.path().join("test.db").display()
+    let store = Store::open(&fixtures::database_url(
+        &server.db_dir.path().join("test.db"),
     ))
     .await
     .expect("store");
@@ -1376,7 +1375,7 @@ async fn parallel_tools_enter_the_checkpoint_in_call_order_whatever_order_they_f
 
     // What the run published is what its stored history projects to.
     let db_path = server.db_dir.path().join("test.db");
-    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+    let store = Store::open(&fixtures::database_url(&db_path))
         .await
         .unwrap();
     let graph = projected(&store, "conv-call-order").await;
@@ -1474,7 +1473,7 @@ async fn a_tool_pair_committed_just_before_a_crash_is_in_the_next_turns_checkpoi
     // What a crash right after a tool batch's commit leaves: history with a call and its result
     // that no checkpoint names.
     let db_path = db.path().join("test.db");
-    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+    let store = Store::open(&fixtures::database_url(&db_path))
         .await
         .unwrap();
     let call = ToolCall {
@@ -1532,7 +1531,7 @@ async fn a_tool_pair_committed_just_before_a_crash_is_in_the_next_turns_checkpoi
     );
     let last = *session.transcript.checkpoints().last().expect("checkpoint");
     let db_path = server.db_dir.path().join("test.db");
-    let store = Store::open(&format!("sqlite://{}", db_path.display()))
+    let store = Store::open(&fixtures::database_url(&db_path))
         .await
         .unwrap();
     let mut tool_roots = Vec::new();
@@ -1644,7 +1643,7 @@ async fn stored_after_kill(
     db: &std::path::Path,
     conversation_id: &str,
 ) -> (Store, Vec<CanonicalMessage>) {
-    let store = Store::open(&format!("sqlite://{}", db.join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.join("test.db")))
         .await
         .expect("the database opens after SIGKILL");
     let history = messages::load(&store, conversation_id)

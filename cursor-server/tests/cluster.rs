@@ -1,5 +1,5 @@
 //! Several nodes on one database (issue 27), as real `cursor-server` processes on loopback sharing
-//! one SQLite file and one secret: a run's RunSSE and BidiAppends reaching either node (forwarded
+//! one database (a SQLite file here; a PostgreSQL database in `suites_postgres`) and one secret: a run's RunSSE and BidiAppends reaching either node (forwarded
 //! to the run's node, a reconnect included), a CLI turn on the other node afterwards, a node killed
 //! with SIGKILL while its run waits on the provider, the shared secret, and a new message on one
 //! node superseding a run on the other. Every wait is for an event (a frame, a log line, a row).
@@ -39,9 +39,7 @@ async fn node(provider: &FakeProvider, db: &Path, name: &str, secret: &str) -> N
 }
 
 async fn open_store(db: &Path) -> Store {
-    Store::open(&format!("sqlite://{}", db.join("test.db").display()))
-        .await
-        .expect("the shared database opens")
+    fixtures::open_store(&db.join("test.db")).await
 }
 
 /// The provider's script of scenario (a): a Read, the answer after it, then the CLI turn's text.
@@ -190,11 +188,13 @@ async fn a_run_served_through_both_nodes_reads_as_on_a_single_node() {
     let node_of = |id: &'static str| {
         let store = store.clone();
         async move {
-            sqlx::query_scalar::<_, Option<String>>("SELECT node FROM runs WHERE request_id = ?")
-                .bind(id)
-                .fetch_one(store.pool())
-                .await
-                .expect("run row")
+            let filter = runs::RunFilter {
+                request_id: Some(id.to_owned()),
+                limit: 1,
+                ..Default::default()
+            };
+            let listed = runs::list(&store, &filter).await.expect("run row");
+            listed.into_iter().next().expect("run row").node
         }
     };
     assert_eq!(node_of("req-a1").await.as_deref(), Some("a"));

@@ -103,7 +103,7 @@ async fn a_new_run_interrupts_a_streaming_one_and_nothing_late_reaches_the_new_r
     assert!(!messages.contains("p0 "), "{messages}");
     // Both runs are recorded with their endings.
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .unwrap();
     let old_run = runs::get(&store, "req-old").await.unwrap().unwrap();
@@ -344,7 +344,7 @@ async fn dropping_the_run_sse_connection_cancels_the_provider_call_after_the_gra
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .expect("reopen");
     let record = runs::get(&store, "req-drop")
@@ -419,7 +419,7 @@ async fn resetting_the_http2_run_stream_cancels_the_provider_call_at_once() {
     .await;
     assert!(started.elapsed() < Duration::from_secs(5));
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .unwrap();
     let run = runs::get(&store, "req-h2-reset").await.unwrap().unwrap();
@@ -427,9 +427,8 @@ async fn resetting_the_http2_run_stream_cancels_the_provider_call_at_once() {
 }
 
 async fn open_store(server: &TestServer) -> Store {
-    Store::open(&format!(
-        "sqlite://{}",
-        server.db_dir.path().join("test.db").display()
+    Store::open(&fixtures::database_url(
+        &server.db_dir.path().join("test.db"),
     ))
     .await
     .expect("store")
@@ -683,7 +682,7 @@ async fn a_run_stuck_on_a_client_that_stopped_reading_is_stopped_by_the_next_mes
 
 /// The status each run recorded, read after the server has stopped.
 async fn recorded_statuses(db: &tempfile::TempDir, ids: &[&str]) -> Vec<RunStatus> {
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .unwrap();
     let mut statuses = Vec::new();

@@ -140,7 +140,7 @@ async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
     );
 
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .expect("reopen");
     let record = runs::get(&store, "req-text-1")
@@ -244,7 +244,7 @@ async fn provider_http_500_ends_unavailable_with_error_details_and_no_turn_ended
     assert_eq!(custom.should_show_immediate_error, Some(false));
 
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .expect("reopen");
     let record = runs::get(&store, "req-500")
@@ -648,7 +648,7 @@ async fn each_provider_call_is_recorded_once_with_its_timing_usage_attempts_and_
     assert_eq!(failed.error_code(), Some("invalid_argument"));
 
     let db = server.stop().await;
-    let store = Store::open(&format!("sqlite://{}", db.path().join("test.db").display()))
+    let store = Store::open(&fixtures::database_url(&db.path().join("test.db")))
         .await
         .expect("reopen");
     let ok = runs::provider_calls(&store, "req-rec-1").await.unwrap();

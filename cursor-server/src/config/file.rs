@@ -131,6 +131,14 @@ impl FileConfig {
         let database_url = env(ENV_DATABASE_URL)
             .or(self.database_url)
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
+        // The value may hold a password: the error names the problem, not the value.
+        let supported = ["sqlite:", "postgres://", "postgresql://"];
+        if !supported
+            .iter()
+            .any(|scheme| database_url.starts_with(scheme))
+        {
+            problems.push(ConfigError::DatabaseUrl("the value given (not printed)"));
+        }
 
         let mut warnings = Vec::new();
         for provider in &self.providers {

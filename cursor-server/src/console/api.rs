@@ -657,9 +657,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_failure_reaches_people_without_the_databases_text() {
-        let error = ApiError::from(StoreError::Query {
-            context: "listing runs",
-            source: sqlx::Error::Protocol("secret table detail".to_owned()),
+        let error = ApiError::from(StoreError::CorruptRun {
+            request_id: "r".to_owned(),
+            status: "secret table detail".to_owned(),
         });
         let response = error.into_response();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, KeyCooldown, ModelConfig, ProviderConfig};
 use crate::provider;
+use crate::store::StoreError;
 
 /// How a model answered its probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,11 +199,11 @@ pub async fn run(config: &Config) -> bool {
             return false;
         }
     };
+    let mut all_ok = check_database(&config.database_url).await;
     println!("routing:");
     for line in config.routing_table() {
         println!("  {line}");
     }
-    let mut all_ok = true;
     for provider_config in &config.providers {
         println!(
             "provider {:?} ({}): {}{}, {}",
@@ -255,6 +256,47 @@ pub async fn run(config: &Config) -> bool {
         all_ok &= check_cluster(config, cluster).await;
     }
     all_ok
+}
+
+/// Prints whether the database is reachable, which schema version it is at and what start-up will
+/// do to it; `false` when the server could not use it (unreachable PostgreSQL, a schema newer than
+/// this binary, a migration that failed part-way). A SQLite file not created yet is fine: the
+/// server creates it.
+async fn check_database(url: &str) -> bool {
+    let shown = crate::store::postgres::redacted(url);
+    let kind = crate::store::DatabaseKind::of_url(url);
+    match crate::store::Store::inspect(url).await {
+        Ok(status) if status.pending == 0 => {
+            println!(
+                "database {shown} ({}): reachable, migrated (schema version {})",
+                status.kind.name(),
+                status.applied
+            );
+            true
+        }
+        Ok(status) => {
+            println!(
+                "database {shown} ({}): reachable, schema version {}; {} migration(s) to version {} are applied at start",
+                status.kind.name(),
+                status.applied,
+                status.pending,
+                status.known
+            );
+            true
+        }
+        Err(e @ (StoreError::NewerSchema { .. } | StoreError::HalfMigrated { .. })) => {
+            println!("database {shown}: FAILED: {e}");
+            false
+        }
+        Err(e) if kind == Some(crate::store::DatabaseKind::Sqlite) => {
+            println!("database {shown} (SQLite): not opened ({e}); it is created at start");
+            true
+        }
+        Err(e) => {
+            println!("database {shown}: FAILED: {e}");
+            false
+        }
+    }
 }
 
 /// `[cluster]`: the nodes this one sees in the shared database, each with its lease's age.

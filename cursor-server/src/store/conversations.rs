@@ -1,20 +1,38 @@
 //! Conversation records: one row per Cursor `conversation_id` the server has seen, with the head
 //! (latest published checkpoint blob) and its revision.
 
-use sqlx::{Row, SqliteConnection};
+use sqlx::Row;
 
-use super::{QueryContext, Store, StoreError, now_ms};
+use super::{QueryContext, Store, StoreError, Tx, now_ms};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 
 /// Creates the conversation row if it does not exist yet.
-pub async fn ensure(conn: &mut SqliteConnection, conversation_id: &str) -> Result<(), StoreError> {
-    sqlx::query("INSERT OR IGNORE INTO conversations (id, created_at_ms) VALUES (?, ?)")
-        .bind(conversation_id)
-        .bind(now_ms())
-        .execute(conn)
-        .await
-        .context("creating conversation")?;
+pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
+    on_tx!(tx, |c| sqlx::query(
+        "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+    )
+    .bind(conversation_id)
+    .bind(now_ms())
+    .execute(c)
+    .await
+    .map(|done| done.rows_affected())
+    .context("creating conversation"))?;
+    Ok(())
+}
+
+/// Creates the conversation row if needed and, on PostgreSQL, locks it until the transaction
+/// ends: writers of one conversation's history take turns, so the end of history they read is the
+/// end they write after (SQLite has one writer at a time already).
+pub(crate) async fn lock(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
+    ensure(tx, conversation_id).await?;
+    if let Tx::Postgres(tx) = tx {
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation_id)
+            .execute(&mut **tx)
+            .await
+            .context("locking the conversation")?;
+    }
     Ok(())
 }
 
@@ -23,40 +41,42 @@ pub async fn head(
     store: &Store,
     conversation_id: &str,
 ) -> Result<Option<(BlobId, i64)>, StoreError> {
-    let row = sqlx::query("SELECT head_blob, revision FROM conversations WHERE id = ?")
-        .bind(conversation_id)
-        .fetch_optional(store.pool())
-        .await
-        .context("reading conversation head")?;
-    Ok(row.and_then(|row| {
-        let blob: Option<Vec<u8>> = row.get("head_blob");
+    let row: Option<(Option<Vec<u8>>, i64)> = on_readers!(store, |p| sqlx::query_as(
+        "SELECT head_blob, revision FROM conversations WHERE id = $1"
+    )
+    .bind(conversation_id)
+    .fetch_optional(p)
+    .await
+    .context("reading conversation head"))?;
+    Ok(row.and_then(|(blob, revision)| {
         blob.as_deref()
             .and_then(BlobId::from_slice)
-            .map(|id| (id, row.get::<i64, _>("revision")))
+            .map(|id| (id, revision))
     }))
 }
 
 /// Moves the head to `blob` as revision `revision`, unless a newer revision is already there
 /// (late events of an older run never move a newer head). Returns whether the head moved. Part of
-/// a checkpoint's publication (`outbox::publish`), which also settles the outbox in the same
-/// transaction.
-pub async fn move_head(
-    conn: &mut SqliteConnection,
+/// a checkpoint's publication (`blobs::acknowledge_and_publish`), which also settles the outbox in
+/// the same transaction.
+pub(super) async fn move_head(
+    tx: &mut Tx,
     conversation_id: &str,
     blob: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
-    let moved = sqlx::query(
-        "UPDATE conversations SET head_blob = ?, revision = ? WHERE id = ? AND revision < ?",
+    let moved = on_tx!(tx, |c| {
+        sqlx::query(
+        "UPDATE conversations SET head_blob = $1, revision = $2 WHERE id = $3 AND revision < $2",
     )
     .bind(&blob.0[..])
     .bind(revision)
     .bind(conversation_id)
-    .bind(revision)
-    .execute(conn)
+    .execute(c)
     .await
-    .context("moving conversation head")?
-    .rows_affected();
+    .map(|done| done.rows_affected())
+    .context("moving conversation head")
+    })?;
     Ok(moved == 1)
 }
 
@@ -66,14 +86,14 @@ pub async fn base(
     store: &Store,
     conversation_id: &str,
 ) -> Result<Option<(BlobId, usize)>, StoreError> {
-    let row = sqlx::query("SELECT base_state, base_messages FROM conversations WHERE id = ?")
-        .bind(conversation_id)
-        .fetch_optional(store.pool())
-        .await
-        .context("reading the graph's base")?;
-    Ok(row.and_then(|row| {
-        let blob: Option<Vec<u8>> = row.get("base_state");
-        let covers: i64 = row.get("base_messages");
+    let row: Option<(Option<Vec<u8>>, i64)> = on_readers!(store, |p| sqlx::query_as(
+        "SELECT base_state, base_messages FROM conversations WHERE id = $1"
+    )
+    .bind(conversation_id)
+    .fetch_optional(p)
+    .await
+    .context("reading the graph's base"))?;
+    Ok(row.and_then(|(blob, covers)| {
         blob.as_deref()
             .and_then(BlobId::from_slice)
             .map(|id| (id, usize::try_from(covers).unwrap_or(0)))
@@ -83,28 +103,30 @@ pub async fn base(
 /// Sets the graph's base (a blob stored in the same transaction); a base already set is kept (the
 /// first run decides it). Returns the base in force.
 pub(super) async fn set_base_in(
-    conn: &mut SqliteConnection,
+    tx: &mut Tx,
     conversation_id: &str,
     state: BlobId,
     covers: usize,
 ) -> Result<(BlobId, usize), StoreError> {
-    ensure(&mut *conn, conversation_id).await?;
-    sqlx::query(
-        "UPDATE conversations SET base_state = ?, base_messages = ? WHERE id = ? AND base_state IS NULL",
-    )
-    .bind(&state.0[..])
-    .bind(i64::try_from(covers).unwrap_or(i64::MAX))
-    .bind(conversation_id)
-    .execute(&mut *conn)
-    .await
-    .context("setting the graph's base")?;
-    let row = sqlx::query("SELECT base_state, base_messages FROM conversations WHERE id = ?")
+    ensure(tx, conversation_id).await?;
+    let (blob, covers): (Vec<u8>, i64) = on_tx!(tx, |c| {
+        sqlx::query(
+            "UPDATE conversations SET base_state = $1, base_messages = $2
+             WHERE id = $3 AND base_state IS NULL",
+        )
+        .bind(&state.0[..])
+        .bind(i64::try_from(covers).unwrap_or(i64::MAX))
         .bind(conversation_id)
-        .fetch_one(&mut *conn)
+        .execute(&mut *c)
         .await
-        .context("reading the graph's base")?;
-    let blob: Vec<u8> = row.get("base_state");
-    let covers: i64 = row.get("base_messages");
+        .map(|done| done.rows_affected())
+        .context("setting the graph's base")?;
+        sqlx::query_as("SELECT base_state, base_messages FROM conversations WHERE id = $1")
+            .bind(conversation_id)
+            .fetch_one(&mut *c)
+            .await
+            .context("reading the graph's base")?
+    });
     Ok((
         BlobId::from_slice(&blob).unwrap_or(state),
         usize::try_from(covers).unwrap_or(0),
@@ -114,18 +136,15 @@ pub(super) async fn set_base_in(
 /// Every state blob a conversation's graph hangs from: heads, bases and checkpoints built but not
 /// published (outbox), of every conversation (garbage collection's roots).
 pub async fn graph_tops(store: &Store) -> Result<Vec<BlobId>, StoreError> {
-    let rows = sqlx::query(
+    let ids: Vec<Vec<u8>> = on_readers!(store, |p| sqlx::query_scalar(
         "SELECT head_blob AS id FROM conversations WHERE head_blob IS NOT NULL
          UNION SELECT base_state FROM conversations WHERE base_state IS NOT NULL
          UNION SELECT blob_id FROM outbox WHERE kind = 'checkpoint'",
     )
-    .fetch_all(store.pool())
+    .fetch_all(p)
     .await
-    .context("listing graph tops")?;
-    Ok(rows
-        .iter()
-        .filter_map(|row| BlobId::from_slice(&row.get::<Vec<u8>, _>("id")))
-        .collect())
+    .context("listing graph tops"))?;
+    Ok(ids.iter().filter_map(|id| BlobId::from_slice(id)).collect())
 }
 
 /// A conversation as the console lists it.
@@ -145,37 +164,41 @@ pub async fn list(
     before_ms: Option<i64>,
     limit: u32,
 ) -> Result<Vec<ConversationSummary>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT c.id,
+    // The latest of the conversation's creation and its runs' starts (written as a CASE: SQLite's
+    // two-argument MAX is PostgreSQL's GREATEST).
+    const SQL: &str = "SELECT * FROM (
+        SELECT c.id,
             (SELECT m.body FROM messages m WHERE m.conversation_id = c.id AND m.origin = 'user'
               ORDER BY m.seq LIMIT 1) AS first_user,
             (SELECT COUNT(*) FROM runs r WHERE r.conversation_id = c.id) AS runs,
             (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS messages,
-            MAX(c.created_at_ms,
-                COALESCE((SELECT MAX(r.started_at_ms) FROM runs r WHERE r.conversation_id = c.id), 0))
-              AS last_activity_ms
-         FROM conversations c
-         WHERE (?1 IS NULL OR last_activity_ms < ?1)
-         ORDER BY last_activity_ms DESC, c.id LIMIT ?2",
-    )
-    .bind(before_ms)
-    .bind(i64::from(limit))
-    .fetch_all(store.pool())
-    .await
-    .context("listing conversations")?;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            let first: Option<String> = row.get("first_user");
-            ConversationSummary {
-                id: row.get("id"),
-                title: first.as_deref().and_then(title_of),
-                runs: row.get::<i64, _>("runs").max(0) as u64,
-                messages: row.get::<i64, _>("messages").max(0) as u64,
-                last_activity_ms: row.get("last_activity_ms"),
-            }
-        })
-        .collect())
+            (SELECT CASE WHEN MAX(r.started_at_ms) > c.created_at_ms THEN MAX(r.started_at_ms)
+                         ELSE c.created_at_ms END
+               FROM runs r WHERE r.conversation_id = c.id) AS last_activity_ms
+        FROM conversations c) s
+     WHERE ($1 IS NULL OR last_activity_ms < $1)
+     ORDER BY last_activity_ms DESC, id LIMIT $2";
+    on_readers!(store, |p| {
+        let rows = sqlx::query(SQL)
+            .bind(before_ms)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+            .context("listing conversations")?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let first: Option<String> = row.get("first_user");
+                ConversationSummary {
+                    id: row.get("id"),
+                    title: first.as_deref().and_then(title_of),
+                    runs: row.get::<i64, _>("runs").max(0) as u64,
+                    messages: row.get::<i64, _>("messages").max(0) as u64,
+                    last_activity_ms: row.get("last_activity_ms"),
+                }
+            })
+            .collect())
+    })
 }
 
 /// The first non-empty line of a stored user message's text (80 characters at most).

@@ -1,22 +1,292 @@
-//! SQLite persistence. `messages` is the only source of truth for history; everything else is
-//! bookkeeping around it.
+//! Persistence, on SQLite (the embedded default) or PostgreSQL (a team's shared server).
+//! `messages` is the only source of truth for history; everything else is bookkeeping around it.
+//!
+//! Callers see `Store` and the domain modules' functions and types only. Each domain module
+//! (messages, blobs, conversations, runs, outbox) is that domain's one interface and holds the
+//! query code of both backends: where the SQL is the same (`$n` parameters, `ON CONFLICT DO
+//! NOTHING`, portable expressions) one text serves both, and the `on_*!` macros below expand the
+//! code that runs it once per backend, so each expansion is type-checked against its own driver
+//! (no `sqlx::Any`); where the dialects differ, the module says so with a `match` on the backend.
+//! `sqlite.rs` and `postgres.rs` own their connections, transactions and what counts as a
+//! conflict worth retrying; the invariants (gap-free sequences, one writer per conversation,
+//! runtime events once, content-addressed blobs) are enforced by each database's schema.
+
+// The macros come first: the domain modules below use them.
+/// Runs `$body` with `$c` bound to the transaction's connection (`&mut SqliteConnection` or
+/// `&mut PgConnection`): the body is expanded once per backend and type-checked against each.
+macro_rules! on_tx {
+    ($tx:expr, |$c:ident| $body:expr) => {
+        match $tx {
+            $crate::store::Tx::Sqlite(tx) => {
+                let $c: &mut sqlx::SqliteConnection = &mut **tx;
+                $body
+            }
+            $crate::store::Tx::Postgres(tx) => {
+                let $c: &mut sqlx::PgConnection = &mut **tx;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$p` bound to the store's readers (`&SqlitePool` or `&PgPool`).
+macro_rules! on_readers {
+    ($store:expr, |$p:ident| $body:expr) => {
+        match $store.backend() {
+            $crate::store::Backend::Sqlite(s) => {
+                let $p: &sqlx::SqlitePool = s.readers();
+                $body
+            }
+            $crate::store::Backend::Postgres(s) => {
+                let $p: &sqlx::PgPool = s.pool();
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` (one statement, its own transaction) with `$p` bound to the store's writer: the
+/// one SQLite writing connection, or the PostgreSQL pool.
+macro_rules! on_writer {
+    ($store:expr, |$p:ident| $body:expr) => {
+        match $store.backend() {
+            $crate::store::Backend::Sqlite(s) => {
+                let $p: &sqlx::SqlitePool = s.writer();
+                $body
+            }
+            $crate::store::Backend::Postgres(s) => {
+                let $p: &sqlx::PgPool = s.pool();
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` in a write transaction bound to `$tx` and commits it; a conflict (busy,
+/// deadlock, serialization failure) runs the whole body again, a bounded number of times. The
+/// body is an expression of type `Result<T, StoreError>` and may use `?`.
+macro_rules! write_tx {
+    ($store:expr, $context:literal, |$tx:ident| $body:expr) => {{
+        let store: &$crate::store::Store = $store;
+        let mut attempt = 0u32;
+        loop {
+            let mut $tx = store.begin_write().await?;
+            let result: Result<_, $crate::store::StoreError> = async { $body }.await;
+            let result = match result {
+                Ok(value) => $tx.commit($context).await.map(|()| value),
+                Err(error) => {
+                    $tx.rollback().await;
+                    Err(error)
+                }
+            };
+            match result {
+                Err(error) if store.retry_after(&error, attempt).await => attempt += 1,
+                other => break other,
+            }
+        }
+    }};
+}
 
 pub mod blobs;
 pub mod conversations;
 pub mod messages;
 pub mod nodes;
 pub mod outbox;
+pub mod postgres;
 pub mod runs;
 pub mod sqlite;
 
-pub use sqlite::Store;
+use std::time::Duration;
+
+/// The store: a handle on one database, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    backend: Backend,
+}
+
+/// Which database the store is on.
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PgStore),
+}
+
+/// The database kind a `database_url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseKind {
+    Sqlite,
+    Postgres,
+}
+
+impl DatabaseKind {
+    /// `postgres://` and `postgresql://` select PostgreSQL, `sqlite:` SQLite; anything else is
+    /// refused by the configuration's validation.
+    pub fn of_url(url: &str) -> Option<DatabaseKind> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(DatabaseKind::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(DatabaseKind::Sqlite)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DatabaseKind::Sqlite => "SQLite",
+            DatabaseKind::Postgres => "PostgreSQL",
+        }
+    }
+}
+
+/// The schema of an open database against the migrations this binary carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaStatus {
+    pub kind: DatabaseKind,
+    /// The newest migration applied (0: none).
+    pub applied: i64,
+    /// The newest migration this binary knows.
+    pub known: i64,
+    /// Migrations this binary knows that the database has not applied.
+    pub pending: usize,
+}
+
+impl Store {
+    /// Opens the database `url` names (SQLite, created if needed, or PostgreSQL), refuses a
+    /// database newer than this binary or left half-migrated, and applies pending migrations.
+    pub async fn open(url: &str) -> Result<Store, StoreError> {
+        let backend = match DatabaseKind::of_url(url) {
+            Some(DatabaseKind::Postgres) => Backend::Postgres(postgres::PgStore::open(url).await?),
+            Some(DatabaseKind::Sqlite) => Backend::Sqlite(sqlite::SqliteStore::open(url).await?),
+            None => return Err(StoreError::UnknownUrl(url.to_owned())),
+        };
+        Ok(Store { backend })
+    }
+
+    /// Reads the schema state of `url` without changing anything (`cursor-server check`).
+    pub async fn inspect(url: &str) -> Result<SchemaStatus, StoreError> {
+        match DatabaseKind::of_url(url) {
+            Some(DatabaseKind::Postgres) => postgres::PgStore::inspect(url).await,
+            Some(DatabaseKind::Sqlite) => sqlite::SqliteStore::inspect(url).await,
+            None => Err(StoreError::UnknownUrl(url.to_owned())),
+        }
+    }
+
+    pub fn kind(&self) -> DatabaseKind {
+        match &self.backend {
+            Backend::Sqlite(_) => DatabaseKind::Sqlite,
+            Backend::Postgres(_) => DatabaseKind::Postgres,
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Proves the database takes a write (for readiness): creates a table in a transaction and
+    /// rolls it back, so nothing is left behind. A read-only file, a full disk or a database that
+    /// is down fails here.
+    pub async fn probe_write(&self) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        let probed = on_tx!(&mut tx, |c| sqlx::query(
+            "CREATE TABLE readiness_probe (x INTEGER)"
+        )
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("writing to the database"));
+        tx.rollback().await;
+        probed.map(|_| ())
+    }
+
+    /// A write transaction: on SQLite the one writer's `BEGIN IMMEDIATE`, on PostgreSQL a
+    /// transaction of the pool (READ COMMITTED; the writes lock what they depend on).
+    pub(crate) async fn begin_write(&self) -> Result<Tx, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(store) => store.begin_write().await.map(Tx::Sqlite),
+            Backend::Postgres(store) => store.begin().await.map(Tx::Postgres),
+        }
+    }
+
+    /// Whether a transaction that failed with `error` should be run again from the start (after
+    /// `attempt` earlier tries): a busy SQLite database, a PostgreSQL deadlock or serialization
+    /// failure, a bounded number of times.
+    pub(crate) async fn retry_after(&self, error: &StoreError, attempt: u32) -> bool {
+        let StoreError::Query { source, .. } = error else {
+            return false;
+        };
+        let conflict = match &self.backend {
+            Backend::Sqlite(_) => sqlite::is_busy(source),
+            Backend::Postgres(_) => postgres::is_conflict(source),
+        };
+        if !conflict || attempt >= CONFLICT_RETRIES {
+            return false;
+        }
+        tracing::warn!(attempt, %error, "a write transaction conflicted; trying it again");
+        tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt + 1))).await;
+        true
+    }
+
+    pub async fn close(&self) {
+        match &self.backend {
+            Backend::Sqlite(store) => store.close().await,
+            Backend::Postgres(store) => store.close().await,
+        }
+    }
+}
+
+/// How often a conflicting write transaction is run again before its error is returned.
+const CONFLICT_RETRIES: u32 = 3;
+
+/// An open write transaction on either backend. Dropped without `commit` it rolls back.
+pub(crate) enum Tx {
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl Tx {
+    pub(crate) fn kind(&self) -> DatabaseKind {
+        match self {
+            Tx::Sqlite(_) => DatabaseKind::Sqlite,
+            Tx::Postgres(_) => DatabaseKind::Postgres,
+        }
+    }
+
+    pub(crate) async fn commit(self, context: &'static str) -> Result<(), StoreError> {
+        match self {
+            Tx::Sqlite(tx) => tx.commit().await.context(context),
+            Tx::Postgres(tx) => tx.commit().await.context(context),
+        }
+    }
+
+    /// Rolls back now: a dropped transaction is rolled back lazily, and on SQLite its write lock
+    /// could still be held when the next statement runs on another pooled connection.
+    pub(crate) async fn rollback(self) {
+        let _ = match self {
+            Tx::Sqlite(tx) => tx.rollback().await,
+            Tx::Postgres(tx) => tx.rollback().await,
+        };
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    #[error(
+        "database_url {0:?} names no supported database (sqlite://FILE or postgres://USER:PASSWORD@HOST:PORT/DB)"
+    )]
+    UnknownUrl(String),
     #[error("opening database {url}: {source}")]
     Open { url: String, source: sqlx::Error },
     #[error("running migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "the database is at schema version {applied}, newer than this cursor-server knows ({known}): it was used by a newer release; run that release (or restore a backup taken before the upgrade)"
+    )]
+    NewerSchema { applied: i64, known: i64 },
+    #[error(
+        "the database's migration {version} failed part-way (marked dirty in _sqlx_migrations); restore a backup, or repair the schema and remove that row"
+    )]
+    HalfMigrated { version: i64 },
     #[error("{context}: {source}")]
     Query {
         context: &'static str,
@@ -47,8 +317,31 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the database could not be reached (down, restarting, the network, no connection
+    /// free in time) rather than refusing the operation: a client may try again later.
+    pub fn is_unavailable(&self) -> bool {
+        let (StoreError::Query { source, .. } | StoreError::Open { source, .. }) = self else {
+            return false;
+        };
+        match source {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                // Class 08: connection exceptions; 57P01–57P03: the server shutting down,
+                // crashed or starting; 53300: too many connections.
+                code.starts_with("08") || code.starts_with("57P") || code == "53300"
+            }),
+            _ => false,
+        }
+    }
+}
+
 /// The text of the trigger that refuses appends from a run that does not own the conversation
-/// (migrations/0006_conversation_owner.sql).
+/// (SQLite: migrations/0006_conversation_owner.sql; PostgreSQL: its trigger function).
 pub(crate) const NOT_OWNER: &str = "cursor-server: the run does not own this conversation";
 
 /// Attaches a short description of the failed operation to a sqlx error.
@@ -60,6 +353,69 @@ impl<T> QueryContext<T> for Result<T, sqlx::Error> {
     fn context(self, context: &'static str) -> Result<T, StoreError> {
         self.map_err(|source| StoreError::Query { context, source })
     }
+}
+
+/// A result row of either backend, read by column name: what record decoding shared by both
+/// backends needs (a column of the wrong type panics, as `sqlx::Row::get` does).
+pub(crate) trait Columns {
+    fn int(&self, name: &str) -> i64;
+    fn opt_int(&self, name: &str) -> Option<i64>;
+    fn text(&self, name: &str) -> String;
+    fn opt_text(&self, name: &str) -> Option<String>;
+}
+
+macro_rules! columns_of {
+    ($row:ty) => {
+        impl Columns for $row {
+            fn int(&self, name: &str) -> i64 {
+                sqlx::Row::get(self, name)
+            }
+            fn opt_int(&self, name: &str) -> Option<i64> {
+                sqlx::Row::get(self, name)
+            }
+            fn text(&self, name: &str) -> String {
+                sqlx::Row::get(self, name)
+            }
+            fn opt_text(&self, name: &str) -> Option<String> {
+                sqlx::Row::get(self, name)
+            }
+        }
+    };
+}
+
+columns_of!(sqlx::sqlite::SqliteRow);
+columns_of!(sqlx::postgres::PgRow);
+
+/// Compares the migrations applied to a database with the ones this binary carries: a database
+/// with a migration this binary does not know is newer than it, and one left dirty by a failed
+/// migration is half-migrated; both are refused before anything is applied.
+pub(crate) fn schema_status(
+    kind: DatabaseKind,
+    migrator: &sqlx::migrate::Migrator,
+    applied: &[i64],
+    dirty: Option<i64>,
+) -> Result<SchemaStatus, StoreError> {
+    if let Some(version) = dirty {
+        return Err(StoreError::HalfMigrated { version });
+    }
+    let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    let newest = applied.iter().copied().max().unwrap_or(0);
+    if applied.iter().any(|v| !migrator.version_exists(*v)) {
+        return Err(StoreError::NewerSchema {
+            applied: newest,
+            known,
+        });
+    }
+    let pending = migrator
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .count();
+    Ok(SchemaStatus {
+        kind,
+        applied: newest,
+        known,
+        pending,
+    })
 }
 
 pub(crate) fn now_ms() -> i64 {

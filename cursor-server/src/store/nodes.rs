@@ -4,15 +4,24 @@
 //!
 //! Times of leases are the database's clock, never a node's: nodes on machines whose
 //! clocks disagree still agree on who is silent. Every decision several nodes could race on is one
-//! statement or one write transaction (a primary key, a guarded UPDATE), so it holds on any engine.
+//! statement or one write transaction (a primary key, a guarded UPDATE), so it holds on both
+//! backends.
 
-use sqlx::Row;
+use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, Tx};
 
-use super::{QueryContext, Store, StoreError};
+/// Milliseconds since the epoch by the database's clock, in each dialect (`clock_timestamp`, not
+/// `now()`: PostgreSQL's `now()` is the start of the transaction).
+fn clock(kind: DatabaseKind) -> &'static str {
+    match kind {
+        DatabaseKind::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        DatabaseKind::Postgres => "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+    }
+}
 
-// Milliseconds since the epoch by the database's clock are written inline in each statement as
-// `CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)` (sqlx takes only literal SQL);
-// PostgreSQL's is `(extract(epoch from clock_timestamp()) * 1000)::bigint`.
+/// `sql` with each `{now}` replaced by the database's clock.
+fn timed(kind: DatabaseKind, sql: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql.replace("{now}", clock(kind)))
+}
 
 /// The reason runs of a node taken as stopped end with.
 pub const NODE_STOPPED: &str = "the node running it stopped";
@@ -40,78 +49,90 @@ pub struct RunOwner {
 
 /// Joins (or joins again) as `name`, reached at `internal_url`: its lease starts now.
 pub async fn register(store: &Store, name: &str, internal_url: &str) -> Result<(), StoreError> {
-    sqlx::query(
+    let sql = timed(
+        store.kind(),
         "INSERT INTO nodes (name, internal_url, started_at_ms, heartbeat_at_ms)
-         VALUES (?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+         VALUES ($1, $2, {now}, {now})
          ON CONFLICT (name) DO UPDATE SET internal_url = excluded.internal_url,
              started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms,
              stopped_at_ms = NULL, stop_reason = NULL, stopped_by = NULL",
-    )
-    .bind(name)
-    .bind(internal_url)
-    .execute(store.writer())
-    .await
-    .context("registering the node")?;
+    );
+    on_writer!(store, |p| sqlx::query(sql)
+        .bind(name)
+        .bind(internal_url)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected())
+        .context("registering the node"))?;
     Ok(())
 }
 
 /// Renews `name`'s lease. `false`: the node was taken as stopped meanwhile (its runs were ended by
 /// another node) and must not go on as if it still owned them.
 pub async fn renew(store: &Store, name: &str) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "UPDATE nodes SET heartbeat_at_ms = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) WHERE name = ? AND stopped_at_ms IS NULL",
-    )
-    .bind(name)
-    .execute(store.writer())
-    .await
-    .context("renewing the node's lease")?;
-    Ok(done.rows_affected() == 1)
+    let sql = timed(
+        store.kind(),
+        "UPDATE nodes SET heartbeat_at_ms = {now} WHERE name = $1 AND stopped_at_ms IS NULL",
+    );
+    let renewed = on_writer!(store, |p| sqlx::query(sql)
+        .bind(name)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected())
+        .context("renewing the node's lease"))?;
+    Ok(renewed == 1)
 }
 
 /// A clean shutdown: the node is marked stopped (its runs have recorded their endings).
 pub async fn leave(store: &Store, name: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE nodes SET stopped_at_ms = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), stop_reason = 'shut down', stopped_by = name
-         WHERE name = ? AND stopped_at_ms IS NULL",
-    )
-    .bind(name)
-    .execute(store.writer())
-    .await
-    .context("marking the node stopped")?;
+    let sql = timed(
+        store.kind(),
+        "UPDATE nodes SET stopped_at_ms = {now}, stop_reason = 'shut down', stopped_by = name
+         WHERE name = $1 AND stopped_at_ms IS NULL",
+    );
+    on_writer!(store, |p| sqlx::query(sql)
+        .bind(name)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected())
+        .context("marking the node stopped"))?;
     Ok(())
 }
 
 /// Every node, newest heartbeat first.
 pub async fn list(store: &Store) -> Result<Vec<NodeRecord>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT name, internal_url, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - heartbeat_at_ms AS age, stop_reason
+    let sql = timed(
+        store.kind(),
+        "SELECT name, internal_url, {now} - heartbeat_at_ms AS age, stop_reason
          FROM nodes ORDER BY heartbeat_at_ms DESC, name",
-    )
-    .fetch_all(store.pool())
-    .await
-    .context("listing nodes")?;
-    Ok(rows
+    );
+    on_readers!(store, |p| Ok(sqlx::query(sql)
+        .fetch_all(p)
+        .await
+        .context("listing nodes")?
         .iter()
         .map(|row| NodeRecord {
-            name: row.get("name"),
-            internal_url: row.get("internal_url"),
-            lease_age_ms: row.get("age"),
-            stopped: row.get("stop_reason"),
+            name: row.text("name"),
+            internal_url: row.text("internal_url"),
+            lease_age_ms: row.int("age"),
+            stopped: row.opt_text("stop_reason"),
         })
-        .collect())
+        .collect()))
 }
 
 /// Nodes other than `me` that have not stopped but were silent longer than `lease_ms`.
 pub async fn silent(store: &Store, me: &str, lease_ms: i64) -> Result<Vec<String>, StoreError> {
-    sqlx::query_scalar(
+    let sql = timed(
+        store.kind(),
         "SELECT name FROM nodes
-         WHERE name != ?1 AND stopped_at_ms IS NULL AND heartbeat_at_ms < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - ?2",
-    )
-    .bind(me)
-    .bind(lease_ms)
-    .fetch_all(store.pool())
-    .await
-    .context("finding silent nodes")
+         WHERE name != $1 AND stopped_at_ms IS NULL AND heartbeat_at_ms < {now} - $2",
+    );
+    on_readers!(store, |p| sqlx::query_scalar(sql)
+        .bind(me)
+        .bind(lease_ms)
+        .fetch_all(p)
+        .await
+        .context("finding silent nodes"))
 }
 
 /// Takes silent node `dead` as stopped, if no other node did first and it is still silent (the
@@ -124,74 +145,72 @@ pub async fn take_over_stopped(
     by: &str,
     lease_ms: i64,
 ) -> Result<Option<u64>, StoreError> {
-    let mut tx = store.begin_write().await?;
-    let claimed = sqlx::query(
-        "UPDATE nodes SET stopped_at_ms = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), stop_reason = 'lease expired',
-             stopped_by = ?2
-         WHERE name = ?1 AND stopped_at_ms IS NULL AND heartbeat_at_ms < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - ?3",
-    )
-    .bind(dead)
-    .bind(by)
-    .bind(lease_ms)
-    .execute(&mut *tx)
-    .await
-    .context("claiming a silent node")?;
-    if claimed.rows_affected() != 1 {
-        return Ok(None);
-    }
-    let ended = end_runs_of(&mut tx, dead, NODE_STOPPED).await?;
-    tx.commit()
-        .await
-        .context("committing a silent node's end")?;
-    Ok(Some(ended))
+    write_tx!(store, "committing a silent node's end", |tx| {
+        let sql = timed(
+            store.kind(),
+            "UPDATE nodes SET stopped_at_ms = {now}, stop_reason = 'lease expired',
+                 stopped_by = $2
+             WHERE name = $1 AND stopped_at_ms IS NULL AND heartbeat_at_ms < {now} - $3",
+        );
+        let claimed = on_tx!(&mut tx, |c| sqlx::query(sql)
+            .bind(dead)
+            .bind(by)
+            .bind(lease_ms)
+            .execute(&mut *c)
+            .await
+            .map(|done| done.rows_affected())
+            .context("claiming a silent node"))?;
+        if claimed != 1 {
+            return Ok(None);
+        }
+        Ok(Some(end_runs_of(&mut tx, dead, NODE_STOPPED).await?))
+    })
 }
 
 /// Runs this node left `running` when it last stopped (killed before its lease ran out, so no
 /// other node ended them): ended as `runs::reconcile_interrupted` ends a single node's, leaving
 /// other nodes' runs alone. Called once at start, before any run begins.
 pub async fn reconcile_own(store: &Store, node: &str) -> Result<u64, StoreError> {
-    let mut tx = store.begin_write().await?;
-    let ended = end_runs_of(
-        &mut tx,
-        node,
-        "the server stopped while the run was in progress",
-    )
-    .await?;
-    tx.commit()
+    write_tx!(store, "committing the node's old runs", |tx| {
+        end_runs_of(
+            &mut tx,
+            node,
+            "the server stopped while the run was in progress",
+        )
         .await
-        .context("committing the node's old runs")?;
-    Ok(ended)
+    })
 }
 
 /// Ends `node`'s running runs with `reason` and releases their conversations. Released, a
 /// conversation's owner becomes a name no run has: the next run on it takes it over as usual, and
 /// until then nobody may append to it — not even the stopped node's run, should the node be
-/// alive after all (a network partition): its late writes are refused by migration 0006's trigger.
-async fn end_runs_of(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    node: &str,
-    reason: &str,
-) -> Result<u64, StoreError> {
-    sqlx::query(
-        "UPDATE conversations SET owner_request_id = 'released:' || owner_request_id
-         WHERE owner_request_id IN
-             (SELECT request_id FROM runs WHERE node = ? AND status = 'running')",
-    )
-    .bind(node)
-    .execute(&mut **tx)
-    .await
-    .context("releasing a stopped node's conversations")?;
-    let ended = sqlx::query(
-        "UPDATE runs SET status = 'failed', error_code = 'aborted', error_message = ?2,
-             finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
-         WHERE node = ?1 AND status = 'running'",
-    )
-    .bind(node)
-    .bind(reason)
-    .execute(&mut **tx)
-    .await
-    .context("ending a stopped node's runs")?;
-    Ok(ended.rows_affected())
+/// alive after all (a network partition): its late writes are refused by the owner trigger.
+async fn end_runs_of(tx: &mut Tx, node: &str, reason: &str) -> Result<u64, StoreError> {
+    let end = timed(
+        tx.kind(),
+        "UPDATE runs SET status = 'failed', error_code = 'aborted', error_message = $2,
+             finished_at_ms = {now}
+         WHERE node = $1 AND status = 'running'",
+    );
+    on_tx!(tx, |c| {
+        sqlx::query(
+            "UPDATE conversations SET owner_request_id = 'released:' || owner_request_id
+             WHERE owner_request_id IN
+                 (SELECT request_id FROM runs WHERE node = $1 AND status = 'running')",
+        )
+        .bind(node)
+        .execute(&mut *c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("releasing a stopped node's conversations")?;
+        sqlx::query(end)
+            .bind(node)
+            .bind(reason)
+            .execute(&mut *c)
+            .await
+            .map(|done| done.rows_affected())
+            .context("ending a stopped node's runs")
+    })
 }
 
 /// The node that owns `request_id`, if any node claimed it.
@@ -200,56 +219,66 @@ pub async fn run_owner(
     request_id: &str,
     lease_ms: i64,
 ) -> Result<Option<RunOwner>, StoreError> {
-    let row = sqlx::query(
+    // `live` is a boolean on PostgreSQL and 0/1 on SQLite; both decode as `bool`, NULL (a node
+    // that never registered) as `None`.
+    let sql = timed(
+        store.kind(),
         "SELECT c.node, n.internal_url,
-             (n.stopped_at_ms IS NULL AND n.heartbeat_at_ms >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - ?2) AS live
+             (n.stopped_at_ms IS NULL AND n.heartbeat_at_ms >= {now} - $2) AS live
          FROM run_claims c LEFT JOIN nodes n ON n.name = c.node
-         WHERE c.request_id = ?1",
-    )
-    .bind(request_id)
-    .bind(lease_ms)
-    .fetch_optional(store.pool())
-    .await
-    .context("finding a run's node")?;
-    Ok(row.map(|row| RunOwner {
-        node: row.get("node"),
-        internal_url: row.get("internal_url"),
-        live: row.get::<Option<bool>, _>("live").unwrap_or(false),
-    }))
+         WHERE c.request_id = $1",
+    );
+    on_readers!(store, |p| Ok(sqlx::query(sql)
+        .bind(request_id)
+        .bind(lease_ms)
+        .fetch_optional(p)
+        .await
+        .context("finding a run's node")?
+        .map(|row| RunOwner {
+            node: row.text("node"),
+            internal_url: row.opt_text("internal_url"),
+            live: sqlx::Row::get::<Option<bool>, _>(&row, "live").unwrap_or(false),
+        })))
 }
 
 /// Claims `request_id` for `node` unless a node already did; returns the node that owns it now
 /// (the first claimer).
 pub async fn claim_run(store: &Store, request_id: &str, node: &str) -> Result<String, StoreError> {
-    let mut tx = store.begin_write().await?;
-    sqlx::query(
-        "INSERT INTO run_claims (request_id, node, claimed_at_ms) VALUES (?, ?, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
-         ON CONFLICT (request_id) DO NOTHING",
-    )
-    .bind(request_id)
-    .bind(node)
-    .execute(&mut *tx)
-    .await
-    .context("claiming a run")?;
-    let owner: String = sqlx::query_scalar("SELECT node FROM run_claims WHERE request_id = ?")
-        .bind(request_id)
-        .fetch_one(&mut *tx)
-        .await
-        .context("reading a run's claim")?;
-    tx.commit().await.context("committing a run's claim")?;
-    Ok(owner)
+    write_tx!(store, "committing a run's claim", |tx| {
+        let sql = timed(
+            store.kind(),
+            "INSERT INTO run_claims (request_id, node, claimed_at_ms) VALUES ($1, $2, {now})
+             ON CONFLICT (request_id) DO NOTHING",
+        );
+        on_tx!(&mut tx, |c| {
+            sqlx::query(sql)
+                .bind(request_id)
+                .bind(node)
+                .execute(&mut *c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("claiming a run")?;
+            sqlx::query_scalar("SELECT node FROM run_claims WHERE request_id = $1")
+                .bind(request_id)
+                .fetch_one(&mut *c)
+                .await
+                .context("reading a run's claim")
+        })
+    })
 }
 
 /// Forgets claims older than `max_age_ms` (their runs ended long ago; a request id is not reused).
 pub async fn forget_claims(store: &Store, max_age_ms: i64) -> Result<u64, StoreError> {
-    let done = sqlx::query(
-        "DELETE FROM run_claims WHERE claimed_at_ms < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - ?",
-    )
-    .bind(max_age_ms)
-    .execute(store.writer())
-    .await
-    .context("forgetting old run claims")?;
-    Ok(done.rows_affected())
+    let sql = timed(
+        store.kind(),
+        "DELETE FROM run_claims WHERE claimed_at_ms < {now} - $1",
+    );
+    on_writer!(store, |p| sqlx::query(sql)
+        .bind(max_age_ms)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected())
+        .context("forgetting old run claims"))
 }
 
 /// The run still running on `conversation_id` on a node other than `me`, if any: its request id,
@@ -259,19 +288,18 @@ pub async fn conversation_run_elsewhere(
     conversation_id: &str,
     me: &str,
 ) -> Result<Option<(String, String, String)>, StoreError> {
-    let row = sqlx::query(
+    on_readers!(store, |p| sqlx::query_as(
         "SELECT r.request_id, r.node, n.internal_url
          FROM conversations c
          JOIN runs r ON r.request_id = c.owner_request_id
          JOIN nodes n ON n.name = r.node
-         WHERE c.id = ? AND r.status = 'running' AND r.node != ? AND n.stopped_at_ms IS NULL",
+         WHERE c.id = $1 AND r.status = 'running' AND r.node != $2 AND n.stopped_at_ms IS NULL",
     )
     .bind(conversation_id)
     .bind(me)
-    .fetch_optional(store.pool())
+    .fetch_optional(p)
     .await
-    .context("finding the conversation's run on another node")?;
-    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
+    .context("finding the conversation's run on another node"))
 }
 
 #[cfg(test)]

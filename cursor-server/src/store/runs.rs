@@ -1,9 +1,7 @@
 //! Run records: one row per request id with its status, provider call count, usage and error; and
 //! one row per provider call of a run (timing, usage, finish reason or error).
 
-use sqlx::Row;
-
-use super::{QueryContext, Store, StoreError, conversations, now_ms};
+use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, conversations, now_ms};
 use crate::model::usage::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,47 +80,53 @@ pub async fn start_on(
     (model_id, requested_model): (&str, &str),
     node: Option<&str>,
 ) -> Result<(), StoreError> {
-    let mut tx = store.begin_write().await?;
-    conversations::ensure(&mut tx, conversation_id).await?;
-    sqlx::query(
-        "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-             started_at_ms, node)
-         VALUES (?, ?, 'running', ?, ?, ?, ?)",
-    )
-    .bind(request_id)
-    .bind(conversation_id)
-    .bind(model_id)
-    .bind(requested_model)
-    .bind(now_ms())
-    .bind(node)
-    .execute(&mut *tx)
-    .await
-    .context("recording run start")?;
-    // From now on only this run adds to the conversation's history (enforced by a trigger).
-    sqlx::query("UPDATE conversations SET owner_request_id = ? WHERE id = ?")
-        .bind(request_id)
-        .bind(conversation_id)
-        .execute(&mut *tx)
-        .await
-        .context("taking the conversation over")?;
-    tx.commit().await.context("committing run start")?;
-    Ok(())
+    write_tx!(store, "committing run start", |tx| {
+        conversations::ensure(&mut tx, conversation_id).await?;
+        on_tx!(&mut tx, |c| {
+            sqlx::query(
+                "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
+                     started_at_ms, node)
+                 VALUES ($1, $2, 'running', $3, $4, $5, $6)",
+            )
+            .bind(request_id)
+            .bind(conversation_id)
+            .bind(model_id)
+            .bind(requested_model)
+            .bind(now_ms())
+            .bind(node)
+            .execute(&mut *c)
+            .await
+            .map(|done| done.rows_affected())
+            .context("recording run start")?;
+            // From now on only this run adds to the conversation's history (enforced by a
+            // trigger).
+            sqlx::query("UPDATE conversations SET owner_request_id = $1 WHERE id = $2")
+                .bind(request_id)
+                .bind(conversation_id)
+                .execute(&mut *c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("taking the conversation over")?;
+        });
+        Ok(())
+    })
 }
 
 /// Runs a previous process left `running` (it was killed, or lost power): they can never finish,
 /// so they are marked failed with the reason. Called once at start, before any run begins.
 /// Returns how many there were.
 pub async fn reconcile_interrupted(store: &Store) -> Result<u64, StoreError> {
-    let done = sqlx::query(
+    let done = on_writer!(store, |w| sqlx::query(
         "UPDATE runs SET status = 'failed', error_code = 'aborted',
-             error_message = 'the server stopped while the run was in progress', finished_at_ms = ?
+             error_message = 'the server stopped while the run was in progress', finished_at_ms = $1
          WHERE status = 'running'",
     )
     .bind(now_ms())
-    .execute(store.writer())
+    .execute(w)
     .await
-    .context("ending the runs a stopped server left running")?;
-    Ok(done.rows_affected())
+    .map(|done| done.rows_affected())
+    .context("ending the runs a stopped server left running"))?;
+    Ok(done)
 }
 
 /// Records how the run ended, with the mode it ended in and the transport it came over.
@@ -137,11 +141,11 @@ pub async fn finish(
         Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
         None => (None, None),
     };
-    sqlx::query(
-        "UPDATE runs SET status = ?, provider_calls = ?, input_tokens = ?, output_tokens = ?,
-             cache_read_tokens = ?, cache_write_tokens = ?, reasoning_tokens = ?,
-             error_code = ?, error_message = ?, finished_at_ms = ?, mode = ?, transport = ?
-         WHERE request_id = ?",
+    on_writer!(store, |w| sqlx::query(
+        "UPDATE runs SET status = $1, provider_calls = $2, input_tokens = $3, output_tokens = $4,
+             cache_read_tokens = $5, cache_write_tokens = $6, reasoning_tokens = $7,
+             error_code = $8, error_message = $9, finished_at_ms = $10, mode = $11, transport = $12
+         WHERE request_id = $13",
     )
     .bind(outcome.status.as_str())
     .bind(i64::from(outcome.provider_calls))
@@ -156,9 +160,10 @@ pub async fn finish(
     .bind(mode)
     .bind(transport)
     .bind(request_id)
-    .execute(store.writer())
+    .execute(w)
     .await
-    .context("recording run end")?;
+    .map(|done| done.rows_affected())
+    .context("recording run end"))?;
     Ok(())
 }
 
@@ -243,13 +248,19 @@ pub async fn record_provider_call(
     call: &ProviderCallRecord,
 ) -> Result<(), StoreError> {
     let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
-    sqlx::query(
+    let retries = if call.retries.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_string(&call.retries)?)
+    };
+    on_writer!(store, |w| {
+        sqlx::query(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
              error, attempts, retries_json, fallback_from,
              key_index)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
     )
     .bind(&call.model_call_id)
     .bind(&call.request_id)
@@ -269,16 +280,14 @@ pub async fn record_provider_call(
     .bind(&call.finish_reason)
     .bind(&call.error)
     .bind(i64::from(call.attempts()))
-    .bind(if call.retries.is_empty() {
-        None
-    } else {
-        Some(serde_json::to_string(&call.retries)?)
-    })
+    .bind(&retries)
     .bind(&call.fallback_from)
     .bind(call.key_index.map(i64::from))
-    .execute(store.writer())
+    .execute(w)
     .await
-    .context("recording a provider call")?;
+    .map(|done| done.rows_affected())
+    .context("recording a provider call")
+    })?;
     Ok(())
 }
 
@@ -287,60 +296,63 @@ pub async fn provider_calls(
     store: &Store,
     request_id: &str,
 ) -> Result<Vec<ProviderCallRecord>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT * FROM provider_calls WHERE request_id = ? ORDER BY started_at_ms, rowid",
-    )
-    .bind(request_id)
-    .fetch_all(store.pool())
-    .await
-    .context("reading provider calls")?;
-    let count = |row: &sqlx::sqlite::SqliteRow, name: &str| {
-        row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64)
+    on_readers!(store, |p| {
+        let rows = sqlx::query(
+            "SELECT * FROM provider_calls WHERE request_id = $1 ORDER BY started_at_ms, rowid",
+        )
+        .bind(request_id)
+        .fetch_all(p)
+        .await
+        .context("reading provider calls")?;
+        rows.iter()
+            .map(|row| provider_call_of(row, request_id))
+            .collect()
+    })
+}
+
+fn provider_call_of(
+    row: &impl Columns,
+    request_id: &str,
+) -> Result<ProviderCallRecord, StoreError> {
+    let count = |name: &str| row.opt_int(name).map(|v| v.max(0) as u64);
+    let purpose = row.text("purpose");
+    let purpose = match purpose.as_str() {
+        "turn" => CallPurpose::Turn,
+        "compaction" => CallPurpose::Compaction,
+        // The schema's CHECK constraint allows only these: anything else is corrupt.
+        _ => {
+            return Err(StoreError::CorruptRun {
+                request_id: request_id.to_owned(),
+                status: format!("provider call purpose {purpose:?}"),
+            });
+        }
     };
-    rows.iter()
-        .map(|row| {
-            let purpose: String = row.get("purpose");
-            let purpose = match purpose.as_str() {
-                "turn" => CallPurpose::Turn,
-                "compaction" => CallPurpose::Compaction,
-                // The schema's CHECK constraint allows only these: anything else is corrupt.
-                _ => {
-                    return Err(StoreError::CorruptRun {
-                        request_id: request_id.to_owned(),
-                        status: format!("provider call purpose {purpose:?}"),
-                    });
-                }
-            };
-            Ok(ProviderCallRecord {
-                model_call_id: row.get("model_call_id"),
-                request_id: row.get("request_id"),
-                conversation_id: row.get("conversation_id"),
-                provider: row.get("provider"),
-                model_id: row.get("model_id"),
-                purpose,
-                request_bytes: count(row, "request_bytes").unwrap_or(0),
-                started_at_ms: row.get("started_at_ms"),
-                first_event_ms: count(row, "first_event_ms"),
-                total_ms: count(row, "total_ms").unwrap_or(0),
-                usage: usage_of(row),
-                finish_reason: row.get("finish_reason"),
-                error: row.get("error"),
-                retries: match row.get::<Option<String>, _>("retries_json") {
-                    Some(json) => serde_json::from_str(&json)?,
-                    None => Vec::new(),
-                },
-                fallback_from: row.get("fallback_from"),
-                key_index: row
-                    .get::<Option<i64>, _>("key_index")
-                    .and_then(|v| u32::try_from(v).ok()),
-            })
-        })
-        .collect()
+    Ok(ProviderCallRecord {
+        model_call_id: row.text("model_call_id"),
+        request_id: row.text("request_id"),
+        conversation_id: row.text("conversation_id"),
+        provider: row.text("provider"),
+        model_id: row.text("model_id"),
+        purpose,
+        request_bytes: count("request_bytes").unwrap_or(0),
+        started_at_ms: row.int("started_at_ms"),
+        first_event_ms: count("first_event_ms"),
+        total_ms: count("total_ms").unwrap_or(0),
+        usage: usage_of(row),
+        finish_reason: row.opt_text("finish_reason"),
+        error: row.opt_text("error"),
+        retries: match row.opt_text("retries_json") {
+            Some(json) => serde_json::from_str(&json)?,
+            None => Vec::new(),
+        },
+        fallback_from: row.opt_text("fallback_from"),
+        key_index: row.opt_int("key_index").and_then(|v| u32::try_from(v).ok()),
+    })
 }
 
 /// The five token counts of a `runs` or `provider_calls` row (or a sum over them).
-fn usage_of(row: &sqlx::sqlite::SqliteRow) -> Usage {
-    let tokens = |name: &str| row.get::<Option<i64>, _>(name).map(|v| v.max(0) as u64);
+fn usage_of(row: &impl Columns) -> Usage {
+    let tokens = |name: &str| row.opt_int(name).map(|v| v.max(0) as u64);
     Usage {
         input_tokens: tokens("input_tokens"),
         output_tokens: tokens("output_tokens"),
@@ -382,20 +394,20 @@ pub struct RunSummary {
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
 pub async fn list(store: &Store, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
-    let rows = sqlx::query(
+    on_readers!(store, |p| sqlx::query(
         "SELECT r.*,
             (SELECT c.started_at_ms + c.first_event_ms - r.started_at_ms FROM provider_calls c
               WHERE c.request_id = r.request_id AND c.first_event_ms IS NOT NULL
               ORDER BY c.started_at_ms, c.rowid LIMIT 1) AS first_token_ms
          FROM runs r
-         WHERE (?1 IS NULL OR r.status = ?1)
-           AND (?2 IS NULL OR r.model_id = ?2)
-           AND (?3 IS NULL OR r.conversation_id = ?3)
-           AND (?4 IS NULL OR r.started_at_ms >= ?4)
-           AND (?5 IS NULL OR r.started_at_ms < ?5)
-           AND (?7 IS NULL OR r.request_id = ?7)
+         WHERE ($1 IS NULL OR r.status = $1)
+           AND ($2 IS NULL OR r.model_id = $2)
+           AND ($3 IS NULL OR r.conversation_id = $3)
+           AND ($4 IS NULL OR r.started_at_ms >= $4)
+           AND ($5 IS NULL OR r.started_at_ms < $5)
+           AND ($7 IS NULL OR r.request_id = $7)
          ORDER BY r.started_at_ms DESC, r.request_id DESC
-         LIMIT ?6",
+         LIMIT $6",
     )
     .bind(filter.status.map(RunStatus::as_str))
     .bind(filter.model_id.as_deref())
@@ -404,40 +416,42 @@ pub async fn list(store: &Store, filter: &RunFilter) -> Result<Vec<RunSummary>, 
     .bind(filter.before_ms)
     .bind(i64::from(filter.limit))
     .bind(filter.request_id.as_deref())
-    .fetch_all(store.pool())
+    .fetch_all(p)
     .await
-    .context("listing runs")?;
-    rows.iter().map(summary_of).collect()
+    .context("listing runs")?
+    .iter()
+    .map(summary_of)
+    .collect())
 }
 
-fn summary_of(row: &sqlx::sqlite::SqliteRow) -> Result<RunSummary, StoreError> {
-    let request_id: String = row.get("request_id");
-    let status_text: String = row.get("status");
+fn summary_of(row: &impl Columns) -> Result<RunSummary, StoreError> {
+    let request_id = row.text("request_id");
+    let status_text = row.text("status");
     let status = RunStatus::parse(&status_text).ok_or_else(|| StoreError::CorruptRun {
         request_id: request_id.clone(),
         status: status_text.clone(),
     })?;
-    let code: Option<String> = row.get("error_code");
-    let message: Option<String> = row.get("error_message");
+    let code = row.opt_text("error_code");
+    let message = row.opt_text("error_message");
     Ok(RunSummary {
         record: RunRecord {
             request_id,
-            conversation_id: row.get("conversation_id"),
-            model_id: row.get("model_id"),
-            requested_model: row.get("requested_model"),
+            conversation_id: row.text("conversation_id"),
+            model_id: row.text("model_id"),
+            requested_model: row.opt_text("requested_model"),
             outcome: RunOutcome {
                 status,
-                provider_calls: u32::try_from(row.get::<i64, _>("provider_calls")).unwrap_or(0),
+                provider_calls: u32::try_from(row.int("provider_calls")).unwrap_or(0),
                 usage: usage_of(row),
                 error: code.zip(message),
             },
         },
-        started_at_ms: row.get("started_at_ms"),
-        finished_at_ms: row.get("finished_at_ms"),
-        first_token_ms: row.get("first_token_ms"),
-        mode: row.get("mode"),
-        transport: row.get("transport"),
-        node: row.get("node"),
+        started_at_ms: row.int("started_at_ms"),
+        finished_at_ms: row.opt_int("finished_at_ms"),
+        first_token_ms: row.opt_int("first_token_ms"),
+        mode: row.opt_text("mode"),
+        transport: row.opt_text("transport"),
+        node: row.opt_text("node"),
     })
 }
 
@@ -454,52 +468,51 @@ pub struct UsageRow {
 
 /// Usage per day, provider and model since `since_ms`, oldest day first.
 pub async fn usage_by_day(store: &Store, since_ms: i64) -> Result<Vec<UsageRow>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT date(started_at_ms / 1000, 'unixepoch') AS day, provider, model_id,
+    // The UTC day of a time in milliseconds, in each dialect.
+    let day = match store.kind() {
+        DatabaseKind::Sqlite => "date(started_at_ms / 1000, 'unixepoch')",
+        DatabaseKind::Postgres => {
+            "to_char(to_timestamp(started_at_ms / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+        }
+    };
+    // SUM of BIGINT is NUMERIC on PostgreSQL: cast back (SQLite's is an integer already).
+    let sql = format!(
+        "SELECT {day} AS day, provider, model_id,
                 COUNT(*) AS calls,
-                SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,
-                SUM(cache_read_tokens) AS cache_read_tokens,
-                SUM(cache_write_tokens) AS cache_write_tokens,
-                SUM(reasoning_tokens) AS reasoning_tokens
-         FROM provider_calls WHERE started_at_ms >= ?
-         GROUP BY day, provider, model_id ORDER BY day, provider, model_id",
-    )
-    .bind(since_ms)
-    .fetch_all(store.pool())
-    .await
-    .context("summing usage")?;
-    Ok(rows
+                CAST(SUM(input_tokens) AS BIGINT) AS input_tokens,
+                CAST(SUM(output_tokens) AS BIGINT) AS output_tokens,
+                CAST(SUM(cache_read_tokens) AS BIGINT) AS cache_read_tokens,
+                CAST(SUM(cache_write_tokens) AS BIGINT) AS cache_write_tokens,
+                CAST(SUM(reasoning_tokens) AS BIGINT) AS reasoning_tokens
+         FROM provider_calls WHERE started_at_ms >= $1
+         GROUP BY day, provider, model_id ORDER BY day, provider, model_id"
+    );
+    on_readers!(store, |p| Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(since_ms)
+        .fetch_all(p)
+        .await
+        .context("summing usage")?
         .iter()
         .map(|row| UsageRow {
-            day: row.get("day"),
-            provider: row.get("provider"),
-            model_id: row.get("model_id"),
-            calls: row.get::<i64, _>("calls").max(0) as u64,
+            day: row.text("day"),
+            provider: row.text("provider"),
+            model_id: row.text("model_id"),
+            calls: row.int("calls").max(0) as u64,
             usage: usage_of(row),
         })
-        .collect())
+        .collect()))
 }
 
 /// Each model's newest provider call: when, and whether it failed (for the providers' overview).
 pub async fn last_calls(store: &Store) -> Result<Vec<(String, i64, Option<String>)>, StoreError> {
-    let rows = sqlx::query(
+    on_readers!(store, |p| sqlx::query_as(
         "SELECT model_id, started_at_ms, error FROM provider_calls p
          WHERE rowid = (SELECT rowid FROM provider_calls q WHERE q.model_id = p.model_id
                         ORDER BY started_at_ms DESC, rowid DESC LIMIT 1)",
     )
-    .fetch_all(store.pool())
+    .fetch_all(p)
     .await
-    .context("reading the newest provider calls")?;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            (
-                row.get("model_id"),
-                row.get("started_at_ms"),
-                row.get("error"),
-            )
-        })
-        .collect())
+    .context("reading the newest provider calls"))
 }
 
 /// One tool call of a run, as the console lists it.
@@ -530,10 +543,10 @@ pub fn summarize_arguments(arguments: &str) -> String {
 
 /// Records a finished tool call (once per call; a repeat of the same call id is ignored).
 pub async fn record_tool(store: &Store, execution: &ToolExecution) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT OR IGNORE INTO tool_executions
+    on_writer!(store, |w| sqlx::query(
+        "INSERT INTO tool_executions
              (request_id, call_id, tool, summary, started_at_ms, duration_ms, outcome)
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
     )
     .bind(&execution.request_id)
     .bind(&execution.call_id)
@@ -542,9 +555,10 @@ pub async fn record_tool(store: &Store, execution: &ToolExecution) -> Result<(),
     .bind(execution.started_at_ms)
     .bind(execution.duration_ms)
     .bind(execution.outcome)
-    .execute(store.writer())
+    .execute(w)
     .await
-    .context("recording a tool call")?;
+    .map(|done| done.rows_affected())
+    .context("recording a tool call"))?;
     Ok(())
 }
 
@@ -553,27 +567,30 @@ pub async fn tool_executions(
     store: &Store,
     request_id: &str,
 ) -> Result<Vec<ToolExecution>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT * FROM tool_executions WHERE request_id = ? ORDER BY started_at_ms, call_id",
+    on_readers!(store, |p| Ok(sqlx::query(
+        "SELECT * FROM tool_executions WHERE request_id = $1 ORDER BY started_at_ms, call_id",
     )
     .bind(request_id)
-    .fetch_all(store.pool())
+    .fetch_all(p)
     .await
-    .context("reading tool calls")?;
-    Ok(rows
-        .iter()
-        .map(|row| ToolExecution {
-            request_id: row.get("request_id"),
-            call_id: row.get("call_id"),
-            tool: row.get("tool"),
-            summary: row.get("summary"),
-            started_at_ms: row.get("started_at_ms"),
-            duration_ms: row.get("duration_ms"),
-            outcome: if row.get::<String, _>("outcome") == "error" {
-                "error"
-            } else {
-                "success"
-            },
-        })
-        .collect())
+    .context("reading tool calls")?
+    .iter()
+    .map(tool_execution_of)
+    .collect()))
+}
+
+fn tool_execution_of(row: &impl Columns) -> ToolExecution {
+    ToolExecution {
+        request_id: row.text("request_id"),
+        call_id: row.text("call_id"),
+        tool: row.text("tool"),
+        summary: row.text("summary"),
+        started_at_ms: row.int("started_at_ms"),
+        duration_ms: row.int("duration_ms"),
+        outcome: if row.text("outcome") == "error" {
+            "error"
+        } else {
+            "success"
+        },
+    }
 }

@@ -1,18 +1,23 @@
-//! The connection pool: WAL, foreign keys, busy timeout, migrations at open.
+//! SQLite: the connection pools (WAL, foreign keys, busy timeout), its write transactions, what
+//! counts as busy, and its migrations (`migrations/`), checked and applied at open.
 
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::migrate::Migrate as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use super::StoreError;
+use super::{DatabaseKind, SchemaStatus, StoreError};
 
-/// How often a write transaction that found the database busy past the busy timeout is retried.
+/// SQLite's migrations, in order.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How often `BEGIN IMMEDIATE` that found the database busy past the busy timeout is retried.
 const BUSY_RETRIES: u32 = 3;
 
 /// SQLITE_BUSY and its extended codes (BUSY_RECOVERY 261, BUSY_SNAPSHOT 517, BUSY_TIMEOUT 773).
-fn is_busy(error: &sqlx::Error) -> bool {
+pub(super) fn is_busy(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db)
         if db.code().is_some_and(|code| matches!(code.as_ref(), "5" | "261" | "517" | "773")))
 }
@@ -21,61 +26,84 @@ fn is_busy(error: &sqlx::Error) -> bool {
 /// taken sleeps in its busy handler (up to 100 ms between tries), so writers queue here instead,
 /// on a pool of one connection: in order, woken as soon as the writer before them commits.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub struct SqliteStore {
     pool: SqlitePool,
     writer: SqlitePool,
 }
 
-impl Store {
-    /// Opens (creating if needed) the database at `url` and applies pending migrations.
-    pub async fn open(url: &str) -> Result<Store, StoreError> {
+fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
+    Ok(SqliteConnectOptions::from_str(url)
+        .map_err(|source| StoreError::Open {
+            url: url.to_owned(),
+            source,
+        })?
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(5)))
+}
+
+/// The applied and dirty migrations of the database behind `conn`, against `MIGRATOR`.
+async fn status_of(conn: &mut sqlx::SqliteConnection) -> Result<SchemaStatus, StoreError> {
+    conn.ensure_migrations_table("_sqlx_migrations").await?;
+    let dirty = conn.dirty_version("_sqlx_migrations").await?;
+    let applied: Vec<i64> = conn
+        .list_applied_migrations("_sqlx_migrations")
+        .await?
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    super::schema_status(DatabaseKind::Sqlite, &MIGRATOR, &applied, dirty)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url`, refuses one newer than this binary and
+    /// applies pending migrations.
+    pub(super) async fn open(url: &str) -> Result<SqliteStore, StoreError> {
         let open_error = |source| StoreError::Open {
             url: url.to_owned(),
             source,
         };
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(open_error)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(5));
+        let options = options(url)?.create_if_missing(true);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(options.clone())
             .await
             .map_err(open_error)?;
-        sqlx::migrate!("./migrations").run(&writer).await?;
+        {
+            let mut conn = writer.acquire().await.map_err(open_error)?;
+            status_of(&mut conn).await?;
+        }
+        MIGRATOR.run(&writer).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        Ok(Store { pool, writer })
+        Ok(SqliteStore { pool, writer })
     }
 
-    /// Proves the database takes a write (for readiness): takes the write lock, creates a table
-    /// and rolls it back, so nothing is left behind. A read-only file or a full disk fails here.
-    pub async fn probe_write(&self) -> Result<(), StoreError> {
-        use super::QueryContext as _;
-        let mut tx = self.begin_write().await?;
-        sqlx::query("CREATE TABLE readiness_probe (x INTEGER)")
-            .execute(&mut *tx)
+    /// The schema state of the database at `url`, which must exist (nothing is created).
+    pub(super) async fn inspect(url: &str) -> Result<SchemaStatus, StoreError> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::SqliteConnection::connect_with(&options(url)?)
             .await
-            .context("writing to the database")?;
-        tx.rollback()
-            .await
-            .context("rolling back the readiness probe")?;
-        Ok(())
+            .map_err(|source| StoreError::Open {
+                url: url.to_owned(),
+                source,
+            })?;
+        let status = status_of(&mut conn).await;
+        let _ = conn.close().await;
+        status
     }
 
     /// The readers (WAL: they never wait for the writer).
-    pub fn pool(&self) -> &SqlitePool {
+    pub(super) fn readers(&self) -> &SqlitePool {
         &self.pool
     }
 
     /// The one writing connection, for a single statement outside a transaction.
-    pub fn writer(&self) -> &SqlitePool {
+    pub(super) fn writer(&self) -> &SqlitePool {
         &self.writer
     }
 
@@ -84,7 +112,7 @@ impl Store {
     /// snapshot may be stale, or waiting would deadlock with the writer it waits on — so SQLite
     /// fails it at once (`database is locked`, 5 / 517), which is how runs failed under
     /// concurrency. A lock still busy after the timeout is tried again a few times.
-    pub async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+    pub(super) async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
         let mut attempt = 0;
         loop {
             match self.writer.begin_with("BEGIN IMMEDIATE").await {
@@ -107,7 +135,7 @@ impl Store {
         }
     }
 
-    pub async fn close(&self) {
+    pub(super) async fn close(&self) {
         self.pool.close().await;
         self.writer.close().await;
     }

@@ -1,6 +1,13 @@
-//! Test fixtures: a real cursor-server on an ephemeral loopback port with its own SQLite file, wired
+//! Test fixtures: a real cursor-server on an ephemeral loopback port with its own database, wired
 //! to a fake provider; and builders for the client messages tests send.
+//!
+//! The database is a SQLite file in the test's directory, or, in a test binary whose name ends in
+//! `_postgres` (a second `[[test]]` target of the same file, see Cargo.toml), a database of its
+//! own on the binary's PostgreSQL cluster (`postgres.rs`): the same scenarios on both backends.
 #![allow(dead_code)]
+
+#[path = "postgres.rs"]
+pub mod postgres;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,6 +22,40 @@ use tokio_util::sync::CancellationToken;
 
 pub const MODEL: &str = "test-model";
 pub const API_KEY: &str = "sk-test-secret";
+
+/// Whether this test binary runs its scenarios on PostgreSQL (its target name ends in
+/// `_postgres`) rather than SQLite.
+pub fn on_postgres() -> bool {
+    env!("CARGO_CRATE_NAME").ends_with("_postgres")
+}
+
+/// The database URL of the test database `db` names: the SQLite file itself, or on PostgreSQL a
+/// database of the shared cluster named after that path (created on first use), so a test that
+/// stops a server and opens its database again finds the same one.
+pub fn database_url(db: &Path) -> String {
+    if !on_postgres() {
+        return format!("sqlite://{}", db.display());
+    }
+    use std::hash::{Hash as _, Hasher as _};
+    static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    db.hash(&mut hasher);
+    let name = format!("t_{:016x}", hasher.finish());
+    let cluster = postgres::Cluster::shared();
+    let mut created = CREATED.lock().unwrap_or_else(|e| e.into_inner());
+    if created.contains(&name) {
+        return cluster.url(&name);
+    }
+    created.push(name.clone());
+    cluster.create_database(&name)
+}
+
+/// Opens the store of the test database `db` names (see `database_url`).
+pub async fn open_store(db: &Path) -> cursor_server::store::Store {
+    cursor_server::store::Store::open(&database_url(db))
+        .await
+        .expect("the test database opens")
+}
 
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -129,7 +170,7 @@ pub fn config_text(provider_base_url: &str, db: &Path, extra: &str, kind: &str) 
     format!(
         r#"
 listen = "127.0.0.1:0"
-database_url = "sqlite://{db}"
+database_url = "{db}"
 provider_idle_timeout_secs = 5
 provider_retry_base_delay_ms = 10
 {ack_timeout}
@@ -150,7 +191,7 @@ display_name = "Test Model"
 reasoning = true
 vision = true
 "#,
-        db = db.display()
+        db = database_url(db)
     )
 }
 

@@ -1,0 +1,838 @@
+//! The store's invariants on both backends, each scenario run once on SQLite and once on a real
+//! PostgreSQL (`support/postgres.rs`): one writer per conversation (NotOwner), a gap-free sequence
+//! under concurrent writers, runtime events consumed once, content-addressed and deduplicated
+//! blobs and their collection, the outbox, and a database newer than the binary or left
+//! half-migrated refused with a message; the cluster's node registry (a run claimed once, a silent
+//! node taken over by one node, its runs ended and its conversations refused to it). On
+//! PostgreSQL also: the database restarted under a running turn ends that turn with
+//! `unavailable`, writes nothing half, and the server serves the next turn without a restart.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::time::Duration;
+
+use cursor_server::model::conversation::{BlobId, Mode};
+use cursor_server::model::message::{CanonicalMessage, Origin, UserMessage};
+use cursor_server::model::runtime_tag::{RuntimeEvent, RuntimeTag};
+use cursor_server::store::blobs::{self, Edge};
+use cursor_server::store::{Store, StoreError, messages, nodes, outbox, runs};
+use fixtures::postgres::Cluster;
+
+/// A store on a fresh database of one backend, and what keeps that database alive.
+struct TestDb {
+    store: Store,
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> TestDb {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    TestDb {
+        store: Store::open(&url).await.unwrap(),
+        url,
+        _dir: Some(dir),
+    }
+}
+
+async fn postgres() -> TestDb {
+    let url = Cluster::shared().fresh_database();
+    TestDb {
+        store: Store::open(&url).await.unwrap(),
+        url,
+        _dir: None,
+    }
+}
+
+/// Each scenario `name(db: TestDb)` as two tests, `sqlite::name` and `postgres::name`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::sqlite().await).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::postgres().await).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation,
+    concurrent_appends_to_one_conversation_get_every_sequence_number_once,
+    concurrent_runs_never_fail_with_a_locked_database,
+    a_consumed_runtime_event_is_never_appended_again,
+    concurrent_writers_consume_a_runtime_event_once,
+    blobs_are_hash_checked_and_stored_once,
+    gc_keeps_what_a_head_reaches_and_drops_the_rest,
+    acks_and_publication_clear_what_is_owed,
+    runs_and_provider_calls_read_back,
+    a_database_newer_than_the_binary_is_refused,
+    a_half_migrated_database_is_refused,
+    nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over,
+);
+
+/// A user message typed in `mode`.
+fn user_in(mode: Option<Mode>, text: &str) -> CanonicalMessage {
+    CanonicalMessage::User(UserMessage {
+        images: Vec::new(),
+        shown_as: None,
+        state_before: None,
+        origin: Origin::User,
+        text: text.into(),
+        client_message_id: String::new(),
+        mode,
+        runtime: None,
+    })
+}
+
+fn texts(history: &[CanonicalMessage]) -> Vec<String> {
+    history
+        .iter()
+        .filter_map(|m| match m {
+            CanonicalMessage::User(u) => Some(u.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation(db: TestDb) {
+    let store = &db.store;
+    let user = |text: &str| user_in(None, text);
+    runs::start(store, "old", "c", "m", "m").await.unwrap();
+    messages::append(store, "c", "old", &[user("first")])
+        .await
+        .unwrap();
+    // A new message takes the conversation over while the old run is still working.
+    runs::start(store, "new", "c", "m", "m").await.unwrap();
+    messages::append(store, "c", "new", &[user("second")])
+        .await
+        .unwrap();
+    // The old run's late answer is refused by the database itself.
+    let refused = messages::append(store, "c", "old", &[user("late answer")]).await;
+    assert!(
+        matches!(&refused, Err(StoreError::NotOwner { conversation_id, request_id })
+            if conversation_id == "c" && request_id == "old"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        texts(&messages::load(store, "c").await.unwrap()),
+        ["first", "second"]
+    );
+}
+
+async fn concurrent_appends_to_one_conversation_get_every_sequence_number_once(db: TestDb) {
+    // Many tasks of one run append to one conversation at once, some two messages at a time: each
+    // append reads the end of history and writes after it, so without a lock two of them would
+    // take the same sequence number (a duplicate key, a failed append).
+    runs::start(&db.store, "r", "c", "m", "m").await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..64 {
+        let store = db.store.clone();
+        tasks.spawn(async move {
+            let batch: Vec<_> = (0..1 + n % 2)
+                .map(|i| user_in(None, &format!("m{n}-{i}")))
+                .collect();
+            messages::append(&store, "c", "r", &batch).await
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().unwrap();
+    }
+    let history = texts(&messages::load(&db.store, "c").await.unwrap());
+    assert_eq!(history.len(), 96, "every message stored once");
+    let mut sorted = history.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 96, "no message twice");
+    // A batch's messages are adjacent: nothing of another writer lands between them.
+    for (at, text) in history.iter().enumerate() {
+        if let Some(first) = text.strip_suffix("-0")
+            && first[1..].parse::<usize>().unwrap() % 2 == 1
+        {
+            assert_eq!(history[at + 1], format!("{first}-1"), "{history:?}");
+        }
+    }
+}
+
+async fn concurrent_runs_never_fail_with_a_locked_database(db: TestDb) {
+    // Many runs at once, each reading before it writes in one transaction (a runtime event is
+    // checked, then appended): the pattern that made deferred SQLite transactions fail with
+    // SQLITE_BUSY_SNAPSHOT under load, and that needs the conversation's lock on PostgreSQL.
+    let mut tasks = tokio::task::JoinSet::new();
+    for run in 0..200 {
+        let store = db.store.clone();
+        tasks.spawn(async move {
+            let (request, conversation) = (format!("r{run}"), format!("c{}", run % 20));
+            runs::start(&store, &request, &conversation, "m", "m").await?;
+            for turn in 0..5 {
+                let tag = RuntimeTag::new(
+                    RuntimeEvent::ModeReminder { mode: Mode::Agent },
+                    &format!("{request}-{turn}"),
+                    "reminder".into(),
+                );
+                let appended = messages::append_with_tags(
+                    &store,
+                    &conversation,
+                    &request,
+                    &[tag],
+                    &[user_in(None, "hello")],
+                    &[],
+                )
+                .await;
+                match appended {
+                    // A newer run took the conversation over: the refusal this test allows.
+                    Err(StoreError::NotOwner { .. }) => break,
+                    other => other?,
+                };
+            }
+            Ok::<(), StoreError>(())
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().unwrap();
+    }
+}
+
+async fn a_consumed_runtime_event_is_never_appended_again(db: TestDb) {
+    let store = &db.store;
+    let user = |text: &str| user_in(Some(Mode::Plan), text);
+    let reminder = RuntimeTag::new(
+        RuntimeEvent::ModeReminder { mode: Mode::Plan },
+        "req-1",
+        "plan only".into(),
+    );
+    let first = messages::append_with_tags(
+        store,
+        "c",
+        "req-1",
+        &[],
+        &[user("a")],
+        std::slice::from_ref(&reminder),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.len(), 2);
+    let again = messages::append_with_tags(
+        store,
+        "c",
+        "req-1",
+        std::slice::from_ref(&reminder),
+        &[user("b")],
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        again,
+        vec![user("b")],
+        "the event was consumed by the first append"
+    );
+    // Another conversation has its own events.
+    let other = messages::append_with_tags(store, "d", "req-1", &[reminder], &[], &[])
+        .await
+        .unwrap();
+    assert_eq!(other.len(), 1);
+    assert_eq!(messages::load(store, "c").await.unwrap().len(), 3);
+}
+
+async fn concurrent_writers_consume_a_runtime_event_once(db: TestDb) {
+    let reminder = RuntimeTag::new(
+        RuntimeEvent::ModeReminder { mode: Mode::Plan },
+        "req-1",
+        "plan only".into(),
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..16 {
+        let (store, reminder) = (db.store.clone(), reminder.clone());
+        tasks.spawn(async move {
+            messages::append_with_tags(
+                &store,
+                "c",
+                "req-1",
+                &[reminder],
+                &[user_in(None, &format!("u{n}"))],
+                &[],
+            )
+            .await
+        });
+    }
+    let mut consumed = 0;
+    while let Some(result) = tasks.join_next().await {
+        consumed += result.unwrap().unwrap().len() - 1;
+    }
+    assert_eq!(consumed, 1, "exactly one writer appended the event");
+    let history = messages::load(&db.store, "c").await.unwrap();
+    assert_eq!(history.len(), 17);
+}
+
+async fn blobs_are_hash_checked_and_stored_once(db: TestDb) {
+    let store = &db.store;
+    let data: &[u8] = b"hello blob";
+    let id = BlobId::of(data);
+    blobs::put_all(store, &[(id, data, &[])]).await.unwrap();
+    // The same content again (alone, and twice in one transaction) is one blob.
+    blobs::put_all(store, &[(id, data, &[]), (id, data, &[])])
+        .await
+        .unwrap();
+    assert_eq!(blobs::get(store, id).await.unwrap().as_deref(), Some(data));
+    let wrong = BlobId::of(b"other");
+    let err = blobs::put_all(store, &[(wrong, data, &[])])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("does not match its data"), "{err}");
+    assert!(blobs::get(store, wrong).await.unwrap().is_none());
+    // Concurrent writers of the same blob all succeed.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let shared: &[u8] = b"shared";
+            blobs::put_all(&store, &[(BlobId::of(shared), shared, &[])]).await
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().unwrap();
+    }
+    assert_eq!(
+        blobs::collect_garbage(store, &[], Duration::ZERO)
+            .await
+            .unwrap(),
+        2,
+        "two blobs stored, once each, reachable from nothing"
+    );
+}
+
+async fn gc_keeps_what_a_head_reaches_and_drops_the_rest(db: TestDb) {
+    let store = &db.store;
+    let leaf = BlobId::of(b"leaf");
+    let head = BlobId::of(b"head");
+    let orphan = BlobId::of(b"orphan");
+    let kept = BlobId::of(b"kept by the caller");
+    let edges = [Edge {
+        kind: "turns",
+        ordinal: 0,
+        child: leaf,
+    }];
+    blobs::put_all(
+        store,
+        &[
+            (leaf, b"leaf", &[]),
+            (head, b"head", &edges),
+            (orphan, b"orphan", &[]),
+            (kept, b"kept by the caller", &[]),
+        ],
+    )
+    .await
+    .unwrap();
+    runs::start(store, "r", "c", "m", "m").await.unwrap();
+    assert!(
+        blobs::acknowledge_and_publish(store, "c", &[], head, 1)
+            .await
+            .unwrap()
+    );
+    // Within the grace period nothing goes.
+    assert_eq!(
+        blobs::collect_garbage(store, &[], Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        blobs::collect_garbage(store, &[kept], Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(blobs::get(store, orphan).await.unwrap().is_none());
+    assert!(blobs::get(store, leaf).await.unwrap().is_some());
+    assert!(blobs::get(store, kept).await.unwrap().is_some());
+    assert_eq!(
+        blobs::children(store, head, "turns").await.unwrap(),
+        vec![leaf]
+    );
+}
+
+async fn acks_and_publication_clear_what_is_owed(db: TestDb) {
+    let store = &db.store;
+    let (a, b, s1, s2) = (
+        BlobId::of(b"a"),
+        BlobId::of(b"b"),
+        BlobId::of(b"s1"),
+        BlobId::of(b"s2"),
+    );
+    blobs::put_and_send(store, &[], Some(("c", "r1", &[a, b])))
+        .await
+        .unwrap();
+    outbox::checkpoint_built(store, "c", "r1", s1)
+        .await
+        .unwrap();
+    outbox::checkpoint_built(store, "c", "r1", s2)
+        .await
+        .unwrap();
+    blobs::acknowledge(store, "c", &[a]).await.unwrap();
+    assert_eq!(
+        outbox::pending(store, "c").await.unwrap(),
+        outbox::Pending {
+            checkpoint: Some(s2),
+            blobs: vec![b]
+        }
+    );
+    assert_eq!(blobs::acked(store, "c").await.unwrap(), vec![a]);
+    assert!(
+        blobs::acknowledge_and_publish(store, "c", &[b], s2, 1)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        outbox::pending(store, "c").await.unwrap(),
+        outbox::Pending::default()
+    );
+    // An older revision never moves a newer head.
+    assert!(
+        !blobs::acknowledge_and_publish(store, "c", &[], s1, 1)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        cursor_server::store::conversations::head(store, "c")
+            .await
+            .unwrap(),
+        Some((s2, 1))
+    );
+}
+
+async fn runs_and_provider_calls_read_back(db: TestDb) {
+    use cursor_server::model::usage::Usage;
+    let store = &db.store;
+    runs::start(store, "r1", "c", "m", "auto").await.unwrap();
+    let usage = Usage {
+        input_tokens: Some(10),
+        output_tokens: Some(5),
+        ..Usage::default()
+    };
+    for (n, started) in [(1, 1_000_i64), (2, 1_000)] {
+        runs::record_provider_call(
+            store,
+            &runs::ProviderCallRecord {
+                model_call_id: format!("mc{n}"),
+                request_id: "r1".into(),
+                conversation_id: "c".into(),
+                provider: "p".into(),
+                model_id: "m".into(),
+                purpose: runs::CallPurpose::Turn,
+                request_bytes: 100,
+                started_at_ms: started,
+                first_event_ms: Some(7),
+                total_ms: 20,
+                usage,
+                finish_reason: Some("stop".into()),
+                error: None,
+                retries: Vec::new(),
+                fallback_from: None,
+                key_index: Some(0),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let outcome = runs::RunOutcome {
+        status: runs::RunStatus::Succeeded,
+        provider_calls: 2,
+        usage,
+        error: None,
+    };
+    runs::finish(store, "r1", &outcome, (Some("agent"), "run_sse"))
+        .await
+        .unwrap();
+    // Same start time: the order they were recorded in decides.
+    let calls = runs::provider_calls(store, "r1").await.unwrap();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| c.model_call_id.as_str())
+            .collect::<Vec<_>>(),
+        ["mc1", "mc2"]
+    );
+    let run = runs::get(store, "r1").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, runs::RunStatus::Succeeded);
+    assert_eq!(run.requested_model.as_deref(), Some("auto"));
+    let usage_rows = runs::usage_by_day(store, 0).await.unwrap();
+    assert_eq!(usage_rows.len(), 1);
+    assert_eq!(usage_rows[0].day, "1970-01-01");
+    assert_eq!(usage_rows[0].calls, 2);
+    assert_eq!(usage_rows[0].usage.input_tokens, Some(20));
+    let last = runs::last_calls(store).await.unwrap();
+    assert_eq!(last, vec![("m".to_owned(), 1_000, None)]);
+    let conversations = cursor_server::store::conversations::list(store, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(conversations.len(), 1);
+    assert_eq!(conversations[0].runs, 1);
+}
+
+/// Runs `sql` on the database at `url` outside the store (what another binary would have done).
+async fn execute(url: &str, sql: &str) {
+    if url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    } else {
+        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+}
+
+async fn a_database_newer_than_the_binary_is_refused(db: TestDb) {
+    db.store.close().await;
+    // A later release applied a migration this binary has never heard of.
+    let checksum = if db.url.starts_with("postgres") {
+        "'\\x00'::bytea"
+    } else {
+        "x'00'"
+    };
+    execute(
+        &db.url,
+        &format!(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (9999, 'from the future', TRUE, {checksum}, 1)"
+        ),
+    )
+    .await;
+    let refused = Store::open(&db.url).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            StoreError::NewerSchema {
+                applied: 9999,
+                known: 11..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("newer than this cursor-server knows"),
+        "{refused}"
+    );
+    let inspected = Store::inspect(&db.url).await.unwrap_err();
+    assert!(matches!(inspected, StoreError::NewerSchema { .. }));
+}
+
+async fn a_half_migrated_database_is_refused(db: TestDb) {
+    db.store.close().await;
+    execute(
+        &db.url,
+        "UPDATE _sqlx_migrations SET success = FALSE
+         WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)",
+    )
+    .await;
+    let refused = Store::open(&db.url).await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::HalfMigrated { .. }),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_store_reports_its_schema_and_creates_nothing_twice() {
+    for db in [sqlite().await, postgres().await] {
+        let status = Store::inspect(&db.url).await.unwrap();
+        assert_eq!(status.pending, 0, "{status:?}");
+        assert_eq!(status.applied, status.known);
+        // Opening again applies nothing and refuses nothing.
+        Store::open(&db.url).await.unwrap();
+    }
+}
+
+/// PostgreSQL stopped under a running turn (its tool call sent, the client's result not yet
+/// stored): the turn ends with `unavailable`, nothing of it is half-written, and once PostgreSQL is
+/// back the same server runs the next turn of the conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_under_a_turn_fails_it_as_unavailable_and_the_server_recovers() {
+    use fake_cursor::{FakeCursor, Session};
+    use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
+    use fixtures::{exec_result, read_success, run_request};
+
+    let cluster = Cluster::start();
+    let url = cluster.create_database("restarts");
+    let provider = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures::config_text(
+        &provider.base_url(),
+        &dir.path().join("x"),
+        "",
+        "openai-chat",
+    )
+    .replace(
+        &format!(
+            "database_url = \"{}\"",
+            fixtures::database_url(&dir.path().join("x"))
+        ),
+        &format!("database_url = \"{url}\""),
+    );
+    let config = cursor_server::config::Config::from_toml(
+        &config,
+        std::path::Path::new("test.toml"),
+        &|_| None,
+    )
+    .unwrap();
+    let server = fixtures::TestServer::start_with(config, dir).await;
+    let cursor = FakeCursor::new(server.addr);
+
+    provider.push(Reply::sse(tool_call_events(
+        None,
+        &[("call_1", "Read", r#"{"path":"src/lib.rs"}"#)],
+        (20, 2, 0),
+    )));
+    let mut turn = Session::start(&cursor, "req-1", &run_request("conv-pg", "read it")).await;
+    let read = turn.next_exec().await;
+    cluster.stop();
+    turn.send(&exec_result(
+        read.id,
+        read_success("src/lib.rs", "fn main() {}"),
+    ))
+    .await;
+    let ended = turn.finish().await;
+    assert_eq!(ended.error_code(), Some("unavailable"), "{ended:?}");
+
+    cluster.restart();
+    let store = Store::open(&url).await.unwrap();
+    let before = messages::load(&store, "conv-pg").await.unwrap();
+    // The user's message and the model's call are stored; the result the database refused is
+    // not, and nothing after it.
+    assert!(
+        !before
+            .iter()
+            .any(|m| matches!(m, CanonicalMessage::ToolResult(_))),
+        "{before:?}"
+    );
+    provider.push(Reply::sse(text_events(&["back"], (40, 4, 0))));
+    let turn = Session::start(&cursor, "req-2", &run_request("conv-pg", "again")).await;
+    let done = turn.finish().await;
+    assert!(done.is_success(), "{done:?}");
+    assert!(done.text().contains("back"));
+    let after = texts(&messages::load(&store, "conv-pg").await.unwrap());
+    assert_eq!(after, ["read it", "again"]);
+    server.stop().await;
+}
+
+/// `cursor-server check` with `database_url` set to `url`: whether it passed and what it printed.
+async fn check_database(url: &str) -> (bool, String) {
+    let provider = fake_provider::FakeProvider::start().await;
+    provider.push(fake_provider::Reply::Status {
+        status: 200,
+        body: r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"OK"},"finish_reason":"stop"}]}"#.into(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cursor-byok.toml");
+    let text = fixtures::config_text(
+        &provider.base_url(),
+        &dir.path().join("unused.db"),
+        "",
+        "openai-chat",
+    );
+    let text = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("database_url") {
+                format!("database_url = \"{url}\"")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&config, text).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
+        .arg("check")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .await
+        .expect("cursor-server check runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn check_reports_the_database_reachable_migrated_and_its_version() {
+    for db in [sqlite().await, postgres().await] {
+        let (ok, printed) = check_database(&db.url).await;
+        assert!(ok, "{printed}");
+        assert!(
+            printed.contains("reachable, migrated (schema version 12)"),
+            "{printed}"
+        );
+    }
+    // A PostgreSQL nobody listens on fails the check, and says so.
+    let (ok, printed) = check_database("postgres://u:secret-pw@127.0.0.1:9/none").await;
+    assert!(!ok, "{printed}");
+    assert!(printed.contains("FAILED"), "{printed}");
+    assert!(
+        !printed.contains("secret-pw"),
+        "the password is never printed: {printed}"
+    );
+}
+
+async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb) {
+    let store = &db.store;
+    for name in ["a", "b", "c"] {
+        nodes::register(store, name, &format!("http://{name}"))
+            .await
+            .unwrap();
+    }
+    // Nodes racing to claim one request id: the first claimer owns it, and every node hears so.
+    let claims: Vec<_> = ["a", "b", "c", "a", "b", "c"]
+        .into_iter()
+        .map(|node| {
+            let store = store.clone();
+            tokio::spawn(async move { nodes::claim_run(&store, "r1", node).await.unwrap() })
+        })
+        .collect();
+    let mut owners = Vec::new();
+    for claim in claims {
+        owners.push(claim.await.unwrap());
+    }
+    owners.dedup();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = owners.remove(0);
+    let seen = nodes::run_owner(store, "r1", 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.node, owner);
+    assert!(seen.live);
+    assert_eq!(seen.internal_url, Some(format!("http://{owner}")));
+    assert_eq!(nodes::run_owner(store, "nope", 60_000).await.unwrap(), None);
+    let listed = nodes::list(store).await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(
+        listed
+            .iter()
+            .all(|n| n.stopped.is_none() && n.lease_age_ms >= 0)
+    );
+
+    runs::start_on(store, "r1", "c1", ("m", "m"), Some(&owner))
+        .await
+        .unwrap();
+    let others: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| *n != owner)
+        .collect();
+    assert_eq!(
+        nodes::conversation_run_elsewhere(store, "c1", others[0])
+            .await
+            .unwrap(),
+        Some(("r1".into(), owner.clone(), format!("http://{owner}")))
+    );
+    // Within its lease nobody takes the owner over.
+    assert_eq!(
+        nodes::take_over_stopped(store, &owner, others[0], 60_000)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        nodes::silent(store, others[0], 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Past it (a lease of -1 ms: any heartbeat is too old) the survivors race, and one wins.
+    let takeovers: Vec<_> = [others[0], others[1], others[0], others[1]]
+        .into_iter()
+        .map(|by| {
+            let (store, dead) = (store.clone(), owner.clone());
+            tokio::spawn(async move {
+                nodes::take_over_stopped(&store, &dead, by, -1)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for takeover in takeovers {
+        ended.extend(takeover.await.unwrap());
+    }
+    assert_eq!(ended, [1], "exactly one survivor ends the run");
+    let run = runs::get(store, "r1").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+    assert_eq!(
+        run.outcome.error.map(|(_, m)| m).as_deref(),
+        Some(nodes::NODE_STOPPED)
+    );
+    let summary = runs::list(
+        store,
+        &runs::RunFilter {
+            request_id: Some("r1".into()),
+            limit: 1,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary[0].node.as_deref(), Some(owner.as_str()));
+    assert!(
+        !nodes::renew(store, &owner).await.unwrap(),
+        "taken as stopped"
+    );
+    assert!(
+        !nodes::run_owner(store, "r1", 60_000)
+            .await
+            .unwrap()
+            .unwrap()
+            .live
+    );
+    // The stopped node's run may not write any more; the next run may.
+    assert!(matches!(
+        messages::append(store, "c1", "r1", &[user_in(None, "late")]).await,
+        Err(StoreError::NotOwner { .. })
+    ));
+    runs::start(store, "r2", "c1", "m", "m").await.unwrap();
+    messages::append(store, "c1", "r2", &[user_in(None, "next")])
+        .await
+        .unwrap();
+    // Joining again clears the stop; a clean shutdown sets it; old claims are forgotten.
+    nodes::register(store, &owner, "http://again")
+        .await
+        .unwrap();
+    assert!(nodes::renew(store, &owner).await.unwrap());
+    nodes::leave(store, &owner).await.unwrap();
+    let stopped = nodes::list(store).await.unwrap();
+    let me = stopped.iter().find(|n| n.name == owner).unwrap();
+    assert_eq!(me.stopped.as_deref(), Some("shut down"));
+    assert_eq!(nodes::forget_claims(store, 60_000).await.unwrap(), 0);
+    assert_eq!(nodes::forget_claims(store, -1).await.unwrap(), 1);
+    // A node restarted under its name ends what it left running itself.
+    runs::start_on(store, "r3", "c3", ("m", "m"), Some(others[1]))
+        .await
+        .unwrap();
+    assert_eq!(nodes::reconcile_own(store, others[1]).await.unwrap(), 1);
+    let run = runs::get(store, "r3").await.unwrap().unwrap();
+    assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+}
