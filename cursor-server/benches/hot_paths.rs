@@ -27,8 +27,6 @@ use std::time::{Duration, Instant};
 
 use cursor_server::config::KeyCooldown;
 use cursor_server::config::{ModelConfig, Quirks};
-use cursor_server::cursor::checkpoint::{ConversationGraph, StateDetails, roots};
-use cursor_server::cursor::projection::{self, Base};
 use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
@@ -36,6 +34,8 @@ use cursor_server::provider::StreamParser;
 use cursor_server::provider::keys::KeyPool;
 use cursor_server::provider::openai_chat;
 use cursor_server::provider::openai_chat::ChatStreamParser;
+use cursor_server::sync::checkpoint::{ConversationGraph, StateDetails, roots};
+use cursor_server::sync::projection::{self, Base};
 
 fn graph_with_history(messages: usize) -> ConversationGraph {
     let mut graph = ConversationGraph::default();

@@ -11,14 +11,14 @@ use crate::cluster::{Cluster, lease};
 use crate::config::Config;
 use crate::connections;
 use crate::console;
-use crate::cursor::handlers;
-use crate::cursor::tools::ToolKind;
 use crate::error::ServerError;
 use crate::ops;
 use crate::prompting::assets::{AssetError, PromptAssets, PromptKind};
 use crate::run::registry::RunRegistry;
 use crate::state::AppState;
 use crate::store::{Store, runs};
+use crate::tools::ToolKind;
+use crate::wire::handlers;
 
 pub struct App {
     state: Arc<AppState>,

@@ -1,11 +1,13 @@
 //! cursor-server: a self-hosted backend for the Cursor agent protocol.
 //!
-//! Layers, top to bottom: `cursor` (HTTP/Connect adapter) → `run` (one actor per run) →
-//! `prompting` + `model` → `provider` → `store`. `ops` (health, readiness, metrics) sits beside
-//! `cursor` at the top; its `metrics` file is a leaf every layer may record into. `cluster` (several
-//! nodes on one database) sits at the top too: it places and forwards a run's requests.
+//! Folders are layers (docs/architecture.md, checked by tests/architecture.rs), top to bottom:
+//! entry (`main`, `lib`, `app`) → routes (`wire`, `console`, `ops`, `connections`) → runs (`run`,
+//! `cluster`, `state`) → the client side of a run (`client`) → services (`tools`, `sync`,
+//! `provider`, `prompting`, `error`) → base (`cursor`'s protobuf types and Connect framing,
+//! `model`, `store`, `config`, `ops/metrics`, `ops/drift`). Imports point down.
 
 pub mod app;
+pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod connections;
@@ -19,3 +21,6 @@ pub mod provider;
 pub mod run;
 pub mod state;
 pub mod store;
+pub mod sync;
+pub mod tools;
+pub mod wire;

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use cursor_server::app::App;
 use cursor_server::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
-use cursor_server::cursor::projection;
 use cursor_server::store::Store;
+use cursor_server::sync::projection;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]

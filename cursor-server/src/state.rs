@@ -3,7 +3,7 @@
 //! every run shares), the validated prompts, the run registry and the shutdown signal. `app.rs`
 //! assembles them.
 //!
-//! Its own file because `app.rs` also serves the routes (it imports `cursor/handlers.rs`), and the
+//! Its own file because `app.rs` also serves the routes (it imports `wire/handlers.rs`), and the
 //! routes and the runs import these services: kept in `app.rs`, they would make every layer import
 //! the file that imports it.
 

@@ -269,7 +269,7 @@ async fn images_are_stored_once_and_replayed_the_same_after_a_restart() {
         "history keeps the image's blob id, not its bytes"
     );
     // Garbage collection keeps an image history shows.
-    cursor_server::cursor::projection::collect_garbage(&store, std::time::Duration::ZERO)
+    cursor_server::sync::projection::collect_garbage(&store, std::time::Duration::ZERO)
         .await
         .unwrap();
     let kept = cursor_server::store::blobs::get(&store, BlobId::of(&png("cat")))
@@ -391,7 +391,7 @@ async fn an_mcp_tools_images_follow_its_result_as_a_user_message_on_chat() {
                 provider_identifier: "browser".into(),
                 tool_name: "screenshot".into(),
                 description: "Takes a screenshot".into(),
-                input_schema: Some(cursor_server::cursor::exec::json_to_proto(
+                input_schema: Some(cursor_server::tools::exec::json_to_proto(
                     &serde_json::json!({"type": "object", "properties": {}}),
                 )),
             }],
@@ -475,7 +475,7 @@ fn cli_context() -> pb::RequestContext {
             provider_identifier: "db".into(),
             tool_name: "query".into(),
             description: "Runs SQL".into(),
-            input_schema: Some(cursor_server::cursor::exec::json_to_proto(
+            input_schema: Some(cursor_server::tools::exec::json_to_proto(
                 &serde_json::json!({"type": "object", "properties": {"sql": {"type": "string"}}}),
             )),
         }],

@@ -8,8 +8,6 @@ mod fake_provider;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
-use cursor_server::cursor::checkpoint::ConversationGraph;
-use cursor_server::cursor::projection::{self, Base};
 use cursor_server::cursor::proto::agent::{
     self as pb, ConversationStateStructure, ConversationStep, ConversationTurnStructure,
     agent_server_message, conversation_step, conversation_turn_structure,
@@ -21,6 +19,8 @@ use cursor_server::model::message::{
 use cursor_server::model::tool::{ToolCall, ToolResult};
 use cursor_server::store::Store;
 use cursor_server::store::{conversations, messages};
+use cursor_server::sync::checkpoint::ConversationGraph;
+use cursor_server::sync::projection::{self, Base};
 use fake_cursor::{FakeCursor, Session};
 use fake_provider::{
     FakeProvider, Reply, text_events, thinking_then_text_events, tool_call_events,

@@ -11,7 +11,8 @@ mod fixtures;
 use std::io::Write as _;
 
 use base64::Engine as _;
-use cursor_server::cursor::bidi_append::{self, BidiAppendError};
+use cursor_server::client::bidi_append::{self, BidiAppendError};
+use cursor_server::client::command::ClientInput;
 use cursor_server::cursor::connect::{
     self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError,
 };
@@ -19,7 +20,6 @@ use cursor_server::cursor::proto::agent::{
     AgentClientMessage, agent_client_message, kv_client_message,
 };
 use cursor_server::cursor::proto::aiserver::{BidiAppendRequest, BidiRequestId, ErrorDetails};
-use cursor_server::run::command::ClientInput;
 use cursor_server::run::inbox::{Accepted, Inbox, InboxError, MAX_BUFFERED};
 use fake_cursor::{FakeCursor, read_transcript};
 use fake_provider::{FakeProvider, Reply, text_events};

@@ -1143,7 +1143,7 @@ async fn the_read_scenario_replays_exactly_on_every_endpoint() {
 
 /// A request carrying the user's MCP tools (`run_request.mcp_tools`), as the IDE sends them.
 fn run_request_with_mcp(conversation_id: &str, text: &str) -> pb::AgentClientMessage {
-    use cursor_server::cursor::exec::json_to_proto;
+    use cursor_server::tools::exec::json_to_proto;
     let mut message = run_request_with_env(conversation_id, text);
     let tool = |server: &str, name: &str, schema: Value| pb::McpToolDefinition {
         name: format!("{server}-{name}"),
@@ -1212,11 +1212,11 @@ async fn an_mcp_tool_is_offered_under_a_safe_name_runs_as_mcp_args_and_its_conte
     assert_eq!(mcp.provider_identifier, "user-github");
     assert_eq!(mcp.tool_name, "create_issue");
     assert_eq!(
-        cursor_server::cursor::exec::proto_to_json(&mcp.args["title"]),
+        cursor_server::tools::exec::proto_to_json(&mcp.args["title"]),
         "Crash on start"
     );
     assert_eq!(
-        cursor_server::cursor::exec::proto_to_json(&mcp.args["labels"]),
+        cursor_server::tools::exec::proto_to_json(&mcp.args["labels"]),
         serde_json::json!(["bug"])
     );
     turn.send(&exec_result(

@@ -17,7 +17,7 @@ pub use cursor_wire::{
     decode_unary_body, encode_frame, payload_of,
 };
 
-use super::proto::aiserver::{CustomErrorDetails, ErrorDetails, error_details};
+use crate::cursor::proto::aiserver::{CustomErrorDetails, ErrorDetails, error_details};
 
 /// A data frame carrying `message`.
 pub fn encode_message<M: Message>(message: &M) -> Bytes {

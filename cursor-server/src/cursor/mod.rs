@@ -1,19 +1,6 @@
-//! The Cursor protocol adapter: Connect framing, routes, and translation between protobuf and the
-//! loop's domain types. No loop decisions are made here.
+//! The base of the Cursor protocol: the protobuf types the schema generates and Connect framing.
+//! Everything that translates between these messages and the domain lives in the layers above
+//! (`client/`, `tools/`, `sync/`, `wire/`); nothing here makes a decision.
 
-pub mod bidi_append;
-pub mod blob_sync;
-pub mod catalog;
-pub mod checkpoint;
 pub mod connect;
-pub mod exec;
-pub mod handlers;
-pub mod import;
-pub mod interaction;
-pub mod pending;
-pub mod projection;
 pub mod proto;
-pub mod run_sse;
-pub mod selected_context;
-pub mod tool_result;
-pub mod tools;

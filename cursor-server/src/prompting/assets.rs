@@ -240,7 +240,7 @@ impl PromptAssets {
 
 /// Parses a `tools.json`: an array of function definitions, each named once, described, with an
 /// object of parameters. Whether each is a tool the server implements, with exactly the arguments
-/// it validates, is checked against the registry at start-up (`cursor::tools::check_prompt_tools`).
+/// it validates, is checked against the registry at start-up (`tools::check_prompt_tools`).
 fn parse_tools(path: &str, text: &str) -> Result<Vec<Value>, AssetError> {
     let invalid = |message: String| AssetError::Invalid {
         path: path.to_owned(),
@@ -282,7 +282,7 @@ const BYTES_PER_TOKEN: usize = 4;
 mod tests {
     use super::*;
     use crate::app::check_prompt_tools;
-    use crate::cursor::tools::{ToolKind, parse_input};
+    use crate::tools::{ToolKind, parse_input};
 
     /// Loads and checks an override directory as the server does at start-up.
     fn load_checked(dir: &Path) -> Result<PromptAssets, AssetError> {

@@ -8,12 +8,12 @@
 use super::assets::{PromptAssets, PromptKind};
 use super::images::ImageSet;
 use crate::config::ModelConfig;
-use crate::cursor::import::Known;
 use crate::model::conversation::{Attachment, Mode, RuleScope, SubagentRole, WorkspaceContext};
 use crate::model::message::{CanonicalMessage, current_context_digest, latest_compaction};
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag, UserAction,
 };
+use crate::sync::import::Known;
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet
 /// (the first message of a conversation, or the environment, rules, skills, MCP servers or
@@ -49,7 +49,7 @@ fn context_digest(text: &str) -> String {
 /// How every workspace-context message opens (`render_context`).
 const CONTEXT_OPENING: &str = "<user_info>\n";
 
-/// What importing a client's roots must recognize (`cursor/import.rs`): this server's own system
+/// What importing a client's roots must recognize (`sync/import.rs`): this server's own system
 /// prompts, the instructions the run's request context tells (a CLI client also sends its own
 /// prompt as a rule), and the workspace context this server injected.
 pub struct ImportKnown<'a> {

@@ -3,7 +3,7 @@
 //!
 //! A file of its own because no listed file owns an outbound call that is not an LLM endpoint; it
 //! sits beside the LLM adapters because it shares their HTTP client, secret handling and limits.
-//! The tool's card and the text the model reads are built in `cursor/tool_result.rs`.
+//! The tool's card and the text the model reads are built in `tools/tool_result.rs`.
 
 use std::time::Duration;
 

@@ -11,25 +11,25 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::command::{
-    Applied, ClientInput, ExecControl, LiveAction, RunAction, RunCommand, RunRequestInput,
-};
 use super::inbox::{Accepted, Inbox, InboxError};
 use super::lifecycle::{self, RunEnd};
 use super::loop_engine::{LoopEvent, LoopStep, TurnLoop};
 use super::opening;
 use super::registry::{Lookup, Opener, RegistryError, RunControl, RunHandle};
 use super::user_command::{Progress, UserCommand};
-use crate::cursor::bidi_append;
+use crate::client::bidi_append;
+use crate::client::command::{
+    Applied, ClientInput, ExecControl, LiveAction, RunAction, RunCommand, RunRequestInput,
+};
+use crate::client::downlink::{Awaited, Downlink};
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
-use crate::cursor::exec::ExecPayload;
-use crate::cursor::run_sse::{Awaited, Downlink};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::Mode;
 use crate::model::usage::Usage;
 use crate::ops::metrics::{self, Transport};
 use crate::state::AppState;
 use crate::store::runs::{self, RunOutcome, RunStatus};
+use crate::tools::exec::ExecPayload;
 
 enum State {
     AwaitingRunRequest,
@@ -311,7 +311,7 @@ impl RunActor {
         if let Err(e) = turn.final_checkpoints(&mut self.downlink).await {
             tracing::error!(request_id, "building the final checkpoints: {e}");
         }
-        for update in crate::cursor::interaction::summary(turn.summary()) {
+        for update in crate::client::interaction::summary(turn.summary()) {
             self.downlink.send_message(&update).await;
         }
         lifecycle::announce_turn_ended(&mut self.downlink, usage).await;
@@ -391,7 +391,7 @@ impl RunActor {
                 }
                 // While the provider thinks or tools run, Cursor hears that the run is alive.
                 _ = tokio::time::sleep_until(heartbeat_due), if beating => {
-                    self.downlink.send_message(&crate::cursor::interaction::heartbeat()).await;
+                    self.downlink.send_message(&crate::client::interaction::heartbeat()).await;
                 }
                 _ = tokio::time::sleep_until(run_request_deadline), if awaiting => {
                     let secs = self.app.config.run_request_timeout.as_secs();

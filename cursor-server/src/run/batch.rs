@@ -9,13 +9,10 @@
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::command::ExecControl;
 use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode};
-use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
-use crate::cursor::interaction;
-use crate::cursor::run_sse::Downlink;
-use crate::cursor::tool_result::{ToolImage, ToolOutcome, ToolStep};
-use crate::cursor::tools::{ToolKind, ToolRun, task};
+use crate::client::command::ExecControl;
+use crate::client::downlink::Downlink;
+use crate::client::interaction;
 use crate::error::ServerError;
 use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
@@ -26,6 +23,9 @@ use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
 use crate::store::blobs::{self, Edge};
 use crate::store::{messages, now_ms, runs};
+use crate::tools::exec::{ExecKind, ExecPayload, QueryPayload};
+use crate::tools::tool_result::{ToolImage, ToolOutcome, ToolStep};
+use crate::tools::{ToolKind, ToolRun, task};
 
 /// A finished server-side search for the call in `slot`.
 #[derive(Debug)]

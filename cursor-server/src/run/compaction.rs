@@ -6,7 +6,7 @@
 //! lines; a compaction is the turn's `Phase::Compacting` data.
 
 use super::turn::Turn;
-use crate::cursor::run_sse::Downlink;
+use crate::client::downlink::Downlink;
 use crate::error::ServerError;
 use crate::model::message::latest_compaction;
 use crate::model::message::{CanonicalMessage, Origin, UserMessage};

@@ -2,14 +2,10 @@
 //! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
 //! along the way.
 
-use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
-use crate::cursor::checkpoint::StateDetails;
-use crate::cursor::checkpoint::{self, Blob, ConversationGraph, roots};
+use crate::client::downlink::Downlink;
+use crate::client::interaction;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
-use crate::cursor::interaction;
-use crate::cursor::projection::{self, Base, NewBlobs, Projection};
 use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
-use crate::cursor::run_sse::Downlink;
 use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
@@ -19,6 +15,10 @@ use crate::model::usage::Usage;
 use crate::store::blobs::{self, Edge};
 use crate::store::messages::Stored;
 use crate::store::{Store, StoreError, conversations, outbox};
+use crate::sync::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
+use crate::sync::checkpoint::StateDetails;
+use crate::sync::checkpoint::{self, Blob, ConversationGraph, roots};
+use crate::sync::projection::{self, Base, NewBlobs, Projection};
 
 use std::collections::HashMap;
 
@@ -97,7 +97,7 @@ fn decode_stored<M: prost::Message + Default>(
 }
 
 /// Publishes the run's checkpoints: keeps the blob graph as the projection of history
-/// (`cursor/projection.rs`) — re-projected when the run starts, extended by each commit — stores
+/// (`sync/projection.rs`) — re-projected when the run starts, extended by each commit — stores
 /// each new blob in the CAS and asks the client to store it, and publishes a checkpoint only once
 /// every blob it references is acknowledged (protocol.md §7). Owned by the run's turn loop.
 pub struct Checkpoints {

@@ -6,7 +6,7 @@
 //! they need: the import in progress, the streaming call and its draft, the compaction call and its
 //! summary, the tool batch. Opening a turn is `run/opening.rs`, the batch `run/batch.rs`, compaction
 //! `run/compaction.rs`. It consumes only canonical `ResponseEvent`s and opaque exec payloads, and
-//! emits only through `cursor::interaction` / `cursor::tools`; it never looks at provider JSON or
+//! emits only through `client::interaction` / `tools`; it never looks at provider JSON or
 //! protobuf oneofs.
 //!
 //! Length: the phases and every transition between them (a provider event, an exec result, a
@@ -17,18 +17,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::{Batch, SearchDone};
-use super::command::{ExecControl, RunRequestInput};
 use super::compaction::{self, AfterCompaction, Compaction};
 use super::lifecycle::RunEnd;
 use super::opening::{self, First, Import};
 use super::turn::{CallEnd, ProviderCall, Turn};
-use crate::cursor::blob_sync::KvPayload;
-use crate::cursor::exec::{ExecKind, ExecPayload, QueryPayload};
-use crate::cursor::interaction;
-use crate::cursor::pending::Match;
-use crate::cursor::run_sse::Downlink;
-use crate::cursor::tools::ToolKind;
-use crate::cursor::tools::edit::FieldStreamer;
+use crate::client::command::{ExecControl, RunRequestInput};
+use crate::client::downlink::Downlink;
+use crate::client::interaction;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::conversation::Mode;
@@ -42,6 +37,11 @@ use crate::provider::{FinishReason, ProviderError, ResponseEvent};
 use crate::state::AppState;
 use crate::store::now_ms;
 use crate::store::runs::CallPurpose;
+use crate::sync::blob_sync::KvPayload;
+use crate::tools::ToolKind;
+use crate::tools::edit::FieldStreamer;
+use crate::tools::exec::{ExecKind, ExecPayload, QueryPayload};
+use crate::tools::pending::Match;
 
 /// What the loop waits for besides client input.
 #[derive(Debug)]
@@ -570,7 +570,7 @@ impl TurnLoop {
         self.record_call(CallEnd::Abandoned(reason)).await;
         let turn = &mut self.turn;
         for (id, _) in turn.pending.running() {
-            out.send_message(&crate::cursor::exec::abort(id)).await;
+            out.send_message(&crate::tools::exec::abort(id)).await;
             turn.pending.finish(id);
         }
         match &mut self.phase {

@@ -2,7 +2,6 @@
 
 pub mod actor;
 mod batch;
-pub mod command;
 mod compaction;
 pub mod inbox;
 pub mod lifecycle;

@@ -9,22 +9,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 use super::lifecycle::Checkpoints;
 use super::turn::{
     ResolvedModel, Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos,
     load_images,
 };
+use crate::client::bidi_append;
+use crate::client::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
+use crate::client::downlink::Downlink;
 use crate::config::{AUTO_MODEL_ID, ModelConfig, ProviderKind};
-use crate::cursor::bidi_append;
-use crate::cursor::blob_sync::KvOutcome;
-use crate::cursor::exec::ExecPayload;
-use crate::cursor::import;
-use crate::cursor::pending::PendingExecs;
 use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
-use crate::cursor::run_sse::Downlink;
-use crate::cursor::tool_result::ToolEnv;
-use crate::cursor::tools;
 use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::conversation::{AttachedImage, Attachment, BlobId, ImageSource};
@@ -39,6 +33,12 @@ use crate::prompting::images::{self, ImageSet};
 use crate::state::AppState;
 use crate::store::blobs::Edge;
 use crate::store::{self, messages, runs};
+use crate::sync::blob_sync::KvOutcome;
+use crate::sync::import;
+use crate::tools;
+use crate::tools::exec::ExecPayload;
+use crate::tools::pending::PendingExecs;
+use crate::tools::tool_result::ToolEnv;
 
 /// What every opener knows about the request.
 struct Request<'a> {

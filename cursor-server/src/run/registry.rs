@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::command::RunCommand;
+use crate::client::command::RunCommand;
 use crate::ops::metrics::{self, Transport};
 
 /// Commands that may queue for one run before senders wait.

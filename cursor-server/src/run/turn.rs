@@ -11,13 +11,9 @@ use std::time::Instant;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::command::RunRequestInput;
 use super::lifecycle::Checkpoints;
+use crate::client::command::RunRequestInput;
 use crate::config::{Config, ModelChoice, ModelConfig, ProviderConfig, RouteRequest, RoutedBy};
-use crate::cursor::checkpoint::StateDetails;
-use crate::cursor::pending::PendingExecs;
-use crate::cursor::tool_result::{Tool, ToolEnv};
-use crate::cursor::tools::{ToolKind, ToolOptions, interactive, task, todo};
 use crate::error::ServerError;
 use crate::model::conversation::{ContextUse, Mode, SubagentRole, SubagentRunState, Todo};
 use crate::model::message::CanonicalMessage;
@@ -31,6 +27,10 @@ use crate::provider::{self, CallLimits, EventReceiver, ProviderError, RequestBod
 use crate::state::AppState;
 use crate::store::runs::{self, CallPurpose};
 use crate::store::{blobs, messages, now_ms};
+use crate::sync::checkpoint::StateDetails;
+use crate::tools::pending::PendingExecs;
+use crate::tools::tool_result::{Tool, ToolEnv};
+use crate::tools::{ToolKind, ToolOptions, interactive, task, todo};
 
 /// Loads into `set` the bytes of the images in `messages` it does not hold yet. An image whose blob
 /// is gone is left out of `set` (the model is told it is no longer stored).
@@ -460,7 +460,7 @@ pub(super) fn switch_mode(turn: &mut Turn, to: Mode) {
     turn.tool_env.mode = to;
     let (system, mode_tools) = compiler::prompt_for(&turn.app.prompts, to, turn.subagent.as_ref());
     turn.system = system;
-    turn.offered_tools = crate::cursor::tools::offered_tools(mode_tools, &turn.tool_options);
+    turn.offered_tools = crate::tools::offered_tools(mode_tools, &turn.tool_options);
 }
 
 pub(super) const fn default_bytes_per_token() -> f64 {

@@ -9,15 +9,15 @@
 
 use serde_json::json;
 
-use super::command::{ExecControl, RunAction, RunRequestInput};
-use crate::cursor::exec::{ExecKind, ExecPayload, abort};
-use crate::cursor::interaction;
+use crate::client::command::{ExecControl, RunAction, RunRequestInput};
+use crate::client::downlink::Downlink;
+use crate::client::interaction;
 use crate::cursor::proto::agent::agent_server_message;
-use crate::cursor::run_sse::Downlink;
-use crate::cursor::tool_result::{ToolEnv, ToolOutcome, ToolStep};
-use crate::cursor::tools::ToolRun;
 use crate::model::runtime_tag::UserAction;
 use crate::model::tool::ToolCall;
+use crate::tools::ToolRun;
+use crate::tools::exec::{ExecKind, ExecPayload, abort};
+use crate::tools::tool_result::{ToolEnv, ToolOutcome, ToolStep};
 
 /// The exec id of the user's command: the first of the request (the turn's own go on after).
 pub const USER_COMMAND_EXEC_ID: u32 = 1;

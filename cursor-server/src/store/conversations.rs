@@ -80,7 +80,7 @@ pub(super) async fn move_head(
     Ok(moved == 1)
 }
 
-/// Where the conversation's graph starts (`cursor/projection.rs`): its base state blob and how
+/// Where the conversation's graph starts (`sync/projection.rs`): its base state blob and how
 /// many stored messages that base covers; `None` until the first run sets it.
 pub async fn base(
     store: &Store,

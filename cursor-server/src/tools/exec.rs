@@ -3,8 +3,8 @@
 //! `ExecKind` says which result answers which request. What each tool sends is its family's
 //! business (`tools/`).
 
-use super::proto::agent::exec_client_message::Message;
-use super::proto::agent::{
+use crate::cursor::proto::agent::exec_client_message::Message;
+use crate::cursor::proto::agent::{
     self as pb, exec_server_message, interaction_query, interaction_response,
 };
 

@@ -4,25 +4,25 @@
 //! Length: one translation per client message and per conversation action (opening a run or on a
 //! run already going), with their unit tests beside them; about a third of the file is tests.
 
-use super::blob_sync::KvPayload;
-use super::checkpoint;
-use super::connect::{WireError, decode_message};
-use super::exec::{self, ExecPayload, ExecRequest};
-use super::proto::agent::{
+use crate::client::command::{
+    ClientInput, ContextWait, ExecControl, LiveAction, RunAction, RunRequestInput,
+};
+use crate::cursor::connect::{WireError, decode_message};
+use crate::cursor::proto::agent::{
     self as pb, AgentClientMessage, agent_client_message, conversation_action,
     exec_client_control_message, exec_client_message::Message, exec_server_message,
 };
-use super::proto::aiserver::BidiAppendRequest;
-use super::tools::{ToolOptions, interactive};
+use crate::cursor::proto::aiserver::BidiAppendRequest;
 use crate::error::ProtocolError;
 use crate::model::conversation::BlobId;
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, UserAction,
 };
-use crate::run::command::{
-    ClientInput, ContextWait, ExecControl, LiveAction, RunAction, RunRequestInput,
-};
+use crate::sync::blob_sync::KvPayload;
+use crate::sync::checkpoint;
+use crate::tools::exec::{self, ExecPayload, ExecRequest};
+use crate::tools::{ToolOptions, interactive};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BidiAppendError {
@@ -181,13 +181,13 @@ fn run_request(mut request: pb::AgentRunRequest) -> Result<ClientInput, Protocol
         Some(Action::SummarizeAction(_)) => contextless_run(
             &request,
             RunAction::Summarize,
-            super::selected_context::subagent_role(subagent_type, None),
+            crate::client::selected_context::subagent_role(subagent_type, None),
             basics,
         ),
         Some(Action::ResumeAction(_)) => contextless_run(
             &request,
             RunAction::Resume,
-            super::selected_context::subagent_role(subagent_type, None),
+            crate::client::selected_context::subagent_role(subagent_type, None),
             basics,
         ),
         Some(Action::CancelAction(_)) => ClientInput::Cancel,
@@ -272,7 +272,7 @@ fn user_message_run(
     let resolved = action
         .interrupted_pending_tool_call_resolutions
         .as_ref()
-        .map(super::tools::shell::resolutions)
+        .map(crate::tools::shell::resolutions)
         .unwrap_or_default();
     let user = action.user_message.unwrap_or_default();
     let mode = match checkpoint::mode_of(user.mode) {
@@ -283,8 +283,8 @@ fn user_message_run(
     let text_blob = text_blob_id(user.text_blob_id.as_deref())?.filter(|_| user.text.is_empty());
     let (mut attached, mut images) = (Vec::new(), Vec::new());
     if let Some(context) = &user.selected_context {
-        attached = super::selected_context::attachments(context);
-        images = super::selected_context::images(context, &mut attached);
+        attached = crate::client::selected_context::attachments(context);
+        images = crate::client::selected_context::images(context, &mut attached);
     }
     let run_action = RunAction::UserMessage {
         text: user.text,
@@ -301,9 +301,11 @@ fn user_message_run(
         .and_then(|c| c.env.as_ref())
         .map(|env| env.terminals_folder.clone())
         .unwrap_or_default();
-    let subagent =
-        super::selected_context::subagent_role(request.subagent_type_name.as_deref(), context);
-    let mut tools = super::selected_context::user_message_tools(request, context);
+    let subagent = crate::client::selected_context::subagent_role(
+        request.subagent_type_name.as_deref(),
+        context,
+    );
+    let mut tools = crate::client::selected_context::user_message_tools(request, context);
     if let Some(role) = &subagent {
         tools.restrict_to(role);
     }
@@ -312,7 +314,7 @@ fn user_message_run(
         action: run_action,
         model_id: basics.model_id,
         terminals_folder,
-        context: context.map(super::selected_context::workspace_context),
+        context: context.map(crate::client::selected_context::workspace_context),
         mode,
         tools,
         subagent,
@@ -410,7 +412,7 @@ fn contextless_run(
     subagent: Option<SubagentRole>,
     basics: RequestBasics,
 ) -> ClientInput {
-    let mut tools = ToolOptions::without_context(super::selected_context::mcp_tools(
+    let mut tools = ToolOptions::without_context(crate::client::selected_context::mcp_tools(
         &request.mcp_tools,
         [request.mcp_file_system_options.as_ref(), None],
     ));

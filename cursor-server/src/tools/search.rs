@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, non_empty, on_exec_answer,
     parse_args, truncate_for_model,
 };
@@ -414,8 +414,8 @@ pub(crate) fn render_tree(node: &pb::LsDirectoryTreeNode, depth: usize, out: &mu
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     #[test]
     fn an_empty_listing_says_so_and_its_card_keeps_the_path() {

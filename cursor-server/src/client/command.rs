@@ -3,18 +3,18 @@
 
 use tokio::sync::oneshot;
 
-use crate::cursor::blob_sync::KvPayload;
+use crate::client::downlink::DownlinkSink;
 use crate::cursor::connect::ConnectError;
-use crate::cursor::exec::{ExecPayload, QueryPayload};
 use crate::cursor::proto::agent::{
     AgentRunRequest, ConversationStateStructure, SelectedContext, UserMessageAction,
 };
-use crate::cursor::run_sse::DownlinkSink;
-use crate::cursor::tools::ToolOptions;
 use crate::error::ProtocolError;
 use crate::model::conversation::{AttachedImage, Attachment, BlobId};
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, UserAction};
+use crate::sync::blob_sync::KvPayload;
+use crate::tools::ToolOptions;
+use crate::tools::exec::{ExecPayload, QueryPayload};
 
 /// One client message, in protocol terms the loop understands.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +147,7 @@ pub struct RunRequestInput {
 }
 
 /// A user message's run_request that came without `request_context` (a CLI client), kept as sent
-/// until the client has answered `request_context_args`; `cursor::bidi_append::with_context` then
+/// until the client has answered `request_context_args`; `client::bidi_append::with_context` then
 /// reads it again, with the context.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContextWait {

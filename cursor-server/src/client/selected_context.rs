@@ -3,17 +3,17 @@
 //! cannot be shown to the model is named (`Unshown`) and logged, never dropped without a word — and
 //! the workspace the client describes (`RequestContext`) as a `WorkspaceContext`.
 //!
-//! Its own file because `cursor/bidi_append.rs` holds the uplink's decoding within 800 lines, and
+//! Its own file because `client/bidi_append.rs` holds the uplink's decoding within 800 lines, and
 //! the context's two dozen kinds are one translation of their own.
 
-use crate::cursor::exec;
 use crate::cursor::proto::agent as pb;
-use crate::cursor::tools::ToolOptions;
-use crate::cursor::tools::search::render_tree;
 use crate::model::conversation::{
     AttachedImage, Attachment, BlobId, ImageSource, Rule, RuleScope, SubagentRole, WorkspaceContext,
 };
 use crate::model::tool::McpTool;
+use crate::tools::ToolOptions;
+use crate::tools::exec;
+use crate::tools::search::render_tree;
 
 /// The attachments of one user message, in the order Cursor's fields list them.
 pub fn attachments(context: &pb::SelectedContext) -> Vec<Attachment> {
@@ -460,7 +460,7 @@ pub fn mcp_tools(
                 ))
             })
         });
-    crate::cursor::tools::mcp::mcp_tools(from_list.chain(from_descriptors))
+    crate::tools::mcp::mcp_tools(from_list.chain(from_descriptors))
 }
 
 /// The role of a run another agent's Task call started (`subagent_type_name`), with the custom

@@ -5,14 +5,14 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec;
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::model::conversation::{BlobId, ImageMime, ImageRef};
+use crate::model::tool::McpTool;
+use crate::tools::exec;
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolImage, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
     on_exec_answer, parse_args, reason_suffix, truncate_for_model,
 };
-use crate::model::conversation::{BlobId, ImageMime, ImageRef};
-use crate::model::tool::McpTool;
 
 /// An MCP call: the tool it names and the model's arguments (a JSON object).
 #[derive(Debug, Clone, PartialEq)]
@@ -513,8 +513,8 @@ fn mcp_resource_outcome(
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     fn call() -> McpInput {
         let tool = &mcp_tools([(

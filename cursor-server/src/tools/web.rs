@@ -5,15 +5,15 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_server_message, interaction_query, interaction_response, tool_call,
 };
-use crate::cursor::tool_result::{
+use crate::provider::web_search::SearchHit;
+use crate::tools::exec::ExecRequest;
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolOutcome, ToolStep, Transport, card, done, failed, floor_char_boundary,
     non_empty, on_exec_answer, parse_args, reason_suffix, truncate_for_model, unexpected_response,
 };
-use crate::provider::web_search::SearchHit;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct WebFetchInput {
@@ -362,7 +362,7 @@ pub fn search_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::tool_result::testing::{ended_step, env};
+    use crate::tools::tool_result::testing::{ended_step, env};
 
     #[test]
     fn a_rejected_search_is_the_tools_result_with_the_reason() {

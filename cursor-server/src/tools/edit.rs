@@ -4,11 +4,11 @@
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, tool_call,
 };
-use crate::cursor::tool_result::{
+use crate::tools::exec::ExecRequest;
+use crate::tools::tool_result::{
     PendingEdit, Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of,
     non_empty, on_exec_answer, parse_args, unexpected_result,
 };
@@ -553,7 +553,7 @@ impl FieldStreamer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::testing::{ended, env};
 
     #[test]
     fn a_write_reports_the_lines_written_on_its_edit_card() {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::tools::tool_result::{
     Bounded, CLOSED_WITHOUT_RESULT, Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done,
     failed, non_empty, on_exec_answer, parse_args, truncate_for_model,
 };
@@ -406,8 +406,8 @@ pub fn resolutions(list: &pb::InterruptedPendingToolCallResolutions) -> Vec<(Str
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     fn shell() -> ShellInput {
         ShellInput::parse(r#"{"command":"echo hi"}"#).unwrap()

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::exec::{ExecKind, ExecRequest, QueryRequest};
+use crate::tools::exec::{ExecKind, ExecRequest, QueryRequest};
 
 #[derive(Debug, Clone, Copy)]
 struct Pending {

@@ -8,11 +8,11 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, interaction_query, interaction_response, tool_call};
-use crate::cursor::tool_result::{
+use crate::model::conversation::Mode;
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolStep, Transport, card, done, non_empty, parse_args, reason_suffix,
     unexpected_response,
 };
-use crate::model::conversation::Mode;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct QuestionOption {
@@ -566,7 +566,7 @@ mod tests {
         );
     }
     use super::*;
-    use crate::cursor::tool_result::testing::{ended_step, env};
+    use crate::tools::tool_result::testing::{ended_step, env};
 
     #[test]
     fn an_approved_switch_moves_the_mode_and_says_so() {
@@ -603,7 +603,7 @@ mod tests {
             r#"{"questions":[{"id":"q","prompt":"Which?","options":[{"id":"a","label":"A"}]}]}"#,
         )
         .unwrap();
-        let outcome = crate::cursor::tool_result::failed(&ask, "c1", "no UI");
+        let outcome = crate::tools::tool_result::failed(&ask, "c1", "no UI");
         assert_eq!(outcome.model_text, "Error: no UI");
         let Some(tool_call::Tool::AskQuestionToolCall(card)) = outcome.card.tool else {
             panic!("an AskQuestion card")

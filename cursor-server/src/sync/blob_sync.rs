@@ -5,13 +5,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use super::checkpoint::Blob;
-use super::proto::agent::{
+use crate::cursor::proto::agent::{
     AgentServerMessage, GetBlobArgs, KvServerMessage, SetBlobArgs, agent_server_message,
     kv_client_message, kv_server_message,
 };
 use crate::model::conversation::BlobId;
 use crate::ops::metrics::{self, KvEvent};
+use crate::sync::checkpoint::Blob;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {

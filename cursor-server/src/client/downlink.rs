@@ -35,8 +35,8 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::connect::{self, ConnectError};
-use super::proto::agent::{AgentServerMessage, agent_server_message, interaction_update};
+use crate::cursor::connect::{self, ConnectError};
+use crate::cursor::proto::agent::{AgentServerMessage, agent_server_message, interaction_update};
 
 /// Frames buffered between a run's actor and a slow client before the actor waits.
 pub const DOWNLINK_BUFFER: usize = 256;

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::tools::exec::ExecRequest;
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, non_empty, on_exec_answer,
     parse_args, truncate_for_model,
 };
@@ -254,8 +254,8 @@ fn select_lines(
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     fn read() -> ReadInput {
         ReadInput::parse(r#"{"path":"src/a.rs"}"#).unwrap()

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::proto::agent::{
+use crate::cursor::proto::agent::{
     AgentServerMessage, EditToolCallDelta, HeartbeatUpdate, InteractionUpdate,
     PartialToolCallUpdate, StepCompletedUpdate, StepStartedUpdate, SummaryCompletedUpdate,
     SummaryStartedUpdate, SummaryUpdate, TextDeltaUpdate, ThinkingCompletedUpdate,

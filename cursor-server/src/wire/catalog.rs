@@ -13,15 +13,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Uri, header};
 use axum::response::Response;
 
-use super::connect::{self, ConnectCode, ConnectError};
-use super::proto::agent::{
+use crate::config::Config;
+use crate::cursor::connect::{self, ConnectCode, ConnectError};
+use crate::cursor::proto::agent::{
     GetDefaultModelForCliRequest, GetDefaultModelForCliResponse, GetUsableModelsRequest,
     GetUsableModelsResponse, ModelDetails, ThinkingDetails,
 };
-use super::proto::aiserver::{
+use crate::cursor::proto::aiserver::{
     AvailableModelsRequest, AvailableModelsResponse, ai_service_routes, available_models_response,
 };
-use crate::config::Config;
 use crate::state::AppState;
 
 /// How long the picker waits for Cursor's own list before answering with the configured models.

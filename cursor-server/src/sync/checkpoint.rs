@@ -9,7 +9,7 @@ use bytes::Bytes;
 use prost::Message;
 use serde_json::{Value, json};
 
-use super::proto::agent::{
+use crate::cursor::proto::agent::{
     self as pb, AgentConversationTurnStructure, ConversationStateStructure, ConversationStep,
     ConversationTurnStructure, conversation_step, conversation_turn_structure,
 };

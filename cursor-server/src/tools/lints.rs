@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::cursor::exec::ExecRequest;
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::tools::exec::ExecRequest;
+use crate::tools::tool_result::{
     Stage, Tool, ToolEnv, ToolOutcome, ToolStep, card, done, failed, i32_of, on_exec_answer,
     parse_args,
 };
@@ -187,8 +187,8 @@ fn report(lints: &ReadLintsInput, call_id: &str, files: Vec<pb::FileDiagnostics>
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     #[test]
     fn a_clean_file_says_so_and_the_card_counts_it() {

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, tool_call};
-use crate::cursor::tool_result::{
+use crate::model::conversation::{Todo, TodoStatus, TodoUpdate};
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolOutcome, ToolStep, Transport, argument_text, card, done, i32_of, parse_args,
 };
-use crate::model::conversation::{Todo, TodoStatus, TodoUpdate};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TodoInput {
@@ -154,7 +154,7 @@ fn todo_write(input: &TodoWriteInput, current: &[Todo]) -> ToolOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::tool_result::testing::{ended_step, env};
+    use crate::tools::tool_result::testing::{ended_step, env};
 
     #[test]
     fn todos_are_answered_at_once_with_the_whole_list() {
@@ -181,7 +181,7 @@ mod tests {
     #[test]
     fn failed_todos_have_the_todos_error_card() {
         let todos = TodoWriteInput::parse(r#"{"merge":true,"todos":[]}"#).unwrap();
-        let outcome = crate::cursor::tool_result::failed(&todos, "c1", "busy");
+        let outcome = crate::tools::tool_result::failed(&todos, "c1", "busy");
         assert_eq!(outcome.model_text, "Error: busy");
         let Some(tool_call::Tool::UpdateTodosToolCall(card)) = outcome.card.tool else {
             panic!("an UpdateTodos card")

@@ -10,7 +10,7 @@
 //! model reads, with the provider projector's filtering and order: a model call's answered tool
 //! calls in call order right after it, notices after the whole batch, unanswered calls left out).
 //!
-//! Its own file because `cursor/checkpoint.rs` holds the graph's building blocks and the state
+//! Its own file because `sync/checkpoint.rs` holds the graph's building blocks and the state
 //! within 800 lines; the fold over history is the one place that decides what the graph contains.
 
 use std::collections::{BTreeMap, HashMap};
@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use prost::Message as _;
 
-use super::checkpoint::{Blob, ConversationGraph, roots};
-use super::proto::agent::{self as pb, conversation_step};
+use crate::cursor::proto::agent::{self as pb, conversation_step};
 use crate::model::conversation::BlobId;
 use crate::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::store::{Store, StoreError, blobs, conversations};
+use crate::sync::checkpoint::{Blob, ConversationGraph, roots};
 
 /// Where a conversation's graph starts, and how many of its first stored messages that already
 /// covers (an imported conversation's messages are the client's roots read back).
@@ -295,7 +295,7 @@ pub fn shown_user_message(
             .state_before
             .map(|id| id.0.to_vec())
             .unwrap_or_default(),
-        mode: super::checkpoint::agent_mode(user.mode.unwrap_or_default()),
+        mode: crate::sync::checkpoint::agent_mode(user.mode.unwrap_or_default()),
         selected_context,
         ..pb::UserMessage::default()
     }
@@ -327,7 +327,7 @@ pub async fn collect_garbage(store: &Store, grace: Duration) -> Result<u64, Stor
             continue;
         };
         match pb::ConversationStateStructure::decode(data.as_slice()) {
-            Ok(state) => live.extend(super::checkpoint::named_blobs(&state)),
+            Ok(state) => live.extend(crate::sync::checkpoint::named_blobs(&state)),
             Err(e) => {
                 return Err(StoreError::CorruptBlob {
                     id: top.to_hex(),
@@ -345,8 +345,8 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::cursor::checkpoint::StateDetails;
     use crate::model::message::{ThinkingSpan, ToolCallRecord, ToolResultRecord};
+    use crate::sync::checkpoint::StateDetails;
 
     fn user(origin: Origin, text: &str) -> CanonicalMessage {
         CanonicalMessage::User(UserMessage {

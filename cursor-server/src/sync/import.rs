@@ -3,20 +3,20 @@
 //! provider request reads as the conversation's original did — nothing the model is told anyway
 //! (this server's own system prompt, instructions the run's context repeats) told twice.
 //!
-//! Its own file because `cursor/checkpoint.rs` holds the graph's building blocks and the state
+//! Its own file because `sync/checkpoint.rs` holds the graph's building blocks and the state
 //! within 800 lines; reading roots back, and what counts as told already, is one concern.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::checkpoint::OWN_SYSTEM_PROMPT;
-use super::tools::{ToolKind, task};
 use crate::model::message::{
     AssistantMessage, CanonicalMessage, Origin, ToolCallRecord, ToolResultRecord, UserMessage,
 };
 use crate::model::runtime_tag::RuntimeEvent;
 use crate::model::tool::{ToolCall, ToolResult};
+use crate::sync::checkpoint::OWN_SYSTEM_PROMPT;
+use crate::tools::{ToolKind, task};
 
 /// What the run knows that a client's roots may repeat; the prompting layer answers (it owns the
 /// prompts and how the workspace context is told).
@@ -215,7 +215,7 @@ impl Import {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::checkpoint::roots;
+    use crate::sync::checkpoint::roots;
 
     /// Knows the system prompt "ours" and the rule "rule text"; a user root starting with
     /// `<ctx>` is a runtime message.

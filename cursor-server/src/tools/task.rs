@@ -5,12 +5,12 @@
 use serde::Deserialize;
 
 use crate::cursor::proto::agent::{self as pb, exec_server_message, tool_call};
-use crate::cursor::tool_result::{
+use crate::model::conversation::{Mode, SubagentRunState, SubagentStatus};
+use crate::model::tool::ToolMeta;
+use crate::tools::tool_result::{
     Tool, ToolEnv, ToolOutcome, ToolStep, argument_text, card, done, failed, non_empty,
     on_exec_answer, parse_args,
 };
-use crate::model::conversation::{Mode, SubagentRunState, SubagentStatus};
-use crate::model::tool::ToolMeta;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TaskInput {
@@ -270,8 +270,8 @@ pub fn running(call_id: &str, arguments: &str) -> SubagentRunState {
 mod tests {
     use super::*;
     use crate::cursor::proto::agent::exec_client_message;
-    use crate::cursor::tool_result::Stage;
-    use crate::cursor::tool_result::testing::{ended, env};
+    use crate::tools::tool_result::Stage;
+    use crate::tools::tool_result::testing::{ended, env};
 
     fn task() -> TaskInput {
         TaskInput::parse(r#"{"description":"Find the parser","prompt":"look"}"#).unwrap()

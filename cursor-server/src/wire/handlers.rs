@@ -16,22 +16,22 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt as _;
 
-use super::bidi_append;
-use super::catalog;
-use super::connect::{
+use crate::client::bidi_append;
+use crate::client::command::{Applied, RunCommand};
+use crate::client::downlink::{self, StreamError};
+use crate::cluster::{self, Cluster, Placement, Via};
+use crate::cursor::connect::{
     self, ConnectCode, ConnectError, Encoding, FrameDecoder, WireError, header_str,
 };
-use super::proto::agent::{AgentClientMessage, agent_service_routes};
-use super::proto::aiserver::{
+use crate::cursor::proto::agent::{AgentClientMessage, agent_service_routes};
+use crate::cursor::proto::aiserver::{
     BidiAppendResponse, BidiRequestId, ai_service_routes, bidi_service_routes,
 };
-use super::run_sse::{self, StreamError};
-use crate::cluster::{self, Cluster, Placement, Via};
 use crate::error::ProtocolError;
 use crate::run::actor;
-use crate::run::command::{Applied, RunCommand};
 use crate::run::registry::{Opener, RegistryError, RunHandle};
 use crate::state::AppState;
+use crate::wire::catalog;
 
 pub fn router(state: Arc<AppState>) -> Router {
     // Bodies are limited by our own checks (max_frame_bytes), with a little room for envelopes.
@@ -320,14 +320,14 @@ async fn attach_run_sse(
 ) -> Result<Response, StreamError> {
     let handle = actor::get_or_start(state, &request_id, Opener::RunSse)
         .map_err(|e| StreamError(registry_error(e)))?;
-    let (sink, body) = run_sse::downlink_channel(true);
+    let (sink, body) = downlink::downlink_channel(true);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return Err(StreamError(ConnectError::new(
             ConnectCode::NotFound,
             format!("request {request_id} has already finished"),
         )));
     }
-    Ok(run_sse::stream_response(body))
+    Ok(downlink::stream_response(body))
 }
 
 /// `POST /agent.v1.AgentService/Run`: the HTTP/2 bidi stream. The request body is a stream of
@@ -362,7 +362,7 @@ async fn start_run_bidi(
             e.to_string(),
         ))
     })?;
-    let (sink, body) = run_sse::downlink_channel(false);
+    let (sink, body) = downlink::downlink_channel(false);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
         return Err(StreamError(ConnectError::new(
             ConnectCode::Internal,
@@ -378,7 +378,7 @@ async fn start_run_bidi(
         client_version,
     };
     tokio::spawn(forward_uplink(request.into_body(), uplink));
-    Ok(run_sse::stream_response(body))
+    Ok(downlink::stream_response(body))
 }
 
 /// Why the `Run` request stream could not be read: the run ends with it as a protocol error.

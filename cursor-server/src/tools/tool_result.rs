@@ -4,13 +4,13 @@
 //! family file. A tool's success card and its error card come from the same impl, so there is no
 //! second table to keep in step. Success or failure is decided by the result's oneof variant only.
 
-use super::exec::{ExecKind, ExecRequest, QueryRequest};
-use super::proto::agent::{
+use crate::cursor::proto::agent::{
     self as pb, exec_client_message, exec_server_message, interaction_query, interaction_response,
     tool_call,
 };
 use crate::model::conversation::{Mode, Todo};
 use crate::model::tool::{McpTool, ToolMeta};
+use crate::tools::exec::{ExecKind, ExecRequest, QueryRequest};
 
 /// The end of one tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,14 +290,14 @@ macro_rules! on_exec_answer {
             &self,
             call_id: &str,
             result: $crate::cursor::proto::agent::exec_client_message::Message,
-            stage: &mut $crate::cursor::tool_result::Stage,
-            env: &$crate::cursor::tool_result::ToolEnv,
-        ) -> Vec<$crate::cursor::tool_result::ToolStep> {
+            stage: &mut $crate::tools::tool_result::Stage,
+            env: &$crate::tools::tool_result::ToolEnv,
+        ) -> Vec<$crate::tools::tool_result::ToolStep> {
             match result {
                 $crate::cursor::proto::agent::exec_client_message::Message::$variant(answer) => {
                     $steps(self, call_id, answer, stage, env)
                 }
-                other => $crate::cursor::tool_result::unexpected_result(self, call_id, &other),
+                other => $crate::tools::tool_result::unexpected_result(self, call_id, &other),
             }
         }
     };
@@ -306,16 +306,16 @@ macro_rules! on_exec_answer {
             &self,
             call_id: &str,
             result: $crate::cursor::proto::agent::exec_client_message::Message,
-            _stage: &mut $crate::cursor::tool_result::Stage,
-            env: &$crate::cursor::tool_result::ToolEnv,
-        ) -> Vec<$crate::cursor::tool_result::ToolStep> {
+            _stage: &mut $crate::tools::tool_result::Stage,
+            env: &$crate::tools::tool_result::ToolEnv,
+        ) -> Vec<$crate::tools::tool_result::ToolStep> {
             match result {
                 $crate::cursor::proto::agent::exec_client_message::Message::$variant(answer) => {
-                    vec![$crate::cursor::tool_result::ToolStep::Done($outcome(
+                    vec![$crate::tools::tool_result::ToolStep::Done($outcome(
                         self, call_id, answer, env,
                     ))]
                 }
-                other => $crate::cursor::tool_result::unexpected_result(self, call_id, &other),
+                other => $crate::tools::tool_result::unexpected_result(self, call_id, &other),
             }
         }
     };

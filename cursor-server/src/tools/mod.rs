@@ -5,14 +5,17 @@
 //! Also: which tools a request offers, and `ToolRun`, the per-call state machine the loop drives.
 
 pub mod edit;
+pub mod exec;
 pub mod interactive;
 pub mod lints;
 pub mod mcp;
+pub mod pending;
 pub mod read;
 pub mod search;
 pub mod shell;
 pub mod task;
 pub mod todo;
+pub mod tool_result;
 pub mod web;
 
 use self::edit::{DeleteInput, StrReplaceInput, WriteInput};
@@ -25,16 +28,16 @@ use self::shell::ShellInput;
 use self::task::TaskInput;
 use self::todo::TodoWriteInput;
 use self::web::{WebFetchInput, WebSearchInput};
-use super::exec::ExecKind;
-use super::exec::{ExecPayload, QueryPayload};
-use super::proto::agent as pb;
-pub use super::tool_result::Transport;
-use super::tool_result::{
-    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, aborted, argument_text, bare_card, failed,
-};
+use crate::cursor::proto::agent as pb;
 use crate::model::conversation::{Mode, SubagentRole};
 use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::{McpTool, ToolCall as ModelToolCall};
+use crate::tools::exec::ExecKind;
+use crate::tools::exec::{ExecPayload, QueryPayload};
+pub use crate::tools::tool_result::Transport;
+use crate::tools::tool_result::{
+    Stage, Tool, ToolEnv, ToolOutcome, ToolStep, aborted, argument_text, bare_card, failed,
+};
 
 /// Derives every per-tool table from the registry's one line per tool (`Kind(Input)`, `Input`
 /// implementing `Tool`): `ToolKind`, `ToolKind::ALL`, the name, transport, arguments and
