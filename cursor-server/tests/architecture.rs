@@ -625,7 +625,6 @@ fn imports_point_down_the_layers() {
 }
 
 #[test]
-#[ignore = "run/lifecycle.rs, opening.rs and user_command.rs still name protobuf types: the next commit moves that work to sync/ and tools/"]
 fn run_imports_no_protobuf_type_and_no_prost() {
     let (src, files) = server_sources();
     let mut found = Vec::new();

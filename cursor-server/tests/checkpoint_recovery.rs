@@ -1425,7 +1425,7 @@ async fn projected(store: &Store, conversation_id: &str) -> ConversationGraph {
     let base = ConversationStateStructure::decode(base.as_slice()).unwrap();
     let rows = messages::load_rows(store, conversation_id).await.unwrap();
     let base = Base {
-        graph: ConversationGraph::from_state(&base),
+        graph: ConversationGraph::from_state(&base.into()),
         covers,
     };
     let rows = rows

@@ -21,6 +21,8 @@ use crate::model::runtime_tag::{
 };
 use crate::sync::blob_sync::KvPayload;
 use crate::sync::checkpoint;
+use crate::sync::checkpoint::ConversationState;
+use crate::sync::projection::Chips;
 use crate::tools::exec::{self, ExecPayload, ExecRequest};
 use crate::tools::{ToolOptions, interactive};
 
@@ -114,7 +116,7 @@ struct RequestBasics {
     conversation_id: String,
     model_id: Option<String>,
     parameters: Vec<(String, String)>,
-    client_state: Option<Box<pb::ConversationStateStructure>>,
+    client_state: Option<Box<ConversationState>>,
 }
 
 impl RequestBasics {
@@ -140,7 +142,7 @@ impl RequestBasics {
             .conversation_state
             .clone()
             .filter(|state| !state.root_prompt_messages_json.is_empty())
-            .map(Box::new);
+            .map(|state| Box::new(ConversationState::from(state)));
         let parameters = request
             .requested_model
             .as_ref()
@@ -292,7 +294,9 @@ fn user_message_run(
         text_blob,
         attached,
         images,
-        selected_context: user.selected_context.map(Box::new),
+        selected_context: user
+            .selected_context
+            .map(|context| Box::new(Chips::from(context))),
         prepended,
         resolved,
     };

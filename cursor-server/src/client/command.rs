@@ -5,14 +5,14 @@ use tokio::sync::oneshot;
 
 use crate::client::downlink::DownlinkSink;
 use crate::cursor::connect::ConnectError;
-use crate::cursor::proto::agent::{
-    AgentRunRequest, ConversationStateStructure, SelectedContext, UserMessageAction,
-};
+use crate::cursor::proto::agent::{AgentRunRequest, UserMessageAction};
 use crate::error::ProtocolError;
 use crate::model::conversation::{AttachedImage, Attachment, BlobId};
 use crate::model::conversation::{Mode, SubagentRole, WorkspaceContext};
 use crate::model::runtime_tag::{BackgroundCompletion, BackgroundKind, UserAction};
 use crate::sync::blob_sync::KvPayload;
+use crate::sync::checkpoint::ConversationState;
+use crate::sync::projection::Chips;
 use crate::tools::ToolOptions;
 use crate::tools::exec::{ExecPayload, QueryPayload};
 
@@ -86,7 +86,7 @@ pub enum RunAction {
         /// The images the user attached (`selected_context.selected_images`).
         images: Vec<AttachedImage>,
         /// The same, as Cursor sent it: the turn's user message keeps it (the chips).
-        selected_context: Option<Box<SelectedContext>>,
+        selected_context: Option<Box<Chips>>,
         /// Messages the user sent while the agent was busy (`prepend_user_messages`): the model
         /// reads them, in order, before this one.
         prepended: Vec<String>,
@@ -138,7 +138,7 @@ pub struct RunRequestInput {
     pub parameters: Vec<(String, String)>,
     /// The checkpoint the client holds for this conversation, used only to import a conversation
     /// this server has never seen (its own history is the source of truth otherwise).
-    pub client_state: Option<Box<ConversationStateStructure>>,
+    pub client_state: Option<Box<ConversationState>>,
     /// Set when a user message came without `request_context` (a CLI client): the run asks the
     /// client for it (`request_context_args`) before anything else, then reads the request again.
     pub ask_context: Option<Box<ContextWait>>,

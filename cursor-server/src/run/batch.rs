@@ -23,6 +23,7 @@ use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
 use crate::store::blobs::{self, Edge};
 use crate::store::{messages, now_ms, runs};
+use crate::sync::checkpoint::StepBlob;
 use crate::tools::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::tools::tool_result::{ToolImage, ToolOutcome, ToolStep};
 use crate::tools::{ToolKind, ToolRun, task};
@@ -388,7 +389,7 @@ impl Batch {
         .filter(|to| *to != turn.mode());
         let final_card = ending.outcome.as_ref().map(|o| (*o.card).clone());
         let card = match final_card {
-            Some(card) => Some(turn.checkpoints.stash_card(card).await?),
+            Some(card) => Some(turn.checkpoints.stash(StepBlob::tool_card(card)).await?),
             None => None,
         };
         if let Some(outcome) = ending.outcome {

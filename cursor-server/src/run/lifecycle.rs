@@ -5,7 +5,6 @@
 use crate::client::downlink::Downlink;
 use crate::client::interaction;
 use crate::cursor::connect::{self, ConnectCode, ConnectError};
-use crate::cursor::proto::agent::{self as pb, ConversationStateStructure, conversation_step};
 use crate::error::{ProtocolError, ServerError};
 use crate::model::conversation::BlobId;
 use crate::model::conversation::Mode;
@@ -17,12 +16,11 @@ use crate::store::messages::Stored;
 use crate::store::{Store, StoreError, conversations, outbox};
 use crate::sync::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::sync::checkpoint::StateDetails;
-use crate::sync::checkpoint::{self, Blob, ConversationGraph, roots};
-use crate::sync::projection::{self, Base, NewBlobs, Projection};
+use crate::sync::checkpoint::{Blob, ConversationGraph, ConversationState, StepBlob, roots};
+use crate::sync::projection::{self, Base, Chips, NewBlobs, Projection};
 
 use std::collections::HashMap;
 
-use prost::Message as _;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -82,20 +80,6 @@ fn now_ms() -> u64 {
     u64::try_from(crate::store::now_ms()).unwrap_or(0)
 }
 
-/// A blob of our own store that must decode; if it does not, the store is corrupt.
-fn decode_stored<M: prost::Message + Default>(
-    data: &[u8],
-    name: &'static str,
-    id: BlobId,
-) -> Result<M, ServerError> {
-    connect::decode_message::<M>(data, name).map_err(|e| {
-        ServerError::Store(StoreError::CorruptBlob {
-            id: id.to_hex(),
-            message: e.to_string(),
-        })
-    })
-}
-
 /// Publishes the run's checkpoints: keeps the blob graph as the projection of history
 /// (`sync/projection.rs`) — re-projected when the run starts, extended by each commit — stores
 /// each new blob in the CAS and asks the client to store it, and publishes a checkpoint only once
@@ -107,13 +91,13 @@ pub struct Checkpoints {
     request_id: String,
     projection: Projection,
     kv: KvSync,
-    gate: CheckpointGate<(ConversationStateStructure, BlobId)>,
+    gate: CheckpointGate<(ConversationState, BlobId)>,
     /// Every blob sent in this run: the newest checkpoint references them all.
     referenced: Vec<BlobId>,
     /// Blobs sent and not yet acknowledged, with when they were (last) sent.
     outstanding: HashMap<BlobId, (Blob, Instant)>,
     revision: i64,
-    last_published: Option<ConversationStateStructure>,
+    last_published: Option<ConversationState>,
     /// The state this run started from (`UserMessage.conversation_state_blob_id`).
     previous_head: Option<BlobId>,
     /// The mode recorded in that state (a resumed run continues in it).
@@ -134,23 +118,15 @@ pub struct Checkpoints {
     /// The turn's last checkpoints wait for `turn_ended` before they are published.
     held: bool,
     /// The transitional checkpoint, published right before the final one (whose id is first).
-    transitional: Option<(BlobId, (ConversationStateStructure, BlobId))>,
+    transitional: Option<(BlobId, (ConversationState, BlobId))>,
 }
 
 /// A state blob this server stored, decoded (`None` when it is no longer stored).
-async fn stored_state(
-    store: &Store,
-    id: BlobId,
-) -> Result<Option<ConversationStateStructure>, ServerError> {
+async fn stored_state(store: &Store, id: BlobId) -> Result<Option<ConversationState>, ServerError> {
     let Some(data) = blobs::get(store, id).await? else {
         return Ok(None);
     };
-    let state = decode_stored::<ConversationStateStructure>(
-        &data,
-        "agent.v1.ConversationStateStructure",
-        id,
-    )?;
-    Ok(Some(state))
+    Ok(Some(ConversationState::decode_stored(&data, id)?))
 }
 
 /// The newest checkpoint this server built for the conversation (published, or left unpublished
@@ -158,7 +134,7 @@ async fn stored_state(
 async fn newest_state(
     store: &Store,
     newest: Option<BlobId>,
-) -> Result<Option<(BlobId, ConversationStateStructure)>, ServerError> {
+) -> Result<Option<(BlobId, ConversationState)>, ServerError> {
     let Some(id) = newest else {
         return Ok(None);
     };
@@ -206,8 +182,8 @@ async fn set_base(
 async fn base_of(
     store: &Store,
     conversation_id: &str,
-    client_state: Option<&ConversationStateStructure>,
-    newest: Option<&ConversationStateStructure>,
+    client_state: Option<&ConversationState>,
+    newest: Option<&ConversationState>,
     stored_messages: usize,
     system: &str,
 ) -> Result<(Base, bool), ServerError> {
@@ -236,7 +212,7 @@ async fn base_of(
 /// from the projection of history (it is continued from the projection), or none was published.
 fn must_heal(
     conversation_id: &str,
-    newest: Option<&(BlobId, ConversationStateStructure)>,
+    newest: Option<&(BlobId, ConversationState)>,
     projection: &Projection,
     importing: bool,
 ) -> bool {
@@ -245,7 +221,7 @@ fn must_heal(
             tracing::warn!(
                 conversation_id,
                 checkpoint = %id,
-                roots = state.root_prompt_messages_json.len(),
+                roots = state.root_count(),
                 projected_roots = projection.graph().root_count(),
                 "the newest checkpoint differs from the projection of history; continuing from the projection"
             );
@@ -257,16 +233,11 @@ fn must_heal(
 }
 
 /// Whether `state` names exactly the roots and turns the projection has.
-fn projects_to(projection: &Projection, state: &ConversationStateStructure) -> bool {
+fn projects_to(projection: &Projection, state: &ConversationState) -> bool {
     let graph = projection.graph();
-    let ids = |list: &[Vec<u8>]| -> Vec<BlobId> {
-        list.iter()
-            .filter_map(|id| BlobId::from_slice(id))
-            .collect()
-    };
     let mut turns = graph.turns().to_vec();
     turns.extend(graph.turn_blob().map(|turn| turn.id));
-    ids(&state.root_prompt_messages_json) == graph.roots() && ids(&state.turns) == turns
+    state.roots() == graph.roots() && state.turns() == turns
 }
 
 impl Checkpoints {
@@ -279,7 +250,7 @@ impl Checkpoints {
         store: Store,
         conversation_id: &str,
         request_id: &str,
-        client_state: Option<&ConversationStateStructure>,
+        client_state: Option<&ConversationState>,
         history: &[Stored],
         system: &str,
     ) -> Result<Checkpoints, ServerError> {
@@ -289,19 +260,13 @@ impl Checkpoints {
         let revision = head.map_or(0, |(_, revision)| revision);
         let newest = newest_state(&store, owed.checkpoint.or(head.map(|(id, _)| id))).await?;
         if let (None, Some(state)) = (&newest, client_state) {
-            acked.extend(
-                state
-                    .root_prompt_messages_json
-                    .iter()
-                    .chain(&state.turns)
-                    .filter_map(|id| BlobId::from_slice(id)),
-            );
+            acked.extend(state.roots_and_turns());
         }
         let timings = newest
             .as_ref()
             .map(|(_, state)| state)
             .or(client_state)
-            .map(|state| state.turn_timings.clone())
+            .map(ConversationState::timings)
             .unwrap_or_default();
         let (base, importing) = base_of(
             &store,
@@ -327,10 +292,7 @@ impl Checkpoints {
             opening.extend(built.built);
             owed_blobs.extend(built.stored);
         }
-        let previous_mode = newest
-            .as_ref()
-            .and_then(|(_, state)| state.mode)
-            .and_then(|m| checkpoint::mode_of(m).ok());
+        let previous_mode = newest.as_ref().and_then(|(_, state)| state.mode());
         Ok(Checkpoints {
             store,
             conversation_id: conversation_id.to_owned(),
@@ -396,19 +358,10 @@ impl Checkpoints {
         Ok(grew)
     }
 
-    /// Stores a tool's finished card as a step blob before its result is committed (the result
-    /// names it); returns its id.
-    pub async fn stash_card(&mut self, card: pb::ToolCall) -> Result<BlobId, ServerError> {
-        let step = pb::ConversationStep {
-            message: Some(conversation_step::Message::ToolCall(card)),
-        };
-        self.stash(step.encode_to_vec()).await
-    }
-
-    /// Stores a blob a message about to be committed names; it is sent when the message enters
-    /// the graph.
-    async fn stash(&mut self, data: Vec<u8>) -> Result<BlobId, ServerError> {
-        let blob = Blob::new(data, Vec::new());
+    /// Stores a step blob a message about to be committed names (a tool's finished card, the
+    /// user's message as shown); it is sent when the message enters the graph. Returns its id.
+    pub async fn stash(&mut self, step: StepBlob) -> Result<BlobId, ServerError> {
+        let blob = Blob::new(step.into_bytes(), Vec::new());
         blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
         let id = blob.id;
         self.stashed.insert(id, blob);
@@ -420,10 +373,9 @@ impl Checkpoints {
     pub async fn stash_user_message(
         &mut self,
         user: &UserMessage,
-        selected_context: pb::SelectedContext,
+        chips: Chips,
     ) -> Result<BlobId, ServerError> {
-        let shown = projection::shown_user_message(user, Some(selected_context));
-        self.stash(shown.encode_to_vec()).await
+        self.stash(projection::shown_user_step(user, chips)).await
     }
 
     /// The calls of the open batch not in the graph yet (the checkpoint's pending calls).
@@ -642,7 +594,7 @@ impl Checkpoints {
     /// Publishes `ready` (the final checkpoint after the transitional one).
     async fn publish(
         &mut self,
-        ready: (ConversationStateStructure, BlobId),
+        ready: (ConversationState, BlobId),
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         if self
@@ -658,7 +610,7 @@ impl Checkpoints {
 
     async fn publish_one(
         &mut self,
-        (state, state_id): (ConversationStateStructure, BlobId),
+        (state, state_id): (ConversationState, BlobId),
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         self.revision += 1;
@@ -675,8 +627,7 @@ impl Checkpoints {
             tracing::warn!("a newer run moved the head; this checkpoint is not published");
             return Ok(());
         }
-        out.send_message(&checkpoint::update_message(state.clone()))
-            .await;
+        out.send_message(&state.update_message()).await;
         self.last_published = Some(state);
         Ok(())
     }
@@ -745,8 +696,7 @@ impl Checkpoints {
     /// Sends the last published checkpoint once more (the final state is published twice).
     pub async fn republish(&self, out: &mut Downlink) {
         if let Some(state) = &self.last_published {
-            out.send_message(&checkpoint::update_message(state.clone()))
-                .await;
+            out.send_message(&state.update_message()).await;
         }
     }
 }

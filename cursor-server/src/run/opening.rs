@@ -18,7 +18,6 @@ use crate::client::bidi_append;
 use crate::client::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
 use crate::client::downlink::Downlink;
 use crate::config::{AUTO_MODEL_ID, ModelConfig, ProviderKind};
-use crate::cursor::proto::agent::{ConversationStateStructure, SelectedContext};
 use crate::error::ProtocolError;
 use crate::error::ServerError;
 use crate::model::conversation::{AttachedImage, Attachment, BlobId, ImageSource};
@@ -34,7 +33,9 @@ use crate::state::AppState;
 use crate::store::blobs::Edge;
 use crate::store::{self, messages, runs};
 use crate::sync::blob_sync::KvOutcome;
+use crate::sync::checkpoint::ConversationState;
 use crate::sync::import;
+use crate::sync::projection::Chips;
 use crate::tools;
 use crate::tools::exec::ExecPayload;
 use crate::tools::pending::PendingExecs;
@@ -55,7 +56,7 @@ struct Request<'a> {
     attached: &'a [Attachment],
     /// The images the user attached (an image sent by blob id has been fetched when committed).
     images: &'a [AttachedImage],
-    selected_context: Option<&'a SelectedContext>,
+    selected_context: Option<&'a Chips>,
     /// Messages the user sent while the agent was busy, delivered with this one.
     prepended: &'a [String],
     /// Results of calls pending at an interrupt, delivered with this message.
@@ -161,7 +162,7 @@ pub(super) struct Import {
     context: Option<WorkspaceContext>,
     attached: Vec<Attachment>,
     images: Vec<AttachedImage>,
-    selected_context: Option<Box<SelectedContext>>,
+    selected_context: Option<Box<Chips>>,
     prepended: Vec<String>,
     resolved: Vec<(String, String)>,
 }
@@ -312,7 +313,7 @@ fn log_subagent(request_id: &str, conversation_id: &str, role: Option<&SubagentR
 async fn open_action(
     request: &Request<'_>,
     action: &RunAction,
-    client_state: Option<&ConversationStateStructure>,
+    client_state: Option<&ConversationState>,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
     let store = &request.app.store;
@@ -362,7 +363,7 @@ async fn open_action(
 /// prompt is the first root of a conversation new to the graph).
 async fn stored(
     request: &Request<'_>,
-    client_state: Option<&ConversationStateStructure>,
+    client_state: Option<&ConversationState>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
     let rows = messages::load_rows(&app.store, request.conversation_id).await?;
@@ -388,7 +389,7 @@ async fn open_import(
     text: &str,
     message_id: &str,
     text_blob: Option<BlobId>,
-    client_state: Option<&ConversationStateStructure>,
+    client_state: Option<&ConversationState>,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
     let (_, mut checkpoints) = stored(request, client_state).await?;

@@ -12,7 +12,6 @@ use serde_json::json;
 use crate::client::command::{ExecControl, RunAction, RunRequestInput};
 use crate::client::downlink::Downlink;
 use crate::client::interaction;
-use crate::cursor::proto::agent::agent_server_message;
 use crate::model::runtime_tag::UserAction;
 use crate::model::tool::ToolCall;
 use crate::tools::ToolRun;
@@ -93,11 +92,8 @@ impl UserCommand {
             tracing::error!("a Shell call did not start with an exec");
             return Err(request);
         };
-        let mut message = exec.into_server_message(USER_COMMAND_EXEC_ID);
         // Under the client's own id for it, as the action named it.
-        if let Some(agent_server_message::Message::ExecServerMessage(sent)) = &mut message.message {
-            sent.exec_id = exec_id.clone();
-        }
+        let message = exec.into_server_message_under(USER_COMMAND_EXEC_ID, exec_id.clone());
         tracing::info!(exec_id, "running the user's command in the client's shell");
         out.send_message(&message).await;
         Ok(UserCommand {

@@ -17,6 +17,104 @@ use crate::model::conversation::BlobId;
 use crate::model::conversation::{ContextUse, Mode};
 use crate::model::conversation::{SubagentRunState, SubagentStatus, Todo, TodoStatus};
 use crate::model::tool::ToolCall;
+use crate::store::StoreError;
+
+/// A conversation state (a checkpoint): one the client sent with its run request, or one this
+/// server built from the graph. `run/` holds and hands these back without seeing the protobuf.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConversationState(ConversationStateStructure);
+
+impl From<ConversationStateStructure> for ConversationState {
+    fn from(state: ConversationStateStructure) -> ConversationState {
+        ConversationState(state)
+    }
+}
+
+impl ConversationState {
+    /// A state blob of our own store; one that does not decode means the store is corrupt.
+    pub fn decode_stored(data: &[u8], id: BlobId) -> Result<ConversationState, StoreError> {
+        crate::cursor::connect::decode_message::<ConversationStateStructure>(
+            data,
+            "agent.v1.ConversationStateStructure",
+        )
+        .map(ConversationState)
+        .map_err(|e| StoreError::CorruptBlob {
+            id: id.to_hex(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The model-message roots it names, in order.
+    pub fn roots(&self) -> Vec<BlobId> {
+        ids_of(&self.0.root_prompt_messages_json)
+    }
+
+    /// The finished turns it names, in order.
+    pub fn turns(&self) -> Vec<BlobId> {
+        ids_of(&self.0.turns)
+    }
+
+    /// Its roots, then its turns: every blob the client holds for it (the turns name the rest).
+    pub fn roots_and_turns(&self) -> Vec<BlobId> {
+        let mut ids = self.roots();
+        ids.extend(self.turns());
+        ids
+    }
+
+    pub fn root_count(&self) -> usize {
+        self.0.root_prompt_messages_json.len()
+    }
+
+    /// The finished turns' timings (a projection continues them).
+    pub fn timings(&self) -> Vec<pb::StepTiming> {
+        self.0.turn_timings.clone()
+    }
+
+    /// The mode it was left in (`None` when unset or not one this server runs).
+    pub fn mode(&self) -> Option<Mode> {
+        self.0.mode.and_then(|m| mode_of(m).ok())
+    }
+
+    /// Every blob it names (`named_blobs`).
+    pub fn named_blobs(&self) -> Vec<BlobId> {
+        named_blobs(&self.0)
+    }
+
+    /// The `conversation_checkpoint_update` publishing it.
+    pub fn update_message(&self) -> pb::AgentServerMessage {
+        update_message(self.0.clone())
+    }
+}
+
+fn ids_of(list: &[Vec<u8>]) -> Vec<BlobId> {
+    list.iter()
+        .filter_map(|id| BlobId::from_slice(id))
+        .collect()
+}
+
+/// A step blob's bytes for a message about to be committed (a tool's finished card, the user's
+/// message as its turn shows it): stored before the message that names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepBlob(Vec<u8>);
+
+impl StepBlob {
+    /// A tool's finished card as a `ConversationStep`.
+    pub fn tool_card(card: pb::ToolCall) -> StepBlob {
+        let step = ConversationStep {
+            message: Some(conversation_step::Message::ToolCall(card)),
+        };
+        StepBlob(step.encode_to_vec())
+    }
+
+    /// Any message of the graph, encoded.
+    pub fn encoded(message: &impl Message) -> StepBlob {
+        StepBlob(message.encode_to_vec())
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
 
 /// A blob to store (on our side and the client's), with the edges it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +166,8 @@ pub struct ConversationGraph {
 
 impl ConversationGraph {
     /// Continues from a published state (its roots and finished turns).
-    pub fn from_state(state: &ConversationStateStructure) -> ConversationGraph {
+    pub fn from_state(state: &ConversationState) -> ConversationGraph {
+        let state = &state.0;
         // A turn that never finished (canceled) has no timing: "unknown" keeps the lists aligned.
         let mut turn_timings = state.turn_timings.clone();
         turn_timings.resize(state.turns.len(), pb::StepTiming::default());
@@ -165,7 +264,7 @@ impl ConversationGraph {
         &self,
         turn: Option<&Blob>,
         details: &StateDetails,
-    ) -> (ConversationStateStructure, Blob, Vec<Blob>) {
+    ) -> (ConversationState, Blob, Vec<Blob>) {
         let mut turns = self.turns.clone();
         turns.extend(turn.map(|t| t.id));
         let mut turn_timings = self.turn_timings.clone();
@@ -219,7 +318,7 @@ impl ConversationGraph {
         // No edge rows: a state names every root and turn, so its edges would grow with history
         // at every checkpoint; garbage collection reads what a state names (`named_blobs`).
         let blob = Blob::new(state.encode_to_vec(), Vec::new());
-        (state, blob, new_blobs)
+        (ConversationState(state), blob, new_blobs)
     }
 
     /// Closes the current turn (if any) with its timing; returns its final structure blob.
@@ -376,7 +475,7 @@ pub fn mode_of(value: i32) -> Result<Mode, String> {
 }
 
 /// The `conversation_checkpoint_update` carrying `state`.
-pub fn update_message(state: ConversationStateStructure) -> pb::AgentServerMessage {
+fn update_message(state: ConversationStateStructure) -> pb::AgentServerMessage {
     pb::AgentServerMessage {
         message: Some(pb::agent_server_message::Message::ConversationCheckpointUpdate(state)),
     }
@@ -470,7 +569,8 @@ mod tests {
             )),
         );
         let turn = graph.turn_blob().expect("turn");
-        let (state, state_blob, _) = graph.state(Some(&turn), &StateDetails::default());
+        let (ConversationState(state), state_blob, _) =
+            graph.state(Some(&turn), &StateDetails::default());
         (graph, blobs, turn, state, state_blob)
     }
 
@@ -530,7 +630,7 @@ mod tests {
             Some(turn.clone())
         );
         let details = sample_details();
-        let (next_state, next_blob, todo_blobs) = graph.state(None, &details);
+        let (ConversationState(next_state), next_blob, todo_blobs) = graph.state(None, &details);
         assert!(named_blobs(&next_state).contains(&todo_blobs[0].id));
         let run = &next_state.subagent_runs_by_parent_tool_call_id["call-task"];
         assert_eq!(
@@ -571,6 +671,9 @@ mod tests {
         );
         assert!(next_blob.edges.is_empty());
         let decoded = ConversationStateStructure::decode(state_blob.data.as_ref()).unwrap();
-        assert_eq!(ConversationGraph::from_state(&decoded).root_count(), 2);
+        assert_eq!(
+            ConversationGraph::from_state(&decoded.into()).root_count(),
+            2
+        );
     }
 }

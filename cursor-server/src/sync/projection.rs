@@ -23,7 +23,7 @@ use crate::model::conversation::BlobId;
 use crate::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use crate::model::tool::{ToolCall, ToolResult};
 use crate::store::{Store, StoreError, blobs, conversations};
-use crate::sync::checkpoint::{Blob, ConversationGraph, roots};
+use crate::sync::checkpoint::{Blob, ConversationGraph, StepBlob, roots};
 
 /// Where a conversation's graph starts, and how many of its first stored messages that already
 /// covers (an imported conversation's messages are the client's roots read back).
@@ -280,6 +280,23 @@ impl Projection {
             out.built.push(self.graph.push_root(&roots::user(text)));
         }
     }
+}
+
+/// What the user attached to a message as Cursor sent it (`SelectedContext`): the chips its turn
+/// shows, carried through the run untouched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chips(pb::SelectedContext);
+
+impl From<pb::SelectedContext> for Chips {
+    fn from(context: pb::SelectedContext) -> Chips {
+        Chips(context)
+    }
+}
+
+/// The step blob a turn shows for the user's message with its attachments' chips, stored before
+/// the message (which names it) is committed.
+pub fn shown_user_step(user: &UserMessage, chips: Chips) -> StepBlob {
+    StepBlob::encoded(&shown_user_message(user, Some(chips.0)))
 }
 
 /// The `UserMessage` a turn shows for the user's message; `selected_context` (the attachments'

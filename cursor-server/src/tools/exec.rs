@@ -224,10 +224,17 @@ impl ExecRequest {
 
     /// The wire message with the exec id assigned by the run.
     pub fn into_server_message(self, id: u32) -> pb::AgentServerMessage {
+        self.into_server_message_under(id, String::new())
+    }
+
+    /// The exec under `id` and the client's own `exec_id` for it (a user's command the client
+    /// named in its action).
+    pub fn into_server_message_under(self, id: u32, exec_id: String) -> pb::AgentServerMessage {
         pb::AgentServerMessage {
             message: Some(pb::agent_server_message::Message::ExecServerMessage(
                 pb::ExecServerMessage {
                     id,
+                    exec_id,
                     message: Some(*self.message),
                     ..pb::ExecServerMessage::default()
                 },
