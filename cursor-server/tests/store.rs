@@ -1,7 +1,7 @@
 //! The store's invariants on both backends, each scenario run once on SQLite and once on a real
 //! PostgreSQL (`support/postgres.rs`): one writer per conversation (NotOwner), a gap-free sequence
 //! under concurrent writers, runtime events consumed once, content-addressed and deduplicated
-//! blobs and their collection, the outbox, and a database newer than the binary or left
+//! blobs and their collection, the outbox, a tool result's commit whole or not at all, and a database newer than the binary or left
 //! half-migrated refused with a message; the cluster's node registry (a run claimed once, a silent
 //! node taken over by one node, its runs ended and its conversations refused to it). On
 //! PostgreSQL also: the database restarted under a running turn ends that turn with
@@ -20,7 +20,7 @@ use cursor_server::model::conversation::{BlobId, Mode};
 use cursor_server::model::message::{CanonicalMessage, Origin, UserMessage};
 use cursor_server::model::runtime_tag::{RuntimeEvent, RuntimeTag};
 use cursor_server::store::blobs::{self, Edge};
-use cursor_server::store::{Store, StoreError, messages, nodes, outbox, runs};
+use cursor_server::store::{Store, StoreError, commit, messages, nodes, outbox, runs};
 use fixtures::postgres::Cluster;
 
 /// A store on a fresh database of one backend, and what keeps that database alive.
@@ -73,6 +73,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation,
+    a_refused_tool_result_commit_leaves_nothing_half_written,
     concurrent_appends_to_one_conversation_get_every_sequence_number_once,
     concurrent_runs_never_fail_with_a_locked_database,
     a_consumed_runtime_event_is_never_appended_again,
@@ -133,6 +134,102 @@ async fn the_database_refuses_history_from_a_run_that_no_longer_owns_the_convers
         texts(&messages::load(store, "c").await.unwrap()),
         ["first", "second"]
     );
+}
+
+/// A tool result's commit (its card and image blobs, the console's record, the call and result)
+/// is one transaction: refused at its last write, it leaves none of the earlier ones behind —
+/// unlike the same writes made one by one, which leave the card stored for a result that is not.
+async fn a_refused_tool_result_commit_leaves_nothing_half_written(db: TestDb) {
+    use cursor_server::model::message::{ToolCallRecord, ToolResultRecord};
+    use cursor_server::model::tool::{ToolCall, ToolResult};
+    let store = &db.store;
+    runs::start(store, "old", "c", "m", "m").await.unwrap();
+    messages::append(store, "c", "old", &[user_in(None, "read it")])
+        .await
+        .unwrap();
+    // A new message takes the conversation over while the old run's tool is still running.
+    runs::start(store, "new", "c", "m", "m").await.unwrap();
+    let call = ToolCall {
+        call_id: "call-1".into(),
+        provider_call_id: "p-1".into(),
+        name: "Read".into(),
+        arguments: r#"{"path":"a"}"#.into(),
+    };
+    let card: &[u8] = b"the Read card";
+    let image: &[u8] = b"an image the result shows";
+    let (card_id, image_id) = (BlobId::of(card), BlobId::of(image));
+    let pair = [
+        CanonicalMessage::ToolCall(ToolCallRecord {
+            model_call_id: "mc".into(),
+            index: 0,
+            call: call.clone(),
+        }),
+        CanonicalMessage::ToolResult(ToolResultRecord {
+            card: Some(card_id),
+            model_call_id: "mc".into(),
+            index: 0,
+            result: ToolResult {
+                call_id: call.call_id.clone(),
+                content: "fn main() {}".into(),
+                is_error: false,
+                meta: None,
+                images: Vec::new(),
+            },
+        }),
+    ];
+    let execution = runs::ToolExecution {
+        request_id: "old".into(),
+        call_id: "call-1".into(),
+        tool: "Read".into(),
+        summary: "a".into(),
+        started_at_ms: 1,
+        duration_ms: 2,
+        outcome: "success",
+    };
+    let refused = commit::tool_result(
+        store,
+        &commit::ToolResultCommit {
+            conversation_id: "c",
+            request_id: "old",
+            blobs: &[(card_id, card), (image_id, image)],
+            messages: &pair,
+            after: &[],
+            execution: &execution,
+        },
+    )
+    .await;
+    assert!(
+        matches!(&refused, Err(StoreError::NotOwner { request_id, .. }) if request_id == "old"),
+        "{refused:?}"
+    );
+    assert_eq!(blobs::get(store, card_id).await.unwrap(), None, "the card");
+    assert_eq!(
+        blobs::get(store, image_id).await.unwrap(),
+        None,
+        "the image"
+    );
+    assert!(
+        runs::tool_executions(store, "old")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        texts(&messages::load(store, "c").await.unwrap()),
+        ["read it"]
+    );
+
+    // The same writes one transaction each (as a tool result was committed before): the card
+    // outlives the refused result.
+    blobs::put_all(store, &[(card_id, card, &[])])
+        .await
+        .unwrap();
+    let refused = messages::append(store, "c", "old", &pair).await;
+    assert!(
+        matches!(refused, Err(StoreError::NotOwner { .. })),
+        "{refused:?}"
+    );
+    assert!(blobs::get(store, card_id).await.unwrap().is_some());
 }
 
 async fn concurrent_appends_to_one_conversation_get_every_sequence_number_once(db: TestDb) {

@@ -1,6 +1,7 @@
 //! One tool batch: every call of a model answer started at once, their exec results, questions and
-//! searches routed back by slot, and each completed call persisted at once with its result (and the
-//! mode notice an approved switch brings) before its card completes in the checkpoint.
+//! searches routed back by slot, and each completed call committed as one unit of work — its card
+//! and images, its record, the call and result, the mode notice an approved switch brings: one
+//! write transaction (`store/commit.rs`) — before its card completes in the checkpoint.
 //!
 //! Its own file because `run/loop_engine.rs` (the plan's "LLM → Tool → LLM main loop") cannot hold
 //! the batch's transitions besides the turn's phases within 800 lines; the batch is the turn's
@@ -14,15 +15,14 @@ use crate::client::command::ExecControl;
 use crate::client::downlink::Downlink;
 use crate::client::interaction;
 use crate::error::ServerError;
-use crate::model::conversation::BlobId;
+use crate::model::conversation::{BlobId, Mode};
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
 use crate::model::runtime_tag::BackgroundKind;
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::ops::metrics;
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
-use crate::store::blobs::{self, Edge};
-use crate::store::{messages, now_ms, runs};
+use crate::store::{commit, now_ms, runs};
 use crate::sync::checkpoint::StepBlob;
 use crate::tools::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::tools::tool_result::{ToolImage, ToolOutcome, ToolStep};
@@ -357,7 +357,9 @@ impl Batch {
         });
     }
 
-    /// Completes the card and persists the call with its result, atomically.
+    /// A call ended: its card completes, then its result is committed as one unit of work (one
+    /// write transaction: `commit`), then what the result changes follows from history (mode,
+    /// todos, plan, subagents) and the checkpoint publishes it.
     async fn finish_slot(
         &mut self,
         turn: &mut Turn,
@@ -367,31 +369,18 @@ impl Batch {
     ) -> Result<(), ServerError> {
         turn.pending.finish_slot(slot);
         let entry = &mut self.slots[slot];
-        let outcome = if ending.is_error { "error" } else { "success" };
-        metrics::tool_exec(&entry.call.name, outcome);
-        let execution = runs::ToolExecution {
-            request_id: turn.request_id.clone(),
-            call_id: entry.call.call_id.clone(),
-            tool: entry.call.name.clone(),
-            summary: runs::summarize_arguments(&entry.call.arguments),
-            started_at_ms: entry.started_at_ms,
-            duration_ms: now_ms() - entry.started_at_ms,
-            outcome,
-        };
-        if let Err(e) = runs::record_tool(&turn.app.store, &execution).await {
-            tracing::warn!(call_id = %execution.call_id, "recording a tool call: {e}");
-        }
+        let execution = record(turn, entry, ending.is_error);
         let run = entry.run.take();
         let switched_to = match (&run, &ending.outcome) {
             (Some(run), Some(outcome)) => run.switched_mode(outcome),
             _ => None,
         }
         .filter(|to| *to != turn.mode());
-        let final_card = ending.outcome.as_ref().map(|o| (*o.card).clone());
-        let card = match final_card {
-            Some(card) => Some(turn.checkpoints.stash(StepBlob::tool_card(card)).await?),
-            None => None,
-        };
+        // The card's blob is stored with the result that names it, in `commit`.
+        let card = (ending.outcome.as_ref()).map(|o| {
+            turn.checkpoints
+                .stage(StepBlob::tool_card((*o.card).clone()))
+        });
         if let Some(outcome) = ending.outcome {
             out.send_message(&interaction::tool_call_completed(
                 &entry.call.call_id,
@@ -400,31 +389,40 @@ impl Batch {
             ))
             .await;
         }
-        let (call, result) = (
-            entry.call.clone(),
-            ToolResult {
-                images: ending.images.iter().map(|i| i.image.clone()).collect(),
-                call_id: entry.call.call_id.clone(),
-                content: ending.model_text,
-                is_error: ending.is_error,
-                meta: ending.meta.or_else(|| {
-                    // A Task that ended without its subagent's result still lists (as failed).
-                    (entry.call.name == ToolKind::Task.name())
-                        .then(|| task::untold_meta(&entry.call.arguments))
-                }),
-            },
+        let call = entry.call.clone();
+        let result = result_of(
+            &call,
+            ending.model_text,
+            ending.is_error,
+            ending.meta,
+            &ending.images,
         );
-        let images: Vec<(BlobId, &[u8], &[Edge<'_>])> = (ending.images.iter())
-            .map(|i| (i.image.blob, i.data.as_slice(), &[][..]))
+        let mut blobs: Vec<(BlobId, &[u8])> = (card.iter())
+            .map(|card| (card.id, card.data.as_ref()))
             .collect();
-        blobs::put_all(&turn.app.store, &images).await?;
-        let appended = persist(turn, entry.index, &call, &result, card, switched_to).await?;
-        turn.load_images(&appended).await?;
+        blobs.extend(
+            ending
+                .images
+                .iter()
+                .map(|i| (i.image.blob, i.data.as_slice())),
+        );
+        let staged = Staged {
+            index: entry.index,
+            card: card.as_ref().map(|card| card.id),
+            blobs: &blobs,
+            switched_to,
+            execution: &execution,
+        };
+        let appended = commit(turn, &call, &result, staged).await?;
         self.finished += 1;
-        if let Some(to) = switched_to {
-            switch_mode(turn, to);
-        }
-        refold(turn, run.as_ref().map(ToolRun::kind), &call);
+        after_commit(
+            turn,
+            run.as_ref().map(ToolRun::kind),
+            &call,
+            switched_to,
+            &appended,
+        )
+        .await?;
         // The graph adds the batch in call order — the order the model's requests project it in
         // (protocol.md §7) — whatever order the calls finish in; a checkpoint names every call not
         // in it yet as pending, started or not.
@@ -451,45 +449,106 @@ impl Batch {
     }
 }
 
-/// Stores the call and its result (naming its card) in one transaction — with the notice of an
-/// approved mode switch, so the model is told in the same transaction — and returns what was
-/// stored.
-async fn persist(
-    turn: &mut Turn,
+/// The call's metric, and the console's record of it (stored with its result).
+fn record(turn: &Turn, entry: &Slot, is_error: bool) -> runs::ToolExecution {
+    let outcome = if is_error { "error" } else { "success" };
+    metrics::tool_exec(&entry.call.name, outcome);
+    runs::ToolExecution {
+        request_id: turn.request_id.clone(),
+        call_id: entry.call.call_id.clone(),
+        tool: entry.call.name.clone(),
+        summary: runs::summarize_arguments(&entry.call.arguments),
+        started_at_ms: entry.started_at_ms,
+        duration_ms: now_ms() - entry.started_at_ms,
+        outcome,
+    }
+}
+
+/// What the model reads of the call's ending, with its images and typed facts.
+fn result_of(
+    call: &ToolCall,
+    content: String,
+    is_error: bool,
+    meta: Option<ToolMeta>,
+    images: &[ToolImage],
+) -> ToolResult {
+    ToolResult {
+        images: images.iter().map(|i| i.image.clone()).collect(),
+        call_id: call.call_id.clone(),
+        content,
+        is_error,
+        meta: meta.or_else(|| {
+            // A Task that ended without its subagent's result still lists (as failed).
+            (call.name == ToolKind::Task.name()).then(|| task::untold_meta(&call.arguments))
+        }),
+    }
+}
+
+/// What a result's commit writes besides the call and the result themselves.
+struct Staged<'a> {
     index: u32,
+    /// The card's step blob, which the result names.
+    card: Option<BlobId>,
+    /// The card's and the images' blobs.
+    blobs: &'a [(BlobId, &'a [u8])],
+    /// An approved mode switch: its notice is stored with the result, so the model is told.
+    switched_to: Option<Mode>,
+    execution: &'a runs::ToolExecution,
+}
+
+/// Commits the call and its result (naming its card), the blobs they name, the notice of an
+/// approved mode switch and the call's record in one write transaction; returns what was stored.
+async fn commit(
+    turn: &mut Turn,
     call: &ToolCall,
     result: &ToolResult,
-    card: Option<BlobId>,
-    switched_to: Option<crate::model::conversation::Mode>,
+    staged: Staged<'_>,
 ) -> Result<Vec<CanonicalMessage>, ServerError> {
     let pair = [
         CanonicalMessage::ToolCall(ToolCallRecord {
             model_call_id: turn.model_call_id.clone(),
-            index,
+            index: staged.index,
             call: call.clone(),
         }),
         CanonicalMessage::ToolResult(ToolResultRecord {
-            card,
+            card: staged.card,
             model_call_id: turn.model_call_id.clone(),
-            index,
+            index: staged.index,
             result: result.clone(),
         }),
     ];
-    let notice: Vec<_> = switched_to
+    let notice: Vec<_> = (staged.switched_to)
         .map(|to| compiler::mode_switch_tag(&turn.app.prompts, turn.mode(), to, &call.call_id))
         .into_iter()
         .collect();
-    let appended = messages::append_with_tags(
-        &turn.app.store,
-        turn.conversation_id(),
-        &turn.request_id,
-        &[],
-        &pair,
-        &notice,
-    )
-    .await?;
+    let unit = commit::ToolResultCommit {
+        conversation_id: turn.conversation_id(),
+        request_id: &turn.request_id,
+        blobs: staged.blobs,
+        messages: &pair,
+        after: &notice,
+        execution: staged.execution,
+    };
+    let appended = commit::tool_result(&turn.app.store, &unit).await?;
     turn.history.extend_from_slice(&appended);
     Ok(appended)
+}
+
+/// What a committed result changes, folded from history: the images the model will be shown, an
+/// approved mode switch, the todo list, the plan, the subagent runs.
+async fn after_commit(
+    turn: &mut Turn,
+    kind: Option<ToolKind>,
+    call: &ToolCall,
+    switched_to: Option<Mode>,
+    appended: &[CanonicalMessage],
+) -> Result<(), ServerError> {
+    turn.load_images(appended).await?;
+    if let Some(to) = switched_to {
+        switch_mode(turn, to);
+    }
+    refold(turn, kind, call);
+    Ok(())
 }
 
 /// Folds again what the finished call may have changed: the todo list, the subagent runs.

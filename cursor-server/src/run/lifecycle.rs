@@ -361,11 +361,17 @@ impl Checkpoints {
     /// Stores a step blob a message about to be committed names (a tool's finished card, the
     /// user's message as shown); it is sent when the message enters the graph. Returns its id.
     pub async fn stash(&mut self, step: StepBlob) -> Result<BlobId, ServerError> {
-        let blob = Blob::new(step.into_bytes(), Vec::new());
+        let blob = self.stage(step);
         blobs::put_all(&self.store, &[(blob.id, blob.data.as_ref(), &[])]).await?;
-        let id = blob.id;
-        self.stashed.insert(id, blob);
-        Ok(id)
+        Ok(blob.id)
+    }
+
+    /// `stash` without storing: the caller stores the blob in the transaction that commits the
+    /// message naming it (a tool result's commit).
+    pub fn stage(&mut self, step: StepBlob) -> Blob {
+        let blob = Blob::new(step.into_bytes(), Vec::new());
+        self.stashed.insert(blob.id, blob.clone());
+        blob
     }
 
     /// Stores the blob a turn shows for the user's message with its attachments' chips, before

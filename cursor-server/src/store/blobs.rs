@@ -75,7 +75,12 @@ pub async fn put_and_send(
 }
 
 /// Stores `data` under `id` (a no-op if present) after checking that `id` is its hash.
-async fn put(tx: &mut Tx, id: BlobId, data: &[u8], edges: &[Edge<'_>]) -> Result<(), StoreError> {
+pub(super) async fn put(
+    tx: &mut Tx,
+    id: BlobId,
+    data: &[u8],
+    edges: &[Edge<'_>],
+) -> Result<(), StoreError> {
     let actual = BlobId::of(data);
     if actual != id {
         return Err(StoreError::BlobHash(HashMismatch {

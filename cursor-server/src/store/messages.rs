@@ -31,13 +31,32 @@ pub async fn append_with_tags(
     write_tx!(store, "committing messages", |tx| {
         // Locked before the events are checked: two writers never both find one unconsumed.
         conversations::lock(&mut tx, conversation_id).await?;
-        let mut appended = Vec::with_capacity(before.len() + messages.len() + after.len());
-        append_tags(&mut tx, conversation_id, request_id, before, &mut appended).await?;
-        insert(&mut tx, conversation_id, request_id, messages, None).await?;
-        appended.extend_from_slice(messages);
-        append_tags(&mut tx, conversation_id, request_id, after, &mut appended).await?;
-        Ok(appended)
+        append_with_tags_in(
+            &mut tx,
+            (conversation_id, request_id),
+            before,
+            messages,
+            after,
+        )
+        .await
     })
+}
+
+/// `append_with_tags` inside a transaction that holds the conversation's lock
+/// (`conversations::lock`): for a unit of work that writes more than history (`commit.rs`).
+pub(super) async fn append_with_tags_in(
+    tx: &mut Tx,
+    (conversation_id, request_id): (&str, &str),
+    before: &[RuntimeTag],
+    messages: &[CanonicalMessage],
+    after: &[RuntimeTag],
+) -> Result<Vec<CanonicalMessage>, StoreError> {
+    let mut appended = Vec::with_capacity(before.len() + messages.len() + after.len());
+    append_tags(tx, conversation_id, request_id, before, &mut appended).await?;
+    insert(tx, conversation_id, request_id, messages, None).await?;
+    appended.extend_from_slice(messages);
+    append_tags(tx, conversation_id, request_id, after, &mut appended).await?;
+    Ok(appended)
 }
 
 async fn append_tags(

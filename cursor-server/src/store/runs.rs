@@ -1,7 +1,7 @@
 //! Run records: one row per request id with its status, provider call count, usage and error; and
 //! one row per provider call of a run (timing, usage, finish reason or error).
 
-use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, conversations, now_ms};
+use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, Tx, conversations, now_ms};
 use crate::model::usage::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -543,7 +543,18 @@ pub fn summarize_arguments(arguments: &str) -> String {
 
 /// Records a finished tool call (once per call; a repeat of the same call id is ignored).
 pub async fn record_tool(store: &Store, execution: &ToolExecution) -> Result<(), StoreError> {
-    on_writer!(store, |w| sqlx::query(
+    write_tx!(store, "recording a tool call", |tx| record_tool_in(
+        &mut tx, execution
+    )
+    .await)
+}
+
+/// `record_tool` inside a unit of work's transaction (`commit.rs`).
+pub(super) async fn record_tool_in(
+    tx: &mut Tx,
+    execution: &ToolExecution,
+) -> Result<(), StoreError> {
+    on_tx!(&mut *tx, |c| sqlx::query(
         "INSERT INTO tool_executions
              (request_id, call_id, tool, summary, started_at_ms, duration_ms, outcome)
          VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
@@ -555,7 +566,7 @@ pub async fn record_tool(store: &Store, execution: &ToolExecution) -> Result<(),
     .bind(execution.started_at_ms)
     .bind(execution.duration_ms)
     .bind(execution.outcome)
-    .execute(w)
+    .execute(c)
     .await
     .map(|done| done.rows_affected())
     .context("recording a tool call"))?;

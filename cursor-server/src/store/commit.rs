@@ -1,0 +1,47 @@
+//! Units of work that span the store's domains, each in one write transaction. A tool result's
+//! commit — the blobs its result names (its card, its images), the console's record of the call,
+//! the call and its result in history with the runtime notice they cause — lands whole or not at
+//! all: a crash or a refusal (a run that no longer owns the conversation) leaves none of it.
+
+use super::runs::{self, ToolExecution};
+use super::{Store, StoreError, blobs, conversations, messages};
+use crate::model::conversation::BlobId;
+use crate::model::message::CanonicalMessage;
+use crate::model::runtime_tag::RuntimeTag;
+
+/// Everything one finished tool call writes.
+#[derive(Debug)]
+pub struct ToolResultCommit<'a> {
+    pub conversation_id: &'a str,
+    pub request_id: &'a str,
+    /// The blobs the result names (its card, its images): stored with the messages naming them.
+    pub blobs: &'a [(BlobId, &'a [u8])],
+    /// The call and its result.
+    pub messages: &'a [CanonicalMessage],
+    /// Runtime messages the result causes (an approved mode switch's notice), after it.
+    pub after: &'a [RuntimeTag],
+    /// The console's record of the call.
+    pub execution: &'a ToolExecution,
+}
+
+/// Commits a tool result in one write transaction; returns the messages appended, in order.
+pub async fn tool_result(
+    store: &Store,
+    commit: &ToolResultCommit<'_>,
+) -> Result<Vec<CanonicalMessage>, StoreError> {
+    write_tx!(store, "committing a tool result", |tx| {
+        conversations::lock(&mut tx, commit.conversation_id).await?;
+        for (id, data) in commit.blobs {
+            blobs::put(&mut tx, *id, data, &[]).await?;
+        }
+        runs::record_tool_in(&mut tx, commit.execution).await?;
+        messages::append_with_tags_in(
+            &mut tx,
+            (commit.conversation_id, commit.request_id),
+            &[],
+            commit.messages,
+            commit.after,
+        )
+        .await
+    })
+}
