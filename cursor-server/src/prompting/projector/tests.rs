@@ -478,3 +478,103 @@ fn cut_off_arguments_are_replayed_as_valid_json_on_every_family() {
         r#"{"path":"f1"}"#
     );
 }
+
+/// The bodies every family builds for a set of requests (a thinking model with parallel calls, a
+/// plain model with effort, tools and a tool result's image, cut-off arguments, each family's own
+/// replay), compared whole with the bodies recorded in `tests/golden/bodies/` — so a change in how
+/// a body is built (typed structs instead of `json!`) cannot change what is sent. Recorded again
+/// with `RECORD_GOLDEN_BODIES=1`.
+#[test]
+fn every_familys_bodies_match_the_recorded_bodies() {
+    use crate::model::conversation::{BlobId, ImageMime, ImageRef};
+    let shot = ImageRef {
+        blob: BlobId([7; 32]),
+        mime: ImageMime::Png,
+        bytes: 4,
+        name: "page".into(),
+    };
+    let mut with_image = history(None);
+    let mut cut_off = history(None);
+    for message in &mut with_image {
+        if let CanonicalMessage::ToolResult(record) = message
+            && record.index == 0
+        {
+            record.result.images = vec![shot.clone()];
+        }
+    }
+    for message in &mut cut_off {
+        if let CanonicalMessage::ToolCall(record) = message
+            && record.index == 0
+        {
+            record.call.arguments = r#"{"path": "no"#.into();
+        }
+    }
+    let mut images = ImageSet::default();
+    images.insert(shot.blob, b"\x89PNG");
+    let replays = [
+        ProviderReplay::OpenAiChat {
+            reasoning_content: "chat thoughts".into(),
+            reasoning_details: vec![json!({"type":"reasoning.text","text":"d","index":0})],
+        },
+        ProviderReplay::OpenAiResponses {
+            items: vec![
+                json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"enc"}),
+                json!({"type":"function_call","id":"fc_0","call_id":"call_0","name":"Read","arguments":"{\"path\":\"f0\"}"}),
+            ],
+        },
+        ProviderReplay::Anthropic {
+            blocks: vec![json!({"type":"thinking","thinking":"t","signature":"sig"})],
+        },
+    ];
+    let tools = [json!({"name":"Read","description":"reads","parameters":{"type":"object"}})];
+    let effort = RequestParameters {
+        effort: Some(Effort::High),
+        fast: true,
+    };
+    let (thinking, plain) = (model(true), model(false));
+    let families: [(&str, fn(&ModelRequest<'_>) -> Value); 3] = [
+        ("openai_chat", openai_chat),
+        ("openai_responses", openai_responses),
+        ("anthropic", anthropic),
+    ];
+    for (name, project) in families {
+        let mut bodies = vec![
+            project(&compile(
+                "system prompt",
+                &history(None),
+                &thinking,
+                &[],
+                RequestParameters::default(),
+                &NO_IMAGES,
+            )),
+            project(&compile("s", &with_image, &plain, &tools, effort, &images)),
+            project(&compile(
+                "s", &cut_off, &thinking, &tools, effort, &NO_IMAGES,
+            )),
+        ];
+        for replay in &replays {
+            let history = history(Some(replay.clone()));
+            bodies.push(project(&compile(
+                "s", &history, &thinking, &tools, effort, &NO_IMAGES,
+            )));
+        }
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/golden/bodies/{name}.json"));
+        let recorded = serde_json::to_string_pretty(&bodies).unwrap() + "\n";
+        if std::env::var_os("RECORD_GOLDEN_BODIES").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &recorded).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (record with RECORD_GOLDEN_BODIES=1)",
+                path.display()
+            )
+        });
+        assert!(
+            golden == recorded,
+            "{name}: the bodies differ from {}",
+            path.display()
+        );
+    }
+}
