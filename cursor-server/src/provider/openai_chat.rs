@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::family::Family;
 use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
@@ -15,7 +15,7 @@ use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
 use crate::prompting::images::{self, ImageLimits, MB};
 use crate::prompting::projector::{Item, arguments_text, gallery, items};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// Turns Chat SSE `data` payloads into canonical events. Pure and synchronous, so it can be tested on
 /// transcripts.
@@ -347,84 +347,131 @@ impl Family for OpenAiChat {
     }
 }
 
+/// The Chat Completions request body, as the endpoint reads it.
+#[derive(Debug, Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: Vec<ChatMessage<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tools: &'a [Value],
+    /// Other servers' output limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    /// OpenAI's reasoning models take only this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// One message of the conversation, by role.
+#[derive(Debug, Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum ChatMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: UserContent<'a>,
+    },
+    Assistant {
+        /// `null` when the message is only tool calls.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reasoning_content: Option<&'a str>,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        reasoning_details: &'a [Value],
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ChatToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+/// A user message's content: its text alone, or parts (text, then images).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(&'a str),
+    Parts(Vec<ChatPart>),
+}
+
+/// A content part: text, or an image part (`images::chat_part`, which may be a note instead).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ChatPart {
+    Text(TextPart),
+    Image(Value),
+}
+
+#[derive(Debug, Serialize)]
+struct TextPart {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+fn text_part(text: impl Into<String>) -> ChatPart {
+    ChatPart::Text(TextPart {
+        kind: "text",
+        text: text.into(),
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct ChatToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ChatFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChatFunction<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
 /// OpenAI Chat Completions.
 pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
-    let mut messages = vec![json!({ "role": "system", "content": request.system })];
+    let mut messages = vec![ChatMessage::System {
+        content: request.system,
+    }];
     let items = items(&request.history);
     let mut gallery = gallery(IMAGE_LIMITS, request, &items);
-    for item in items {
+    for item in &items {
         match item {
-            Item::User(user) if user.images.is_empty() => {
-                messages.push(json!({ "role": "user", "content": user.text }))
-            }
+            Item::User(user) if user.images.is_empty() => messages.push(ChatMessage::User {
+                content: UserContent::Text(&user.text),
+            }),
             Item::User(user) => {
-                let mut parts = vec![json!({ "type": "text", "text": user.text })];
+                let mut parts = vec![text_part(user.text.as_str())];
                 parts.extend(
-                    user.images
-                        .iter()
-                        .map(|i| images::chat_part(gallery.part(i))),
+                    (user.images.iter())
+                        .map(|i| ChatPart::Image(images::chat_part(gallery.part(i)))),
                 );
-                messages.push(json!({ "role": "user", "content": parts }));
+                messages.push(ChatMessage::User {
+                    content: UserContent::Parts(parts),
+                });
             }
             Item::Exchange(exchange) => {
-                let assistant = exchange.assistant;
-                let mut out = Map::new();
-                out.insert("role".into(), "assistant".into());
-                let has_calls = !exchange.calls.is_empty();
-                out.insert(
-                    "content".into(),
-                    if assistant.text.is_empty() && has_calls {
-                        Value::Null
-                    } else {
-                        Value::String(assistant.text.clone())
-                    },
-                );
-                let (reasoning, details) = match &assistant.replay {
-                    Some(ProviderReplay::OpenAiChat {
-                        reasoning_content,
-                        reasoning_details,
-                    }) => (
-                        Some(reasoning_content.as_str()),
-                        reasoning_details.as_slice(),
-                    ),
-                    _ => (None, &[][..]),
-                };
-                if !details.is_empty() {
-                    out.insert("reasoning_details".into(), Value::Array(details.to_vec()));
-                }
-                match reasoning {
-                    Some(text) if !text.is_empty() => {
-                        out.insert("reasoning_content".into(), text.into());
-                    }
-                    // Thinking models reject tool-call messages without the field (even if empty);
-                    // for history from another family this is a placeholder, not invented thinking.
-                    _ if has_calls && model.quirks.reasoning_content_on_tool_calls => {
-                        out.insert("reasoning_content".into(), "".into());
-                    }
-                    _ => {}
-                }
-                if has_calls {
-                    let calls: Vec<Value> = exchange
-                        .calls
-                        .iter()
-                        .map(|(call, _)| {
-                            json!({
-                                "id": call.call.provider_call_id,
-                                "type": "function",
-                                "function": { "name": call.call.name, "arguments": arguments_text(call) },
-                            })
-                        })
-                        .collect();
-                    out.insert("tool_calls".into(), Value::Array(calls));
-                }
-                messages.push(Value::Object(out));
+                messages.push(assistant_message(model, exchange));
                 for (call, result) in &exchange.calls {
-                    messages.push(json!({
-                        "role": "tool",
-                        "tool_call_id": call.call.provider_call_id,
-                        "content": result.result.content,
-                    }));
+                    messages.push(ChatMessage::Tool {
+                        tool_call_id: &call.call.provider_call_id,
+                        content: &result.result.content,
+                    });
                 }
                 // A tool message is text only: the results' images follow as a user message.
                 let mut parts = Vec::new();
@@ -433,47 +480,83 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                         continue;
                     }
                     let caption = images::tool_images_caption(&call.call.name, &call.call.call_id);
-                    parts.push(json!({ "type": "text", "text": caption }));
+                    parts.push(text_part(caption));
                     parts.extend(
-                        (result.result.images.iter()).map(|i| images::chat_part(gallery.part(i))),
+                        (result.result.images.iter())
+                            .map(|i| ChatPart::Image(images::chat_part(gallery.part(i)))),
                     );
                 }
                 if !parts.is_empty() {
-                    messages.push(json!({ "role": "user", "content": parts }));
+                    messages.push(ChatMessage::User {
+                        content: UserContent::Parts(parts),
+                    });
                 }
             }
         }
     }
-    let mut body = json!({
-        "model": model.upstream_id,
-        "messages": messages,
-        "stream": true,
-    });
-    if model.quirks.stream_usage {
-        body["stream_options"] = json!({ "include_usage": true });
+    let limit = model.max_output_tokens;
+    let body = ChatRequest {
+        model: &model.upstream_id,
+        messages,
+        stream: true,
+        stream_options: (model.quirks.stream_usage).then_some(StreamOptions {
+            include_usage: true,
+        }),
+        tools: request.tools,
+        max_tokens: limit.filter(|_| !model.reasoning),
+        max_completion_tokens: limit.filter(|_| model.reasoning),
+        reasoning_effort: (request.parameters.effort)
+            .filter(|_| model.reasoning)
+            // DeepSeek-style servers know low..high; "minimal"/"max" are clamped to the nearest.
+            .map(|effort| match effort {
+                Effort::Minimal => "low",
+                Effort::Max => "high",
+                other => other.as_str(),
+            }),
+    };
+    serde_json::to_value(body).expect("a Chat Completions body is JSON")
+}
+
+/// The assistant's message of an exchange: its text (`null` when it only calls tools), the
+/// reasoning to replay, its calls in order.
+fn assistant_message<'a>(
+    model: &crate::config::ModelConfig,
+    exchange: &'a crate::prompting::projector::Exchange<'a>,
+) -> ChatMessage<'a> {
+    let assistant = exchange.assistant;
+    let has_calls = !exchange.calls.is_empty();
+    let (reasoning, details) = match &assistant.replay {
+        Some(ProviderReplay::OpenAiChat {
+            reasoning_content,
+            reasoning_details,
+        }) => (
+            Some(reasoning_content.as_str()),
+            reasoning_details.as_slice(),
+        ),
+        _ => (None, &[][..]),
+    };
+    let reasoning_content = match reasoning {
+        Some(text) if !text.is_empty() => Some(text),
+        // Thinking models reject tool-call messages without the field (even if empty); for
+        // history from another family this is a placeholder, not invented thinking.
+        _ if has_calls && model.quirks.reasoning_content_on_tool_calls => Some(""),
+        _ => None,
+    };
+    ChatMessage::Assistant {
+        content: (!(assistant.text.is_empty() && has_calls)).then_some(assistant.text.as_str()),
+        reasoning_content,
+        reasoning_details: details,
+        tool_calls: (exchange.calls.iter())
+            .map(|(call, _)| ChatToolCall {
+                id: &call.call.provider_call_id,
+                kind: "function",
+                function: ChatFunction {
+                    name: &call.call.name,
+                    arguments: arguments_text(call),
+                },
+            })
+            .collect(),
     }
-    if !request.tools.is_empty() {
-        body["tools"] = Value::Array(request.tools.to_vec());
-    }
-    if let Some(limit) = model.max_output_tokens {
-        // OpenAI's reasoning models take only `max_completion_tokens`; other servers `max_tokens`.
-        let field = if model.reasoning {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        body[field] = limit.into();
-    }
-    if let Some(effort) = request.parameters.effort.filter(|_| model.reasoning) {
-        // DeepSeek-style servers know low..high; "minimal"/"max" are clamped to the nearest.
-        let value = match effort {
-            Effort::Minimal => "low",
-            Effort::Max => "high",
-            other => other.as_str(),
-        };
-        body["reasoning_effort"] = value.into();
-    }
-    body
 }
 
 #[cfg(test)]

@@ -532,7 +532,8 @@ fn every_familys_bodies_match_the_recorded_bodies() {
         fast: true,
     };
     let (thinking, plain) = (model(true), model(false));
-    let families: [(&str, fn(&ModelRequest<'_>) -> Value); 3] = [
+    type Project = fn(&ModelRequest<'_>) -> Value;
+    let families: [(&str, Project); 3] = [
         ("openai_chat", openai_chat),
         ("openai_responses", openai_responses),
         ("anthropic", anthropic),
