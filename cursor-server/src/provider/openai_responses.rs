@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::Serialize;
 use serde_json::Value;
 
 use super::family::Family;
@@ -239,128 +240,205 @@ impl Family for OpenAiResponses {
     }
 }
 
+/// The Responses request body, as the endpoint reads it.
+#[derive(Debug, Serialize)]
+struct ResponsesRequest<'a> {
+    model: &'a str,
+    instructions: &'a str,
+    input: Vec<InputItem<'a>>,
+    stream: bool,
+    /// Stateless: nothing is kept on the provider's side; reasoning is replayed.
+    store: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ResponsesTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<Reasoning>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    include: Option<[&'static str; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'static str>,
+}
+
+/// One item of the input.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum InputItem<'a> {
+    Message(InputMessage<'a>),
+    Typed(TypedItem<'a>),
+    /// A replayed item, exactly as the provider sent it (arguments normalised).
+    Verbatim(Value),
+}
+
+#[derive(Debug, Serialize)]
+struct InputMessage<'a> {
+    role: &'static str,
+    content: Content<'a>,
+}
+
+/// A message's content or a call's output: its text, or parts (text, then images).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Content<'a> {
+    Text(&'a str),
+    Parts(Vec<Value>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum TypedItem<'a> {
+    FunctionCall {
+        call_id: &'a str,
+        name: &'a str,
+        arguments: String,
+    },
+    FunctionCallOutput {
+        call_id: &'a str,
+        output: Content<'a>,
+    },
+}
+
+/// A tool of the request in the Responses shape (flat, not under `function`).
+#[derive(Debug, Serialize)]
+struct ResponsesTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a Value,
+    description: &'a Value,
+    parameters: &'a Value,
+    strict: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Reasoning {
+    summary: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effort: Option<&'static str>,
+}
+
+fn input_text(text: &str) -> Value {
+    json!({ "type": "input_text", "text": text })
+}
+
 /// OpenAI Responses, stateless: `store: false`, reasoning replayed from its encrypted content.
 pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
     let mut input = Vec::new();
     let items = items(&request.history);
     let mut gallery = gallery(IMAGE_LIMITS, request, &items);
-    for item in items {
+    for item in &items {
         match item {
             Item::User(user) if user.images.is_empty() => {
-                input.push(json!({ "role": "user", "content": user.text }))
+                input.push(InputItem::Message(InputMessage {
+                    role: "user",
+                    content: Content::Text(&user.text),
+                }))
             }
             Item::User(user) => {
-                let mut parts = vec![json!({ "type": "input_text", "text": user.text })];
-                parts.extend(
-                    user.images
-                        .iter()
-                        .map(|i| images::responses_part(gallery.part(i))),
-                );
-                input.push(json!({ "role": "user", "content": parts }));
+                let mut parts = vec![input_text(&user.text)];
+                parts.extend((user.images.iter()).map(|i| images::responses_part(gallery.part(i))));
+                input.push(InputItem::Message(InputMessage {
+                    role: "user",
+                    content: Content::Parts(parts),
+                }));
             }
             Item::Exchange(exchange) => {
-                let answered: Vec<&str> = exchange
-                    .calls
-                    .iter()
-                    .map(|(call, _)| call.call.provider_call_id.as_str())
-                    .collect();
-                match &exchange.assistant.replay {
-                    Some(ProviderReplay::OpenAiResponses { items }) => {
-                        // Verbatim and in order, so each reasoning item keeps the item after it; a
-                        // function call that never got its result is the only thing left out.
-                        for item in items {
-                            let unanswered = item["type"] == "function_call"
-                                && !answered
-                                    .contains(&item["call_id"].as_str().unwrap_or_default());
-                            if unanswered {
-                                continue;
-                            }
-                            let mut item = item.clone();
-                            // Arguments are normalised like everywhere else (empty, cut off).
-                            if item["type"] == "function_call"
-                                && let Some(raw) = item["arguments"].as_str()
-                            {
-                                item["arguments"] = replayable_arguments(raw).into();
-                            }
-                            input.push(item);
-                        }
-                    }
-                    _ => {
-                        if !exchange.assistant.text.is_empty() {
-                            input.push(
-                                json!({ "role": "assistant", "content": exchange.assistant.text }),
-                            );
-                        }
-                        for (call, _) in &exchange.calls {
-                            input.push(json!({
-                                "type": "function_call",
-                                "call_id": call.call.provider_call_id,
-                                "name": call.call.name,
-                                "arguments": arguments_text(call),
-                            }));
-                        }
-                    }
-                }
+                assistant_items(exchange, &mut input);
                 for (call, result) in &exchange.calls {
                     let output = if result.result.images.is_empty() {
-                        Value::String(result.result.content.clone())
+                        Content::Text(&result.result.content)
                     } else {
-                        let text = json!({ "type": "input_text", "text": result.result.content });
                         let shown = (result.result.images.iter())
                             .map(|i| images::responses_part(gallery.part(i)));
-                        Value::Array(std::iter::once(text).chain(shown).collect())
+                        let text = input_text(&result.result.content);
+                        Content::Parts(std::iter::once(text).chain(shown).collect())
                     };
-                    input.push(json!({
-                        "type": "function_call_output",
-                        "call_id": call.call.provider_call_id,
-                        "output": output,
+                    input.push(InputItem::Typed(TypedItem::FunctionCallOutput {
+                        call_id: &call.call.provider_call_id,
+                        output,
                     }));
                 }
             }
         }
     }
-    let tools: Vec<Value> = request
-        .tools
-        .iter()
+    let tools = (request.tools.iter())
         .map(|tool| {
             let function = &tool["function"];
-            json!({
-                "type": "function",
-                "name": function["name"],
-                "description": function["description"],
-                "parameters": function["parameters"],
-                "strict": false,
-            })
+            ResponsesTool {
+                kind: "function",
+                name: &function["name"],
+                description: &function["description"],
+                parameters: &function["parameters"],
+                strict: false,
+            }
         })
         .collect();
-    let mut body = json!({
-        "model": model.upstream_id,
-        "instructions": request.system,
-        "input": input,
-        "stream": true,
-        "store": false,
+    let reasoning = model.reasoning.then(|| Reasoning {
+        summary: "auto",
+        effort: request.parameters.effort.map(|effort| match effort {
+            Effort::Max => "high",
+            other => other.as_str(),
+        }),
     });
-    if !tools.is_empty() {
-        body["tools"] = Value::Array(tools);
-    }
-    if let Some(limit) = model.max_output_tokens {
-        body["max_output_tokens"] = limit.into();
-    }
-    if model.reasoning {
-        let mut reasoning = json!({ "summary": "auto" });
-        if let Some(effort) = request.parameters.effort {
-            let value = match effort {
-                Effort::Max => "high",
-                other => other.as_str(),
-            };
-            reasoning["effort"] = value.into();
+    let body = ResponsesRequest {
+        model: &model.upstream_id,
+        instructions: request.system,
+        input,
+        stream: true,
+        store: false,
+        tools,
+        max_output_tokens: model.max_output_tokens,
+        reasoning,
+        include: model.reasoning.then_some(["reasoning.encrypted_content"]),
+        service_tier: request.parameters.fast.then_some("priority"),
+    };
+    serde_json::to_value(body).expect("a Responses body is JSON")
+}
+
+/// What the model said in an exchange: its own items replayed (this family produced them), or its
+/// text and calls rebuilt.
+fn assistant_items<'a>(
+    exchange: &'a crate::prompting::projector::Exchange<'a>,
+    input: &mut Vec<InputItem<'a>>,
+) {
+    let answered: Vec<&str> = (exchange.calls.iter())
+        .map(|(call, _)| call.call.provider_call_id.as_str())
+        .collect();
+    match &exchange.assistant.replay {
+        Some(ProviderReplay::OpenAiResponses { items }) => {
+            // Verbatim and in order, so each reasoning item keeps the item after it; a function
+            // call that never got its result is the only thing left out.
+            for item in items {
+                let unanswered = item["type"] == "function_call"
+                    && !answered.contains(&item["call_id"].as_str().unwrap_or_default());
+                if unanswered {
+                    continue;
+                }
+                let mut item = item.clone();
+                // Arguments are normalised like everywhere else (empty, cut off).
+                if item["type"] == "function_call"
+                    && let Some(raw) = item["arguments"].as_str()
+                {
+                    item["arguments"] = replayable_arguments(raw).into();
+                }
+                input.push(InputItem::Verbatim(item));
+            }
         }
-        body["reasoning"] = reasoning;
-        body["include"] = json!(["reasoning.encrypted_content"]);
+        _ => {
+            if !exchange.assistant.text.is_empty() {
+                input.push(InputItem::Message(InputMessage {
+                    role: "assistant",
+                    content: Content::Text(&exchange.assistant.text),
+                }));
+            }
+            for (call, _) in &exchange.calls {
+                input.push(InputItem::Typed(TypedItem::FunctionCall {
+                    call_id: &call.call.provider_call_id,
+                    name: &call.call.name,
+                    arguments: arguments_text(call),
+                }));
+            }
+        }
     }
-    if request.parameters.fast {
-        body["service_tier"] = "priority".into();
-    }
-    body
 }
