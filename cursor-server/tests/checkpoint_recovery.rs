@@ -1856,19 +1856,8 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
     let provider = FakeProvider::start().await;
     provider.push(Reply::sse(text_events(&["hello"], (5, 1, 0))));
     let server = TestServer::start(&provider.base_url()).await;
-    let url = format!(
-        "sqlite://{}",
-        server.db_dir.path().join("test.db").display()
-    );
-    let injector = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::query(
-        "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox
-         WHEN NEW.conversation_id = 'conv-atomic'
-         BEGIN SELECT RAISE(ABORT, 'injected: the disk failed'); END",
-    )
-    .execute(&injector)
-    .await
-    .unwrap();
+    let url = fixtures::database_url(&server.db_dir.path().join("test.db"));
+    let failing_disk = FailingOutbox::install(&url, "conv-atomic").await;
     let cursor = FakeCursor::new(server.addr);
     let session = Session::start(
         &cursor,
@@ -1887,10 +1876,16 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
 
     let store = Store::open(&url).await.unwrap();
     assert!(
-        messages::load(&store, "conv-atomic").await.unwrap().is_empty(),
+        messages::load(&store, "conv-atomic")
+            .await
+            .unwrap()
+            .is_empty(),
         "the user's message is not kept without its blobs"
     );
-    assert_eq!(conversations::base(&store, "conv-atomic").await.unwrap(), None);
+    assert_eq!(
+        conversations::base(&store, "conv-atomic").await.unwrap(),
+        None
+    );
     let run = cursor_server::store::runs::get(&store, "req-atomic-1")
         .await
         .unwrap()
@@ -1898,10 +1893,7 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
     assert!(run.outcome.error.is_some(), "{run:?}");
 
     // The disk is back: the same message starts the conversation as if the first try never was.
-    sqlx::query("DROP TRIGGER refuse_outbox")
-        .execute(&injector)
-        .await
-        .unwrap();
+    failing_disk.remove().await;
     let again = Session::start(
         &cursor,
         "req-atomic-2",
@@ -1918,4 +1910,61 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
         .filter(|m| matches!(m, CanonicalMessage::User(u) if u.text == "hello"))
         .count();
     assert_eq!(users, 1, "one user message: {history:?}");
+}
+
+/// A database that refuses every outbox row of one conversation (a trigger, in either dialect):
+/// a write that fails part-way through a transaction.
+enum FailingOutbox {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl FailingOutbox {
+    async fn install(url: &str, conversation_id: &str) -> FailingOutbox {
+        if fixtures::on_postgres() {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            let function = "CREATE FUNCTION refuse_outbox() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN RAISE EXCEPTION 'injected: the disk failed'; END $$";
+            let trigger = format!(
+                "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox FOR EACH ROW
+                 WHEN (NEW.conversation_id = '{conversation_id}') EXECUTE FUNCTION refuse_outbox()"
+            );
+            for sql in [function.to_owned(), trigger] {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            FailingOutbox::Postgres(pool)
+        } else {
+            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            let trigger = format!(
+                "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox
+                 WHEN NEW.conversation_id = '{conversation_id}'
+                 BEGIN SELECT RAISE(ABORT, 'injected: the disk failed'); END"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(trigger))
+                .execute(&pool)
+                .await
+                .unwrap();
+            FailingOutbox::Sqlite(pool)
+        }
+    }
+
+    async fn remove(self) {
+        match self {
+            FailingOutbox::Postgres(pool) => {
+                sqlx::query("DROP TRIGGER refuse_outbox ON outbox")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            FailingOutbox::Sqlite(pool) => {
+                sqlx::query("DROP TRIGGER refuse_outbox")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
 }

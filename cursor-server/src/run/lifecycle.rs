@@ -1,6 +1,10 @@
 //! The three ways a run ends — success, error, canceled — and the frames each sends (every path ends
 //! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
 //! along the way.
+//!
+//! Length: the checkpoints' whole lifecycle — opening the graph, entering committed messages,
+//! the emission that stores and sends their blobs (alone or inside a run start's one transaction),
+//! the ACK gate and publication — is one state machine on one struct; it reads best in one file.
 
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::cursor::checkpoint::StateDetails;
@@ -299,7 +303,10 @@ impl Emission {
     }
 
     /// The rows the store writes: `all` with `edges`, then the local blobs.
-    pub fn rows<'e>(&'e self, edges: &'e [Vec<Edge<'e>>]) -> Vec<(BlobId, &'e [u8], &'e [Edge<'e>])> {
+    pub fn rows<'e>(
+        &'e self,
+        edges: &'e [Vec<Edge<'e>>],
+    ) -> Vec<(BlobId, &'e [u8], &'e [Edge<'e>])> {
         self.all
             .iter()
             .zip(edges)
@@ -335,6 +342,25 @@ fn must_heal(
         Some(_) => false,
         None => !importing,
     }
+}
+
+/// The run starts by sending what the projection built (`built`) and, for a conversation with no
+/// checkpoint yet, its base's roots (`new_base`: from memory when they are not stored yet, else read
+/// back by id from the projection's base): a new base's roots are the client's only once sent; a
+/// recorded base's were sent.
+fn heal(
+    opening: &mut Vec<Blob>,
+    owed: &mut Vec<BlobId>,
+    built: NewBlobs,
+    new_base: Option<Result<Vec<Blob>, &Projection>>,
+) {
+    match new_base {
+        Some(Ok(roots)) => opening.extend(roots),
+        Some(Err(projection)) => owed.extend(projection.base_roots()),
+        None => {}
+    }
+    opening.extend(built.built);
+    owed.extend(built.stored);
 }
 
 /// Whether `state` names exactly the roots and turns the projection has.
@@ -405,17 +431,9 @@ impl Checkpoints {
         let (projection, built) = projection::project(base, timings, rows);
         let mut owed_blobs = owed.blobs;
         let mut opening = Vec::new();
-        let heal = must_heal(conversation_id, newest.as_ref(), &projection, importing);
-        if heal {
-            // A new base's roots are the client's only once sent; a recorded base's were sent.
-            match deferred_roots {
-                // Not stored yet: they are stored with the run's first messages, from memory.
-                Some(roots) => opening.extend(roots),
-                None if newest.is_none() => owed_blobs.extend(projection.base_roots()),
-                None => {}
-            }
-            opening.extend(built.built);
-            owed_blobs.extend(built.stored);
+        if must_heal(conversation_id, newest.as_ref(), &projection, importing) {
+            let new_base = newest.is_none().then(|| deferred_roots.ok_or(&projection));
+            heal(&mut opening, &mut owed_blobs, built, new_base);
         }
         let previous_mode = newest
             .as_ref()

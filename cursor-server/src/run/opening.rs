@@ -5,6 +5,10 @@
 //!
 //! Its own file because `run/loop_engine.rs` cannot hold the openers besides the turn's phases
 //! within 800 lines; the import in progress is the turn's `Phase::Importing` data.
+//!
+//! Length: every opener and the one-commit start of a user's message (the run's record, the base,
+//! the message and its blobs in one write transaction, re-read if history moved) share the
+//! `Request` and read best together; cutting the openers apart would split one concept.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,8 +121,14 @@ impl<'a> Request<'a> {
     async fn start_alone(&self) -> Result<(), ServerError> {
         if let Some(start) = self.start.filter(|_| !self.started.load(Ordering::Relaxed)) {
             let model = (start.model_id, start.requested_model);
-            runs::start_on(&self.app.store, self.request_id, self.conversation_id, model, start.node)
-                .await?;
+            runs::start_on(
+                &self.app.store,
+                self.request_id,
+                self.conversation_id,
+                model,
+                start.node,
+            )
+            .await?;
             self.started.store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -262,18 +272,10 @@ pub(super) async fn open(
         requested_model: &requested,
         node: app.cluster.as_ref().map(|c| c.node_name()),
     };
-    // A user's message starts the run in the transaction that stores it; other actions start it
-    // here.
-    let with_message = matches!(input.action, RunAction::UserMessage { .. });
-    if !with_message {
-        let model = (start.model_id, start.requested_model);
-        runs::start_on(&app.store, request_id, start.conversation_id, model, start.node).await?;
-    }
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
-    request.start = with_message.then_some(start);
+    request.start = start_unless_with_message(&app, start, &input.action).await?;
     let opened = open_first(&request, &input, out).await?;
-    drop(request);
     let mode = match input.action {
         RunAction::UserMessage { .. } => input.mode,
         _ => current_mode(&opened.history)
@@ -323,6 +325,29 @@ pub(super) async fn open(
     Ok((turn, opened.first))
 }
 
+/// A user's message starts the run in the transaction that stores it (returned, to be written
+/// then); any other action starts it here.
+async fn start_unless_with_message<'a>(
+    app: &AppState,
+    start: RunStart<'a>,
+    action: &RunAction,
+) -> Result<Option<RunStart<'a>>, ServerError> {
+    if matches!(action, RunAction::UserMessage { .. }) {
+        return Ok(Some(start));
+    }
+    let model = (start.model_id, start.requested_model);
+    let conversation_id = start.conversation_id;
+    runs::start_on(
+        &app.store,
+        start.request_id,
+        conversation_id,
+        model,
+        start.node,
+    )
+    .await?;
+    Ok(None)
+}
+
 /// Opens the run's action; a conversation another run wrote to while this one read it is read
 /// again (the run's start and first messages were not stored).
 async fn open_first(
@@ -336,7 +361,11 @@ async fn open_first(
         match open_action(request, &input.action, client_state, out).await {
             Err(ServerError::Store(StoreError::HistoryMoved { .. })) if attempts < 3 => {
                 attempts += 1;
-                tracing::info!(request_id = request.request_id, attempts, "the conversation changed while the run opened; reading it again");
+                tracing::info!(
+                    request_id = request.request_id,
+                    attempts,
+                    "the conversation changed while the run opened; reading it again"
+                );
             }
             Err(error) => {
                 // The run is recorded, so its ending is.

@@ -96,8 +96,7 @@ pub async fn put_and_send(
         put(&mut tx, blobs).await?;
         super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, sent).await?;
         if let Some(state) = built {
-            super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state)
-                .await?;
+            super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state).await?;
         }
         Ok(())
     })

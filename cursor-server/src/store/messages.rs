@@ -88,25 +88,34 @@ pub async fn append_opening(
         conversation_id: conversation_id.to_owned(),
         request_id: request_id.to_owned(),
     };
-    write_tx!(store, "committing the run's start and first messages", |tx| {
-        runs::start_in(&mut tx, &opening.start).await?;
-        if let Some(base) = &opening.base {
-            let (in_force, _) = blobs::put_base_in(&mut tx, conversation_id, base).await?;
-            if in_force != base.state.0 {
+    write_tx!(
+        store,
+        "committing the run's start and first messages",
+        |tx| {
+            runs::start_in(&mut tx, &opening.start).await?;
+            if let Some(base) = &opening.base {
+                let (in_force, _) = blobs::put_base_in(&mut tx, conversation_id, base).await?;
+                if in_force != base.state.0 {
+                    return Err(moved());
+                }
+            }
+            conversations::lock_existing(&mut tx, conversation_id).await?;
+            if end(&mut tx, conversation_id).await?
+                != i64::try_from(opening.read).unwrap_or(i64::MAX)
+            {
                 return Err(moved());
             }
+            insert_rows(&mut tx, conversation_id, request_id, &rows).await?;
+            blobs::put_in(&mut tx, opening.blobs).await?;
+            super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, opening.sent)
+                .await?;
+            Ok(())
         }
-        conversations::lock(&mut tx, conversation_id).await?;
-        if end(&mut tx, conversation_id).await? != i64::try_from(opening.read).unwrap_or(i64::MAX)
-        {
-            return Err(moved());
-        }
-        insert_rows(&mut tx, conversation_id, request_id, &rows).await?;
-        blobs::put_in(&mut tx, opening.blobs).await?;
-        super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, opening.sent).await?;
-        Ok(())
-    })?;
-    Ok(rows.into_iter().map(|(message, _)| message.clone()).collect())
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|(message, _)| message.clone())
+        .collect())
 }
 
 /// The next sequence number of the conversation's history (its length: sequences have no gaps).
@@ -198,7 +207,14 @@ async fn insert_rows(
             };
             let body = serde_json::to_string(message)?;
             let meta = tool_meta(message)?;
-            bound.push((seq, message.role().as_str(), origin, body, *runtime_event_id, meta));
+            bound.push((
+                seq,
+                message.role().as_str(),
+                origin,
+                body,
+                *runtime_event_id,
+                meta,
+            ));
             seq += 1;
         }
         let sql = format!(

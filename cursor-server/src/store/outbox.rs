@@ -6,7 +6,8 @@
 
 use super::conversations;
 use super::{
-    QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders, now_ms, row_placeholders,
+    QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders, now_ms,
+    row_placeholders,
 };
 use crate::model::conversation::BlobId;
 

@@ -87,7 +87,10 @@ pub async fn start_on(
         requested_model,
         node,
     };
-    write_tx!(store, "committing run start", |tx| start_in(&mut tx, &start).await)
+    write_tx!(store, "committing run start", |tx| start_in(
+        &mut tx, &start
+    )
+    .await)
 }
 
 /// A run's record as it starts: which conversation, which model (as asked and as routed), which
