@@ -3,6 +3,7 @@
 //! the call and its result in history with the runtime notice they cause — lands whole or not at
 //! all: a crash or a refusal (a run that no longer owns the conversation) leaves none of it.
 
+use super::blobs::Edge;
 use super::runs::{self, ToolExecution};
 use super::{Store, StoreError, blobs, conversations, messages};
 use crate::model::conversation::BlobId;
@@ -31,9 +32,10 @@ pub async fn tool_result(
 ) -> Result<Vec<CanonicalMessage>, StoreError> {
     write_tx!(store, "committing a tool result", |tx| {
         conversations::lock(&mut tx, commit.conversation_id).await?;
-        for (id, data) in commit.blobs {
-            blobs::put(&mut tx, *id, data, &[]).await?;
-        }
+        let rows: Vec<(BlobId, &[u8], &[Edge<'_>])> = (commit.blobs.iter())
+            .map(|(id, data)| (*id, *data, &[][..]))
+            .collect();
+        blobs::put_in(&mut tx, &rows).await?;
         runs::record_tool_in(&mut tx, commit.execution).await?;
         messages::append_with_tags_in(
             &mut tx,

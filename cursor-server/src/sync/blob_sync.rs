@@ -13,6 +13,10 @@ use crate::model::conversation::BlobId;
 use crate::ops::metrics::{self, KvEvent};
 use crate::sync::checkpoint::Blob;
 
+/// A KV request to the client (GET or SET of a blob), ready for the downlink: the run holds and
+/// sends it without looking inside.
+pub type KvRequest = AgentServerMessage;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
     #[error("KV result for KV id {0}, which was never issued")]
@@ -95,7 +99,7 @@ impl KvSync {
     }
 
     /// A `set_blob_args` for `blob`, unless the client holds it or it is already on its way.
-    pub fn store(&mut self, blob: &Blob) -> Option<AgentServerMessage> {
+    pub fn store(&mut self, blob: &Blob) -> Option<KvRequest> {
         if self.acked.contains(&blob.id) || !self.sending.insert(blob.id) {
             return None;
         }
@@ -111,7 +115,7 @@ impl KvSync {
     }
 
     /// Sends `blob` again under a new KV id (after a timeout); storing is idempotent.
-    pub fn resend(&mut self, blob: &Blob) -> Option<AgentServerMessage> {
+    pub fn resend(&mut self, blob: &Blob) -> Option<KvRequest> {
         self.sending.remove(&blob.id);
         self.in_flight
             .retain(|_, r| !matches!(r, Request::Set(id) if *id == blob.id));
@@ -120,7 +124,7 @@ impl KvSync {
     }
 
     /// A `get_blob_args`, remembering which blob was asked for (the answer does not repeat it).
-    pub fn fetch(&mut self, blob: BlobId) -> AgentServerMessage {
+    pub fn fetch(&mut self, blob: BlobId) -> KvRequest {
         let id = self.issue(Request::Get(blob));
         kv_message(
             id,
