@@ -38,7 +38,11 @@ impl App {
         })
         .map_err(|e| ServerError::Assets(e.to_string()))?;
         ops::metrics::install();
-        let store = Store::open(&config.database_url).await?;
+        let pool = crate::store::PoolSettings {
+            max_connections: config.database_max_connections,
+            acquire_timeout: config.database_acquire_timeout,
+        };
+        let store = Store::open_with(&config.database_url, pool).await?;
         let cluster = match &config.cluster {
             Some(settings) => Some(Arc::new(
                 Cluster::new(settings.clone()).map_err(ServerError::HttpClient)?,

@@ -42,7 +42,11 @@ pub(super) async fn blobs_sent_in(
         .execute(c)
         .await
         .map(|done| done.rows_affected())
-        .context("recording a sent blob"))?;
+        .map_err(|source| super::owner_refusal(
+            source,
+            "recording a sent blob",
+            (conversation_id, request_id)
+        )))?;
     }
     Ok(())
 }
@@ -67,7 +71,8 @@ pub(super) async fn blobs_acknowledged(
     Ok(())
 }
 
-/// Makes `state` the conversation's unpublished checkpoint (replacing an older one).
+/// Makes `state` the conversation's unpublished checkpoint (replacing an older one). Refused
+/// (`NotOwner`) to a run that no longer owns the conversation.
 pub async fn checkpoint_built(
     store: &Store,
     conversation_id: &str,
@@ -94,7 +99,13 @@ pub async fn checkpoint_built(
             .execute(&mut *c)
             .await
             .map(|done| done.rows_affected())
-            .context("recording the unpublished checkpoint")?;
+            .map_err(|source| {
+                super::owner_refusal(
+                    source,
+                    "recording the unpublished checkpoint",
+                    (conversation_id, request_id),
+                )
+            })?;
         });
         Ok(())
     })
