@@ -52,7 +52,9 @@ impl App {
         // A node of a cluster ends only the runs it left itself: the others' are theirs.
         let orphans = match &cluster {
             Some(cluster) => {
-                lease::join(&store, cluster).await?;
+                lease::join(&store, cluster)
+                    .await
+                    .map_err(|e| ServerError::Join(e.to_string()))?;
                 0
             }
             None => runs::reconcile_interrupted(&store).await?,

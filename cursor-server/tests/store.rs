@@ -87,6 +87,7 @@ on_both_backends!(
     a_half_migrated_database_is_refused,
     nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over,
     a_run_its_node_was_not_told_to_stop_has_its_late_writes_refused,
+    a_nodes_name_is_taken_only_once_its_lease_ran_out,
 );
 
 /// A user message typed in `mode`.
@@ -739,6 +740,17 @@ async fn postgres_restarted_under_load_fails_the_runs_in_flight_as_unavailable_a
     server.stop().await;
 }
 
+/// `name`'s registration as the registry lists it.
+async fn instance(store: &Store, name: &str) -> i64 {
+    nodes::list(store)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|n| n.name == name)
+        .unwrap()
+        .instance
+}
+
 async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb) {
     let store = &db.store;
     for name in ["a", "b", "c"] {
@@ -838,7 +850,9 @@ async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb)
     .unwrap();
     assert_eq!(summary[0].node.as_deref(), Some(owner.as_str()));
     assert!(
-        !nodes::renew(store, &owner).await.unwrap(),
+        !nodes::renew(store, &owner, instance(store, &owner).await)
+            .await
+            .unwrap(),
         "taken as stopped"
     );
     assert!(
@@ -858,11 +872,11 @@ async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb)
         .await
         .unwrap();
     // Joining again clears the stop; a clean shutdown sets it; old claims are forgotten.
-    nodes::register(store, &owner, "http://again")
+    let again = nodes::register(store, &owner, "http://again")
         .await
         .unwrap();
-    assert!(nodes::renew(store, &owner).await.unwrap());
-    nodes::leave(store, &owner).await.unwrap();
+    assert!(nodes::renew(store, &owner, again).await.unwrap());
+    nodes::leave(store, &owner, again).await.unwrap();
     let stopped = nodes::list(store).await.unwrap();
     let me = stopped.iter().find(|n| n.name == owner).unwrap();
     assert_eq!(me.stopped.as_deref(), Some("shut down"));
@@ -970,4 +984,50 @@ async fn a_run_its_node_was_not_told_to_stop_has_its_late_writes_refused(db: Tes
             .unwrap(),
         Some((newer, 2))
     );
+}
+
+/// A name held by a lease that has not run out is not taken; once it ran out it is, and the
+/// earlier holder can neither renew nor leave with the later holder's lease.
+async fn a_nodes_name_is_taken_only_once_its_lease_ran_out(db: TestDb) {
+    let store = &db.store;
+    let first = match nodes::register_if_free(store, ("a", "http://first"), 60_000)
+        .await
+        .unwrap()
+    {
+        nodes::Joined::Registered { instance } => instance,
+        held => panic!("a free name is taken: {held:?}"),
+    };
+    let held = nodes::register_if_free(store, ("a", "http://second"), 60_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&held, nodes::Joined::Held { internal_url, age_ms, .. }
+            if internal_url == "http://first" && *age_ms < 60_000),
+        "{held:?}"
+    );
+    assert!(nodes::renew(store, "a", first).await.unwrap());
+    // Past the lease (-1 ms: any heartbeat is too old) the name goes to the new process.
+    let second = match nodes::register_if_free(store, ("a", "http://second"), -1)
+        .await
+        .unwrap()
+    {
+        nodes::Joined::Registered { instance } => instance,
+        held => panic!("a lapsed name is taken: {held:?}"),
+    };
+    assert!(!nodes::renew(store, "a", first).await.unwrap());
+    nodes::leave(store, "a", first).await.unwrap();
+    assert!(nodes::renew(store, "a", second).await.unwrap());
+    let listed = nodes::list(store).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].internal_url, "http://second");
+    assert_eq!(listed[0].stopped, None);
+    assert_eq!(listed[0].instance, second);
+    // A stopped node's name is free at once.
+    nodes::leave(store, "a", second).await.unwrap();
+    assert!(matches!(
+        nodes::register_if_free(store, ("a", "http://third"), 60_000)
+            .await
+            .unwrap(),
+        nodes::Joined::Registered { .. }
+    ));
 }
