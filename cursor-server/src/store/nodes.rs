@@ -368,6 +368,22 @@ pub async fn conversation_run_elsewhere(
     .context("finding the conversation's run on another node"))
 }
 
+/// The runs running now on live nodes other than `me`, oldest first: (request id, node).
+pub async fn running_elsewhere(
+    store: &Store,
+    me: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    on_readers!(store, |p| sqlx::query_as(
+        "SELECT r.request_id, r.node FROM runs r JOIN nodes n ON n.name = r.node
+         WHERE r.status = 'running' AND r.node != $1 AND n.stopped_at_ms IS NULL
+         ORDER BY r.started_at_ms, r.request_id",
+    )
+    .bind(me)
+    .fetch_all(p)
+    .await
+    .context("listing the other nodes' running runs"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
