@@ -121,6 +121,7 @@ frontend cursor
   bind 127.0.0.1:$LBPORT
   # The CLI's HTTP/2 Run (h2c with prior knowledge) stays one stream end to end; RunSSE and
   # BidiAppend are HTTP/1.1, streamed. No stickiness: a run's requests land on either node.
+  http-request deny if { path_beg /internal/ }
   use_backend nodes_h2 if { req.ver 2.0 }
   default_backend nodes_h1
 backend nodes_h1
