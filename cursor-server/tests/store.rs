@@ -140,8 +140,8 @@ async fn the_database_refuses_history_from_a_run_that_no_longer_owns_the_convers
     );
 }
 
-/// A tool result's commit (its card and image blobs, the console's record, the call and result)
-/// is one transaction: refused at its last write, it leaves none of the earlier ones behind —
+/// A tool result's commit (its card and image blobs, the console's record, the call and result,
+/// the checkpoint showing it and what it sends the client) is one transaction: refused at its last write, it leaves none of the earlier ones behind —
 /// unlike the same writes made one by one, which leave the card stored for a result that is not.
 async fn a_refused_tool_result_commit_leaves_nothing_half_written(db: TestDb) {
     use cursor_server::model::message::{ToolCallRecord, ToolResultRecord};
@@ -161,7 +161,8 @@ async fn a_refused_tool_result_commit_leaves_nothing_half_written(db: TestDb) {
     };
     let card: &[u8] = b"the Read card";
     let image: &[u8] = b"an image the result shows";
-    let (card_id, image_id) = (BlobId::of(card), BlobId::of(image));
+    let state: &[u8] = b"the checkpoint showing the result";
+    let (card_id, image_id, state_id) = (BlobId::of(card), BlobId::of(image), BlobId::of(state));
     let pair = [
         CanonicalMessage::ToolCall(ToolCallRecord {
             model_call_id: "mc".into(),
@@ -199,6 +200,9 @@ async fn a_refused_tool_result_commit_leaves_nothing_half_written(db: TestDb) {
             messages: &pair,
             after: &[],
             execution: &execution,
+            graph: &[(state_id, state, &[])],
+            sent: &[card_id, state_id],
+            built: Some(state_id),
         },
     )
     .await;

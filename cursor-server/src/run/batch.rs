@@ -1,7 +1,7 @@
 //! One tool batch: every call of a model answer started at once, their exec results, questions and
 //! searches routed back by slot, and each completed call committed as one unit of work — its card
-//! and images, its record, the call and result, the mode notice an approved switch brings: one
-//! write transaction (`store/commit.rs`) — before its card completes in the checkpoint.
+//! and images, its record, the call and result, the mode notice an approved switch brings, the
+//! graph's blobs and the checkpoint showing it: one write transaction (`store/commit.rs`).
 //!
 //! Its own file because `run/loop_engine.rs` (the plan's "LLM → Tool → LLM main loop") cannot hold
 //! the batch's transitions besides the turn's phases within 800 lines; the batch is the turn's
@@ -10,6 +10,7 @@
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::lifecycle::{Building, Emission};
 use super::turn::{Turn, fold_plan, fold_subagent_runs, fold_todos, switch_mode};
 use crate::client::command::ExecControl;
 use crate::client::downlink::Downlink;
@@ -17,12 +18,12 @@ use crate::client::interaction;
 use crate::error::ServerError;
 use crate::model::conversation::{BlobId, Mode};
 use crate::model::message::{CanonicalMessage, ToolCallRecord, ToolResultRecord};
-use crate::model::runtime_tag::BackgroundKind;
+use crate::model::runtime_tag::{BackgroundKind, RuntimeTag};
 use crate::model::tool::{ToolCall, ToolMeta, ToolResult};
 use crate::ops::metrics;
 use crate::prompting::compiler;
 use crate::provider::web_search::{self, SearchHit};
-use crate::store::{commit, now_ms, runs};
+use crate::store::{StoreError, commit, messages, now_ms, runs};
 use crate::sync::checkpoint::StepBlob;
 use crate::tools::exec::{ExecKind, ExecPayload, QueryPayload};
 use crate::tools::tool_result::{ToolImage, ToolOutcome, ToolStep};
@@ -406,29 +407,26 @@ impl Batch {
                 .iter()
                 .map(|i| (i.image.blob, i.data.as_slice())),
         );
+        let card_id = card.as_ref().map(|card| card.id);
+        let (messages, notice) =
+            result_messages(turn, &call, result, (entry.index, card_id), switched_to).await?;
+        let kind = run.as_ref().map(ToolRun::kind);
+        let expected: Vec<CanonicalMessage> = (messages.iter().cloned())
+            .chain(notice.iter().map(RuntimeTag::message))
+            .collect();
+        let (entered, building) = project(turn, &expected, switched_to, kind, &call).await?;
         let staged = Staged {
-            index: entry.index,
-            card: card.as_ref().map(|card| card.id),
             blobs: &blobs,
-            switched_to,
+            messages: &messages,
+            notice: &notice,
             execution: &execution,
         };
-        let appended = commit(turn, &call, &result, staged).await?;
+        commit(turn, staged, (&entered, building.as_ref()), expected.len()).await?;
         self.finished += 1;
-        after_commit(
-            turn,
-            run.as_ref().map(ToolRun::kind),
-            &call,
-            switched_to,
-            &appended,
-        )
-        .await?;
-        // The graph adds the batch in call order — the order the model's requests project it in
-        // (protocol.md §7) — whatever order the calls finish in; a checkpoint names every call not
-        // in it yet as pending, started or not.
-        if turn.checkpoints.committed(&appended, out).await? {
-            let details = turn.state_details(turn.checkpoints.pending_calls(), None);
-            turn.checkpoints.checkpoint(&details, out).await?;
+        turn.load_images(&expected).await?;
+        turn.checkpoints.delivered(entered, out).await;
+        if let Some(building) = building {
+            turn.checkpoints.built(building, out).await?;
         }
         Ok(())
     }
@@ -484,70 +482,108 @@ fn result_of(
     }
 }
 
-/// What a result's commit writes besides the call and the result themselves.
-struct Staged<'a> {
-    index: u32,
-    /// The card's step blob, which the result names.
-    card: Option<BlobId>,
-    /// The card's and the images' blobs.
-    blobs: &'a [(BlobId, &'a [u8])],
-    /// An approved mode switch: its notice is stored with the result, so the model is told.
+/// What the result changes follows from history before it is committed — the mode an approved
+/// switch brings, the todos, plan and subagent runs, the graph and the checkpoint showing it —
+/// so the checkpoint is stored by the result's own transaction. The graph adds the batch in call
+/// order, the order the model's requests project it in (protocol.md §7), whatever order the calls
+/// finish in; a checkpoint names every call not in it yet as pending, started or not.
+async fn project(
+    turn: &mut Turn,
+    expected: &[CanonicalMessage],
     switched_to: Option<Mode>,
-    execution: &'a runs::ToolExecution,
-}
-
-/// Commits the call and its result (naming its card), the blobs they name, the notice of an
-/// approved mode switch and the call's record in one write transaction; returns what was stored.
-async fn commit(
-    turn: &mut Turn,
-    call: &ToolCall,
-    result: &ToolResult,
-    staged: Staged<'_>,
-) -> Result<Vec<CanonicalMessage>, ServerError> {
-    let pair = [
-        CanonicalMessage::ToolCall(ToolCallRecord {
-            model_call_id: turn.model_call_id.clone(),
-            index: staged.index,
-            call: call.clone(),
-        }),
-        CanonicalMessage::ToolResult(ToolResultRecord {
-            card: staged.card,
-            model_call_id: turn.model_call_id.clone(),
-            index: staged.index,
-            result: result.clone(),
-        }),
-    ];
-    let notice: Vec<_> = (staged.switched_to)
-        .map(|to| compiler::mode_switch_tag(&turn.app.prompts, turn.mode(), to, &call.call_id))
-        .into_iter()
-        .collect();
-    let unit = commit::ToolResultCommit {
-        conversation_id: turn.conversation_id(),
-        request_id: &turn.request_id,
-        blobs: staged.blobs,
-        messages: &pair,
-        after: &notice,
-        execution: staged.execution,
-    };
-    let appended = commit::tool_result(&turn.app.store, &unit).await?;
-    turn.history.extend_from_slice(&appended);
-    Ok(appended)
-}
-
-/// What a committed result changes, folded from history: the images the model will be shown, an
-/// approved mode switch, the todo list, the plan, the subagent runs.
-async fn after_commit(
-    turn: &mut Turn,
     kind: Option<ToolKind>,
     call: &ToolCall,
-    switched_to: Option<Mode>,
-    appended: &[CanonicalMessage],
-) -> Result<(), ServerError> {
-    turn.load_images(appended).await?;
+) -> Result<(Emission, Option<Building>), ServerError> {
+    turn.history.extend_from_slice(expected);
     if let Some(to) = switched_to {
         switch_mode(turn, to);
     }
     refold(turn, kind, call);
+    let (grew, entered) = turn.checkpoints.entering(expected).await?;
+    if !grew {
+        return Ok((entered, None));
+    }
+    let details = turn.state_details(turn.checkpoints.pending_calls(), None);
+    Ok((entered, turn.checkpoints.building(&details).await?))
+}
+
+/// What a result's commit writes besides the graph: the card's and the images' blobs, the call
+/// and its result, the notice, the call's record.
+struct Staged<'a> {
+    blobs: &'a [(BlobId, &'a [u8])],
+    messages: &'a [CanonicalMessage],
+    notice: &'a [RuntimeTag],
+    execution: &'a runs::ToolExecution,
+}
+
+/// The call and its result (naming its card), and the notice of an approved mode switch the
+/// conversation has not been told yet: the model is told in the result's transaction.
+async fn result_messages(
+    turn: &Turn,
+    call: &ToolCall,
+    result: ToolResult,
+    (index, card): (u32, Option<BlobId>),
+    switched_to: Option<Mode>,
+) -> Result<(Vec<CanonicalMessage>, Vec<RuntimeTag>), ServerError> {
+    let pair = vec![
+        CanonicalMessage::ToolCall(ToolCallRecord {
+            model_call_id: turn.model_call_id.clone(),
+            index,
+            call: call.clone(),
+        }),
+        CanonicalMessage::ToolResult(ToolResultRecord {
+            card,
+            model_call_id: turn.model_call_id.clone(),
+            index,
+            result,
+        }),
+    ];
+    let notice: Vec<_> = switched_to
+        .map(|to| compiler::mode_switch_tag(&turn.app.prompts, turn.mode(), to, &call.call_id))
+        .into_iter()
+        .collect();
+    let notice = messages::unconsumed(&turn.app.store, turn.conversation_id(), &notice).await?;
+    Ok((pair, notice))
+}
+
+/// Commits the result in one write transaction: `staged`, the graph's blobs `entered` adds and
+/// the checkpoint `building` made (the blobs sent recorded as owed, the state as the unpublished
+/// checkpoint). `expected` is how many messages the graph and history took in: a notice told
+/// meanwhile would make them differ, so that is refused rather than published.
+async fn commit(
+    turn: &Turn,
+    staged: Staged<'_>,
+    (entered, building): (&Emission, Option<&Building>),
+    expected: usize,
+) -> Result<(), ServerError> {
+    let edges = entered.edges();
+    let mut graph = entered.rows(&edges);
+    let mut sent = entered.sent.clone();
+    let checkpoint_edges = building.map(|b| b.emission().edges()).unwrap_or_default();
+    if let Some(building) = building {
+        graph.extend(building.emission().rows(&checkpoint_edges));
+        sent.extend_from_slice(&building.emission().sent);
+    }
+    let rows: Vec<(BlobId, &[u8])> = staged.blobs.to_vec();
+    let unit = commit::ToolResultCommit {
+        conversation_id: turn.conversation_id(),
+        request_id: &turn.request_id,
+        blobs: &rows,
+        messages: staged.messages,
+        after: staged.notice,
+        execution: staged.execution,
+        graph: &graph,
+        sent: &sent,
+        built: building.map(Building::state_id),
+    };
+    let appended = commit::tool_result(&turn.app.store, &unit).await?;
+    if appended.len() != expected {
+        return Err(StoreError::HistoryMoved {
+            conversation_id: turn.conversation_id().to_owned(),
+            request_id: turn.request_id.clone(),
+        }
+        .into());
+    }
     Ok(())
 }
 

@@ -304,6 +304,24 @@ impl Emission {
     }
 }
 
+/// A checkpoint built (`Checkpoints::building`) and not stored yet.
+pub struct Building {
+    state: ConversationState,
+    state_id: BlobId,
+    emission: Emission,
+}
+
+impl Building {
+    /// The state blob the store records as the unpublished checkpoint.
+    pub fn state_id(&self) -> BlobId {
+        self.state_id
+    }
+
+    pub fn emission(&self) -> &Emission {
+        &self.emission
+    }
+}
+
 /// Whether the run starts by sending the projection's blobs: when the newest checkpoint differs
 /// from the projection of history (it is continued from the projection), or none was published.
 fn must_heal(
@@ -668,6 +686,43 @@ impl Checkpoints {
             }
             self.referenced.push(blob.id);
         }
+    }
+
+    /// Builds the checkpoint of everything so far without storing it: the transaction that
+    /// commits what it shows stores it (a tool result's commit), then `built` sends and offers it.
+    pub async fn building(
+        &mut self,
+        details: &StateDetails,
+    ) -> Result<Option<Building>, ServerError> {
+        let Some(turn) = self.projection.graph().turn_blob() else {
+            return Ok(None);
+        };
+        let (state, state_blob, mut new_blobs) =
+            self.projection.graph().state(Some(&turn), details);
+        let state_id = state_blob.id;
+        new_blobs.push(turn);
+        new_blobs.push(state_blob);
+        let emission = self.prepare(new_blobs, Vec::new(), Vec::new()).await?;
+        Ok(Some(Building {
+            state,
+            state_id,
+            emission,
+        }))
+    }
+
+    /// A checkpoint `building` prepared is stored: its KV requests go out, and it is published
+    /// once every blob it references is acknowledged.
+    pub async fn built(
+        &mut self,
+        building: Building,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
+        self.deliver(building.emission, out).await;
+        let needed = self.referenced.clone();
+        for ready in (self.gate).offer((building.state, building.state_id), needed, &self.kv) {
+            self.publish(ready, out).await?;
+        }
+        Ok(())
     }
 
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.

@@ -1,11 +1,12 @@
 //! Units of work that span the store's domains, each in one write transaction. A tool result's
 //! commit — the blobs its result names (its card, its images), the console's record of the call,
-//! the call and its result in history with the runtime notice they cause — lands whole or not at
-//! all: a crash or a refusal (a run that no longer owns the conversation) leaves none of it.
+//! the call and its result in history with the runtime notice they cause, the graph's blobs that
+//! show them and the checkpoint built on them (the blobs sent recorded as owed) — lands whole or
+//! not at all: a crash or a refusal (a run that no longer owns the conversation) leaves none of it.
 
 use super::blobs::Edge;
 use super::runs::{self, ToolExecution};
-use super::{Store, StoreError, blobs, conversations, messages};
+use super::{Store, StoreError, blobs, conversations, messages, outbox};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 use crate::model::runtime_tag::RuntimeTag;
@@ -23,6 +24,12 @@ pub struct ToolResultCommit<'a> {
     pub after: &'a [RuntimeTag],
     /// The console's record of the call.
     pub execution: &'a ToolExecution,
+    /// The graph's blobs the result adds (with their edges), and the checkpoint that shows it.
+    pub graph: &'a [(BlobId, &'a [u8], &'a [Edge<'a>])],
+    /// Of those, the blobs sent to the client: owed until acknowledged.
+    pub sent: &'a [BlobId],
+    /// The checkpoint's state blob: the conversation's unpublished checkpoint from now on.
+    pub built: Option<BlobId>,
 }
 
 /// Commits a tool result in one write transaction; returns the messages appended, in order.
@@ -36,14 +43,21 @@ pub async fn tool_result(
             .map(|(id, data)| (*id, *data, &[][..]))
             .collect();
         blobs::put_in(&mut tx, &rows).await?;
+        blobs::put_in(&mut tx, commit.graph).await?;
         runs::record_tool_in(&mut tx, commit.execution).await?;
-        messages::append_with_tags_in(
+        let appended = messages::append_with_tags_in(
             &mut tx,
             (commit.conversation_id, commit.request_id),
             &[],
             commit.messages,
             commit.after,
         )
-        .await
+        .await?;
+        let (conversation_id, request_id) = (commit.conversation_id, commit.request_id);
+        outbox::blobs_sent_in(&mut tx, conversation_id, request_id, commit.sent).await?;
+        if let Some(state) = commit.built {
+            outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state).await?;
+        }
+        Ok(appended)
     })
 }
