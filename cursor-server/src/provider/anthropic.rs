@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::family::Family;
@@ -331,24 +332,91 @@ fn anthropic_tool_id(id: &str) -> String {
     }
 }
 
+/// The Messages request body, as the endpoint reads it.
+#[derive(Debug, Serialize)]
+struct MessagesRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    system: [TextBlock<'a>; 1],
+    messages: Vec<Turn>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<Thinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_config: Option<OutputConfig>,
+}
+
+/// A prompt-cache breakpoint: everything up to it is reused by the next request.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
+
+#[derive(Debug, Serialize)]
+struct TextBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+/// One turn of the conversation: consecutive same-role turns are merged into one.
+#[derive(Debug, Serialize)]
+struct Turn {
+    role: &'static str,
+    /// Built as JSON: replayed thinking blocks are kept exactly as received and images come from
+    /// `images::anthropic_part`; the cache breakpoint is set on the last one.
+    content: Vec<Value>,
+}
+
+#[derive(Debug, Serialize)]
+struct Tool<'a> {
+    name: &'a Value,
+    description: &'a Value,
+    input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Thinking {
+    Enabled { budget_tokens: u32 },
+    Adaptive,
+}
+
+#[derive(Debug, Serialize)]
+struct OutputConfig {
+    effort: &'static str,
+}
+
+fn text_block(text: &str) -> Value {
+    json!({ "type": "text", "text": text })
+}
+
 /// Anthropic Messages, with prompt-cache breakpoints on the system prompt, the tools and the last
 /// message (3 of the 4 allowed): everything before the newest message is reused next time.
 pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
-    let mut messages: Vec<Value> = Vec::new();
-    let mut push = |role: &str, blocks: Vec<Value>| {
+    let mut messages: Vec<Turn> = Vec::new();
+    let mut push = |role: &'static str, blocks: Vec<Value>| {
         if blocks.is_empty() {
             return;
         }
         // Consecutive same-role turns (a failed turn followed by a new message) are merged.
-        if let Some(last) = messages.last_mut()
-            && last["role"] == role
-            && let Some(content) = last["content"].as_array_mut()
-        {
-            content.extend(blocks);
-            return;
+        match messages.last_mut() {
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => messages.push(Turn {
+                role,
+                content: blocks,
+            }),
         }
-        messages.push(json!({ "role": role, "content": blocks }));
     };
     let items = items(&request.history);
     let mut gallery = gallery(IMAGE_LIMITS, request, &items);
@@ -360,37 +428,13 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                     .map(|i| images::anthropic_part(gallery.part(i)))
                     .collect();
                 if !user.text.is_empty() {
-                    blocks.push(json!({ "type": "text", "text": user.text }));
+                    blocks.push(text_block(&user.text));
                 }
                 push("user", blocks);
             }
             Item::Exchange(exchange) => {
-                let assistant = exchange.assistant;
-                let mut blocks = Vec::new();
-                if let Some(ProviderReplay::Anthropic { blocks: thinking }) = &assistant.replay
-                    && assistant.model_id == model.id
-                {
-                    blocks.extend(thinking.iter().cloned());
-                }
-                if !assistant.text.is_empty() {
-                    blocks.push(json!({ "type": "text", "text": assistant.text }));
-                }
-                for (call, _) in &exchange.calls {
-                    let input: Value = serde_json::from_str(&arguments_text(call))
-                        .ok()
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({ "invalid_arguments": call.call.arguments }));
-                    blocks.push(json!({
-                        "type": "tool_use",
-                        "id": anthropic_tool_id(&call.call.provider_call_id),
-                        "name": call.call.name,
-                        "input": input,
-                    }));
-                }
-                push("assistant", blocks);
-                let results: Vec<Value> = exchange
-                    .calls
-                    .iter()
+                push("assistant", assistant_blocks(model, &exchange));
+                let results = (exchange.calls.iter())
                     .map(|(call, result)| {
                         let text = if result.result.content.is_empty() {
                             "(no output)"
@@ -400,10 +444,9 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                         let content = if result.result.images.is_empty() {
                             Value::String(text.to_owned())
                         } else {
-                            let text = json!({ "type": "text", "text": text });
                             let shown = (result.result.images.iter())
                                 .map(|i| images::anthropic_part(gallery.part(i)));
-                            Value::Array(std::iter::once(text).chain(shown).collect())
+                            Value::Array(std::iter::once(text_block(text)).chain(shown).collect())
                         };
                         let mut block = json!({
                             "type": "tool_result",
@@ -420,55 +463,85 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
             }
         }
     }
-    let cache = json!({ "type": "ephemeral" });
-    if let Some(last) = messages
-        .last_mut()
-        .and_then(|m| m["content"].as_array_mut())
-        .and_then(|c| c.last_mut())
-    {
-        last["cache_control"] = cache.clone();
+    if let Some(last) = messages.last_mut().and_then(|m| m.content.last_mut()) {
+        last["cache_control"] = json!(EPHEMERAL);
     }
-    let mut tools: Vec<Value> = request
-        .tools
-        .iter()
+    let mut tools: Vec<Tool<'_>> = (request.tools.iter())
         .map(|tool| {
             let function = &tool["function"];
-            json!({
-                "name": function["name"],
-                "description": function["description"],
-                "input_schema": function["parameters"],
-            })
+            Tool {
+                name: &function["name"],
+                description: &function["description"],
+                input_schema: &function["parameters"],
+                cache_control: None,
+            }
         })
         .collect();
     if let Some(last) = tools.last_mut() {
-        last["cache_control"] = cache.clone();
+        last.cache_control = Some(EPHEMERAL);
     }
-    let mut body = json!({
-        "model": model.upstream_id,
-        "max_tokens": model.output_limit(),
-        "system": [{ "type": "text", "text": request.system, "cache_control": cache }],
-        "messages": messages,
-        "stream": true,
-    });
-    if !tools.is_empty() {
-        body["tools"] = Value::Array(tools);
+    let (thinking, output_config) = match (model.reasoning, model.thinking_budget) {
+        (false, _) => (None, None),
+        (true, Some(budget)) => (
+            Some(Thinking::Enabled {
+                budget_tokens: budget,
+            }),
+            None,
+        ),
+        (true, None) => (
+            Some(Thinking::Adaptive),
+            request.parameters.effort.map(|effort| OutputConfig {
+                effort: match effort {
+                    Effort::Minimal => "low",
+                    other => other.as_str(),
+                },
+            }),
+        ),
+    };
+    let body = MessagesRequest {
+        model: &model.upstream_id,
+        max_tokens: model.output_limit(),
+        system: [TextBlock {
+            kind: "text",
+            text: request.system,
+            cache_control: Some(EPHEMERAL),
+        }],
+        messages,
+        stream: true,
+        tools,
+        thinking,
+        output_config,
+    };
+    serde_json::to_value(body).expect("a Messages body is JSON")
+}
+
+/// The assistant's blocks of an exchange: its signed thinking (replayed only to the model that
+/// produced it), its text, its calls with their arguments as an object.
+fn assistant_blocks(
+    model: &crate::config::ModelConfig,
+    exchange: &crate::prompting::projector::Exchange<'_>,
+) -> Vec<Value> {
+    let assistant = exchange.assistant;
+    let mut blocks = Vec::new();
+    if let Some(ProviderReplay::Anthropic { blocks: thinking }) = &assistant.replay
+        && assistant.model_id == model.id
+    {
+        blocks.extend(thinking.iter().cloned());
     }
-    if model.reasoning {
-        match model.thinking_budget {
-            Some(budget) => {
-                body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget })
-            }
-            None => {
-                body["thinking"] = json!({ "type": "adaptive" });
-                if let Some(effort) = request.parameters.effort {
-                    let value = match effort {
-                        Effort::Minimal => "low",
-                        other => other.as_str(),
-                    };
-                    body["output_config"] = json!({ "effort": value });
-                }
-            }
-        }
+    if !assistant.text.is_empty() {
+        blocks.push(text_block(&assistant.text));
     }
-    body
+    for (call, _) in &exchange.calls {
+        let input: Value = serde_json::from_str(&arguments_text(call))
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({ "invalid_arguments": call.call.arguments }));
+        blocks.push(json!({
+            "type": "tool_use",
+            "id": anthropic_tool_id(&call.call.provider_call_id),
+            "name": call.call.name,
+            "input": input,
+        }));
+    }
+    blocks
 }
