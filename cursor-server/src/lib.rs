@@ -6,6 +6,7 @@
 //! nodes on one database) sits at the top too: it places and forwards a run's requests.
 
 pub mod app;
+pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod connections;

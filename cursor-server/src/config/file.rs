@@ -57,6 +57,11 @@ pub(super) struct FileConfig {
     #[serde(default)]
     subagents: BTreeMap<String, String>,
     cluster: Option<cluster::FileCluster>,
+    auth: Option<auth::FileAuth>,
+    #[serde(default)]
+    teams: Vec<auth::FileTeam>,
+    #[serde(default)]
+    users: Vec<auth::FileUser>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -320,11 +325,47 @@ impl FileConfig {
                 .map(|c| c.validate(env))
                 .transpose()
                 .report(&mut problems),
+            auth: validate_auth(self.auth, self.teams, self.users, &mut problems),
         };
+        if let Some(auth) = &config.auth
+            && matches!(auth.mode, auth::AuthMode::CursorAccount { .. })
+            && config.upstream.is_none()
+        {
+            problems.push(ConfigError::Auth(
+                "mode = \"cursor_account\" verifies sign-ins with Cursor's backend: it needs pass-through on (upstream_url)".to_owned(),
+            ));
+        }
         if !problems.0.is_empty() {
             return Err(problems.into_error());
         }
         Ok(config)
+    }
+}
+
+/// `[auth]` with its teams and users; teams or users without `[auth]` are refused (they would
+/// silently limit no one).
+fn validate_auth(
+    auth: Option<auth::FileAuth>,
+    teams: Vec<auth::FileTeam>,
+    users: Vec<auth::FileUser>,
+    problems: &mut Problems,
+) -> Option<auth::AuthConfig> {
+    let Some(auth) = auth else {
+        if !teams.is_empty() || !users.is_empty() {
+            problems.push(ConfigError::Auth(
+                "[[teams]] and [[users]] need an [auth] section saying how people are identified (mode = \"tokens\", \"trusted_header\" or \"cursor_account\")".to_owned(),
+            ));
+        }
+        return None;
+    };
+    match auth.validate(teams, users) {
+        Ok(auth) => Some(auth),
+        Err(found) => {
+            for problem in found {
+                problems.push(problem);
+            }
+            None
+        }
     }
 }
 

@@ -211,6 +211,7 @@ async fn bidi_append(
     {
         return Ok(forwarded);
     }
+    crate::auth::runs::admit_run(state, headers, &append.request_id).await?;
     // From here on the append takes its seqno: a message the run cannot use is the run's to
     // answer (ignore or end with invalid_argument), never a 400 that leaves a gap.
     let mut input = bidi_append::input(append.message);
@@ -288,6 +289,9 @@ async fn run_sse(
         // Once the request is understood, a stream route answers with an end-of-stream frame.
         Err(error) => return Ok(StreamError(error).into_response()),
     }
+    if let Err(refused) = crate::auth::runs::admit_run(state, headers, &request.request_id).await {
+        return Ok(StreamError(refused).into_response());
+    }
     Ok(attach_run_sse(state, request.request_id)
         .await
         .into_response())
@@ -344,6 +348,9 @@ async fn run_bidi(
         .filter(|id| !id.trim().is_empty())
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    if let Err(refused) = crate::auth::runs::admit_run(&state, headers, &request_id).await {
+        return Ok(StreamError(refused).into_response());
+    }
     Ok(start_run_bidi(state, request, encoding, &request_id)
         .await
         .into_response())

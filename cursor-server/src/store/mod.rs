@@ -95,6 +95,7 @@ pub mod outbox;
 pub mod postgres;
 pub mod runs;
 pub mod sqlite;
+pub mod users;
 
 use std::time::Duration;
 
