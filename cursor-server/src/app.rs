@@ -92,7 +92,10 @@ impl App {
         let auth = config.auth.clone().map(crate::auth::service::Auth::new);
         if let Some(auth) = &auth {
             auth.seed(&store).await?;
-            tracing::info!(mode = auth.config.mode.name(), "[auth]: every request is tied to a person");
+            tracing::info!(
+                mode = auth.config.mode.name(),
+                "[auth]: every request is tied to a person"
+            );
         }
         let runs = RunRegistry::new(config.max_runs, config.max_unattached_runs);
         let state = Arc::new(AppState {
@@ -132,7 +135,10 @@ impl App {
         // `[auth]`: the identity layer goes in front of the console's and the Cursor routes (not
         // their pass-through fallback, nor health and metrics).
         let identity = || {
-            axum::middleware::from_fn_with_state(Arc::clone(&self.state), crate::auth::identify::layer)
+            axum::middleware::from_fn_with_state(
+                Arc::clone(&self.state),
+                crate::auth::identify::layer,
+            )
         };
         let router = ops::router(Arc::clone(&self.state))
             .merge(console::router(Arc::clone(&self.state)).route_layer(identity()))

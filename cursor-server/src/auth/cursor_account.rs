@@ -84,8 +84,11 @@ pub async fn verify(
         .bytes()
         .await
         .map_err(|e| unreachable(e.without_url().to_string()))?;
-    let me = GetMeResponse::decode(body.as_ref())
-        .map_err(|e| unreachable(format!("{me_route} answered something else than GetMeResponse: {e}")))?;
+    let me = GetMeResponse::decode(body.as_ref()).map_err(|e| {
+        unreachable(format!(
+            "{me_route} answered something else than GetMeResponse: {e}"
+        ))
+    })?;
     let email = me.email.filter(|e| !e.trim().is_empty()).ok_or_else(|| {
         ConnectError::new(
             ConnectCode::PermissionDenied,

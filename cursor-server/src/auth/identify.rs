@@ -26,7 +26,11 @@ fn is_open(path: &str) -> bool {
 }
 
 /// The middleware (`axum::middleware::from_fn_with_state`).
-pub async fn layer(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+pub async fn layer(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let Some(auth) = &state.auth else {
         return next.run(request).await;
     };
@@ -143,7 +147,10 @@ async fn identify(
                     ConnectCode::PermissionDenied,
                     format!(
                         "{header} is believed only from the configured trusted_proxies, not from {}; reach this server through its sign-in proxy",
-                        peer.map_or_else(|| "an unknown address".to_owned(), |p| p.ip().to_string())
+                        peer.map_or_else(
+                            || "an unknown address".to_owned(),
+                            |p| p.ip().to_string()
+                        )
                     ),
                 ));
             }
@@ -180,11 +187,7 @@ fn presented_token(headers: &HeaderMap) -> Option<&str> {
 
 /// A person named by a trusted source (proxy or Cursor): admitted if the file lists them, their
 /// domain is allowed, or an admin added them.
-async fn admitted(
-    state: &AppState,
-    auth: &Auth,
-    named: &str,
-) -> Result<Caller, ConnectError> {
+async fn admitted(state: &AppState, auth: &Auth, named: &str) -> Result<Caller, ConnectError> {
     let email = normalize_email(named).ok_or_else(|| {
         ConnectError::new(
             ConnectCode::Unauthenticated,

@@ -6,6 +6,7 @@
 //! Sits at the top beside `cursor/` (whose Connect errors it answers with) and `console/`; the
 //! runs learn a run's person through `AppState::auth` only.
 
+pub mod admin;
 pub mod cursor_account;
 pub mod identify;
 pub mod runs;

@@ -38,7 +38,12 @@ pub async fn admit_run(
         Some(owner) => Some(owner),
         None => users::run_owner(&state.store, request_id)
             .await
-            .map_err(|e| ConnectError::new(ServerError::from(e).connect_code(), "reading the run's owner failed"))?,
+            .map_err(|e| {
+                ConnectError::new(
+                    ServerError::from(e).connect_code(),
+                    "reading the run's owner failed",
+                )
+            })?,
     };
     if let Some(owner) = owner
         && owner != user

@@ -13,7 +13,6 @@ use sha2::Digest as _;
 use crate::config::auth::{AuthConfig, Limits};
 use crate::store::{Store, StoreError, users};
 
-
 /// The header carrying the verified person on a request inside this server and between nodes of
 /// a cluster (set by the identity layer, never taken from a client; believed from a peer node only
 /// with the cluster secret).
@@ -105,8 +104,6 @@ pub fn new_token() -> String {
     )
 }
 
-
-
 /// Past this many cached tokens, expired ones are dropped.
 const PRUNE_AT: usize = 10_000;
 
@@ -141,4 +138,3 @@ impl TokenCache {
         self.asked.load(Ordering::Relaxed)
     }
 }
-

@@ -240,7 +240,9 @@ impl Cidr {
         };
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -274,8 +276,11 @@ impl FileAuth {
             "trusted_header" => {
                 let header = self.header.as_deref().unwrap_or("");
                 let parsed = axum::http::HeaderName::from_bytes(header.trim().as_bytes());
-                let proxies: Vec<Option<Cidr>> =
-                    self.trusted_proxies.iter().map(|p| Cidr::parse(p)).collect();
+                let proxies: Vec<Option<Cidr>> = self
+                    .trusted_proxies
+                    .iter()
+                    .map(|p| Cidr::parse(p))
+                    .collect();
                 for (text, parsed) in self.trusted_proxies.iter().zip(&proxies) {
                     if parsed.is_none() {
                         problem(format!(
@@ -347,10 +352,16 @@ impl FileAuth {
         let mut team_configs: Vec<TeamConfig> = Vec::new();
         let mut unknown = Vec::new();
         for team in &teams {
-            unknown.extend(unknown_keys(&format!("team {:?}", team.name), &team.unknown));
+            unknown.extend(unknown_keys(
+                &format!("team {:?}", team.name),
+                &team.unknown,
+            ));
         }
         for user in &users {
-            unknown.extend(unknown_keys(&format!("user {:?}", user.email), &user.unknown));
+            unknown.extend(unknown_keys(
+                &format!("user {:?}", user.email),
+                &user.unknown,
+            ));
         }
         for team in teams {
             let members = team

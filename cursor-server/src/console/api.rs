@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::scope;
+use crate::auth::service::Caller;
 use crate::config::{Config, Pricing};
 use crate::model::message::CanonicalMessage;
 use crate::model::usage::Usage;
@@ -357,10 +359,12 @@ pub struct ConversationRow {
 
 pub async fn conversations(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<ConversationList>, ApiError> {
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let found = conversations::list(&state.store, query.before, limit).await?;
+    let owner = scope::own_only(caller.as_deref());
+    let found = conversations::list_of(&state.store, owner, query.before, limit).await?;
     let next = (found.len() == limit as usize)
         .then(|| found.last().map(|c| c.last_activity_ms))
         .flatten();
@@ -399,8 +403,10 @@ pub struct Head {
 
 pub async fn conversation(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Path(id): Path<String>,
 ) -> Result<Json<ConversationDetail>, ApiError> {
+    scope::may_read(&state, caller.as_deref(), &id).await?;
     let history = messages::load(&state.store, &id).await?;
     let head = conversations::head(&state.store, &id).await?;
     let runs = runs::list(

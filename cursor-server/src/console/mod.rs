@@ -10,6 +10,7 @@ pub mod assets;
 pub mod charts;
 pub mod logs;
 pub mod pages;
+pub mod scope;
 
 use std::sync::Arc;
 

@@ -247,9 +247,12 @@ struct ConversationsPage {
 
 pub async fn conversations(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Query(query): Query<PageQuery>,
 ) -> PageResult {
-    let list = api::conversations(State(state), Query(query)).await?.0;
+    let list = api::conversations(State(state), caller, Query(query))
+        .await?
+        .0;
     ok(&ConversationsPage {
         title: "Conversations",
         list,
@@ -317,9 +320,10 @@ impl From<&CanonicalMessage> for MessageView {
 /// The stored history as the model is shown it, message by message, and the runs.
 pub async fn conversation(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Path(id): Path<String>,
 ) -> PageResult {
-    let detail = api::conversation(State(Arc::clone(&state)), Path(id.clone()))
+    let detail = api::conversation(State(Arc::clone(&state)), caller, Path(id.clone()))
         .await?
         .0;
     // Every request starts with the system prompt of the mode it runs in (then the tools).

@@ -37,12 +37,10 @@ pub async fn upsert(
     write_tx!(store, "recording a user", |tx| {
         upsert_in(&mut tx, email, team, admin).await
     })?;
-    get(store, email)
-        .await?
-        .ok_or(StoreError::Query {
-            context: "reading the user just recorded",
-            source: sqlx::Error::RowNotFound,
-        })
+    get(store, email).await?.ok_or(StoreError::Query {
+        context: "reading the user just recorded",
+        source: sqlx::Error::RowNotFound,
+    })
 }
 
 async fn upsert_in(
@@ -82,12 +80,10 @@ pub async fn ensure(store: &Store, email: &str) -> Result<UserRecord, StoreError
     .await
     .map(|done| done.rows_affected())
     .context("recording a user"))?;
-    get(store, email)
-        .await?
-        .ok_or(StoreError::Query {
-            context: "reading the user just recorded",
-            source: sqlx::Error::RowNotFound,
-        })
+    get(store, email).await?.ok_or(StoreError::Query {
+        context: "reading the user just recorded",
+        source: sqlx::Error::RowNotFound,
+    })
 }
 
 pub async fn get(store: &Store, email: &str) -> Result<Option<UserRecord>, StoreError> {

@@ -1,0 +1,370 @@
+//! A server a team shares (`[auth]`, issue 28), on the real transports: two people with their own
+//! tokens each run in their own conversation; one cannot continue or append to the other's; a
+//! forged trusted header from a non-proxy address is refused; a Cursor sign-in is verified once
+//! against a fake Cursor backend (a real HTTP server speaking GetMe) and cached, an invalid one is
+//! refused, and a cached one keeps working while that backend is down.
+
+#[path = "support/fake_cursor.rs"]
+mod fake_cursor;
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse as _;
+use cursor_server::auth::admin::{UsersAction, run as admin};
+use cursor_server::cursor::proto::aiserver::GetMeResponse;
+use fake_cursor::{FakeCursor, Transcript, read_transcript};
+use fake_provider::{FakeProvider, Reply, text_events};
+use fixtures::{TestServer, run_request};
+use prost::Message as _;
+
+/// Issues a token to `email` on the server's database, as `cursor-server users add` does.
+async fn issue_token(server: &TestServer, email: &str) -> String {
+    let store = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
+    let printed = admin(
+        &store,
+        UsersAction::Add {
+            email: email.to_owned(),
+        },
+    )
+    .await
+    .expect("users add");
+    store.close().await;
+    printed
+        .lines()
+        .last()
+        .expect("the token is printed")
+        .to_owned()
+}
+
+/// One turn over RunSSE + BidiAppend; returns what the client saw.
+async fn sse_turn(cursor: &FakeCursor, request_id: &str, conversation: &str) -> Transcript {
+    let sse = cursor.open_run_sse(request_id).await;
+    let accepted = cursor
+        .append(request_id, 0, &run_request(conversation, "hello"))
+        .await;
+    assert_eq!(accepted.status(), 200, "the run request is accepted");
+    read_transcript(sse).await
+}
+
+/// One turn over the CLI's HTTP/2 `Run`.
+async fn cli_turn(cursor: &FakeCursor, request_id: &str, conversation: &str) -> Transcript {
+    let (uplink, response) = cursor.open_run_h2(request_id).await;
+    // A refused stream ends before reading its uplink: the send may then find it closed.
+    let _ = uplink
+        .send(run_request(conversation, "hello from the CLI"))
+        .await;
+    read_transcript(response).await
+}
+
+async fn api_get(server: &TestServer, path: &str, token: &str) -> (StatusCode, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .get(format!("http://{}{path}", server.addr))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("api request");
+    let status = response.status();
+    let body = response.json().await.unwrap_or(serde_json::Value::Null);
+    (status, body)
+}
+
+fn conversation_ids(list: &serde_json::Value) -> Vec<String> {
+    list["conversations"]
+        .as_array()
+        .expect("a conversation list")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+const TOKENS: &str = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]";
+
+#[tokio::test]
+async fn with_tokens_each_person_runs_and_sees_only_their_own_conversations() {
+    let provider = FakeProvider::start().await;
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(&provider.base_url(), db_dir, TOKENS).await;
+    let token_a = issue_token(&server, "a@example.com").await;
+    let token_b = issue_token(&server, "B@Example.com").await;
+    assert!(token_a.starts_with("cbk_") && token_a != token_b);
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_a)]);
+    let bearer_b = format!("Bearer {token_b}");
+    let b = FakeCursor::with_headers(server.addr, &[("authorization", &bearer_b)]);
+
+    provider.push(Reply::sse(text_events(&["for A"], (10, 2, 0))));
+    let turn = sse_turn(&a, "req-a1", "conv-a").await;
+    assert!(turn.is_success(), "A's turn: {:?}", turn.error_message());
+    provider.push(Reply::sse(text_events(&["for B"], (10, 2, 0))));
+    let turn = cli_turn(&b, "req-b1", "conv-b").await;
+    assert!(turn.is_success(), "B's turn: {:?}", turn.error_message());
+
+    // B continuing A's conversation, on either transport, is refused before any provider call.
+    let calls = provider.requests().len();
+    let turn = cli_turn(&b, "req-b2", "conv-a").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert!(turn.error_message().unwrap_or_default().contains("conv-a"));
+    let turn = sse_turn(&b, "req-b3", "conv-a").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert_eq!(
+        provider.requests().len(),
+        calls,
+        "no provider call for B on A's conversation"
+    );
+
+    // B appending to A's run by its request id is refused too.
+    let appended = b.append("req-a1", 1, &fixtures::heartbeat()).await;
+    assert_eq!(appended.status(), StatusCode::FORBIDDEN);
+    let error: serde_json::Value = appended.json().await.expect("Connect error JSON");
+    assert_eq!(error["code"], "permission_denied");
+
+    // A continues their own conversation.
+    provider.push(Reply::sse(text_events(&["again"], (10, 2, 0))));
+    let turn = sse_turn(&a, "req-a2", "conv-a").await;
+    assert!(
+        turn.is_success(),
+        "A's second turn: {:?}",
+        turn.error_message()
+    );
+
+    // The API shows each person their own conversations.
+    let (status, list) = api_get(&server, "/api/conversations", &token_a).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(conversation_ids(&list), ["conv-a"]);
+    let (_, list) = api_get(&server, "/api/conversations", &token_b).await;
+    assert_eq!(conversation_ids(&list), ["conv-b"]);
+    let (status, _) = api_get(&server, "/api/conversations/conv-a", &token_b).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "B cannot read A's history");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_token_or_with_an_unknown_one_a_run_is_refused_unauthenticated() {
+    let provider = FakeProvider::start().await;
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(&provider.base_url(), db_dir, TOKENS).await;
+
+    let nobody = FakeCursor::new(server.addr);
+    let transcript = read_transcript(nobody.open_run_sse("req-x").await).await;
+    assert_eq!(transcript.error_code(), Some("unauthenticated"));
+    assert!(
+        transcript
+            .error_message()
+            .unwrap_or_default()
+            .contains("users add"),
+        "the refusal says what to do"
+    );
+    let stranger = FakeCursor::with_headers(
+        server.addr,
+        &[("x-cursor-byok-token", "cbk_not-issued-by-this-server")],
+    );
+    let turn = cli_turn(&stranger, "req-y", "conv-y").await;
+    assert_eq!(turn.error_code(), Some("unauthenticated"));
+    let (status, _) = api_get(&server, "/api/runs", "cbk_not-issued").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A disabled person is refused with what to do.
+    let token = issue_token(&server, "c@example.com").await;
+    let store = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
+    admin(
+        &store,
+        UsersAction::Disable {
+            email: "c@example.com".to_owned(),
+        },
+    )
+    .await
+    .expect("users disable");
+    store.close().await;
+    let disabled = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token)]);
+    let turn = cli_turn(&disabled, "req-c", "conv-c").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("disabled")
+    );
+    assert!(provider.requests().is_empty());
+    server.stop().await;
+}
+
+fn trusted_header(proxies: &str) -> String {
+    format!(
+        "[auth]\nmode = \"trusted_header\"\nheader = \"X-Forwarded-Email\"\ntrusted_proxies = [{proxies}]\ndomains = [\"example.com\"]"
+    )
+}
+
+#[tokio::test]
+async fn a_trusted_header_is_believed_from_the_proxy_and_refused_from_anywhere_else() {
+    let provider = FakeProvider::start().await;
+    // This test's client is on 127.0.0.1, which is not the configured proxy: a forged header.
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        db_dir,
+        &trusted_header("\"10.9.9.9/32\""),
+    )
+    .await;
+    let forger = FakeCursor::with_headers(server.addr, &[("x-forwarded-email", "a@example.com")]);
+    let turn = cli_turn(&forger, "req-f", "conv-f").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("trusted_proxies")
+    );
+    assert!(provider.requests().is_empty());
+    server.stop().await;
+
+    // With the loopback address as the proxy, the same header is a person.
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_in(
+        &provider.base_url(),
+        db_dir,
+        &trusted_header("\"127.0.0.1/32\""),
+    )
+    .await;
+    let proxied = FakeCursor::with_headers(server.addr, &[("x-forwarded-email", "a@example.com")]);
+    provider.push(Reply::sse(text_events(&["hi"], (10, 2, 0))));
+    let turn = sse_turn(&proxied, "req-p", "conv-p").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    // A person of another domain, even through the proxy, is not a member.
+    let outsider =
+        FakeCursor::with_headers(server.addr, &[("x-forwarded-email", "x@elsewhere.org")]);
+    let turn = cli_turn(&outsider, "req-o", "conv-o").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("ask an admin")
+    );
+    server.stop().await;
+}
+
+/// A fake Cursor backend: answers GetMe for the known tokens, 401 otherwise, counting the asks.
+struct FakeCursorBackend {
+    url: String,
+    hits: Arc<AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeCursorBackend {
+    async fn start() -> FakeCursorBackend {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&hits);
+        let app = axum::Router::new().route(
+            "/aiserver.v1.DashboardService/GetMe",
+            axum::routing::post(move |headers: HeaderMap| {
+                let counted = Arc::clone(&counted);
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let email = match headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                        Some("Bearer cursor-token-a") => "a@example.com",
+                        Some("Bearer cursor-token-b") => "b@example.com",
+                        _ => {
+                            return (
+                                StatusCode::UNAUTHORIZED,
+                                r#"{"code":"unauthenticated","message":"Not logged in"}"#,
+                            )
+                                .into_response();
+                        }
+                    };
+                    let body = GetMeResponse {
+                        email: Some(email.to_owned()),
+                        ..Default::default()
+                    }
+                    .encode_to_vec();
+                    (StatusCode::OK, body).into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake Cursor backend");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await;
+        });
+        FakeCursorBackend {
+            url,
+            hits,
+            stop,
+            task,
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Stops answering (its port closes).
+    async fn shut_down(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+#[tokio::test]
+async fn a_cursor_sign_in_is_verified_once_cached_and_an_invalid_one_refused() {
+    let provider = FakeProvider::start().await;
+    let backend = FakeCursorBackend::start().await;
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "upstream_url = \"{}\"\n[auth]\nmode = \"cursor_account\"\ndomains = [\"example.com\"]\ncursor_cache_secs = 600",
+        backend.url
+    );
+    let server = TestServer::start_in(&provider.base_url(), db_dir, &extra).await;
+    let a = FakeCursor::with_headers(server.addr, &[("authorization", "Bearer cursor-token-a")]);
+
+    provider.push(Reply::sse(text_events(&["one"], (10, 2, 0))));
+    let turn = sse_turn(&a, "req-ca1", "conv-ca").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    provider.push(Reply::sse(text_events(&["two"], (10, 2, 0))));
+    let turn = cli_turn(&a, "req-ca2", "conv-ca").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    // RunSSE, BidiAppend and Run all carried the token: Cursor was asked once.
+    assert_eq!(
+        backend.hits(),
+        1,
+        "the sign-in is verified once, then cached"
+    );
+
+    let expired = FakeCursor::with_headers(server.addr, &[("authorization", "Bearer expired")]);
+    let turn = cli_turn(&expired, "req-e", "conv-e").await;
+    assert_eq!(turn.error_code(), Some("unauthenticated"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("sign in to Cursor again")
+    );
+
+    // B, verified too, cannot continue A's conversation.
+    let b = FakeCursor::with_headers(server.addr, &[("authorization", "Bearer cursor-token-b")]);
+    let turn = cli_turn(&b, "req-cb", "conv-ca").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+
+    // Cursor's backend goes away: A (cached) keeps working; a new sign-in is refused, saying why.
+    backend.shut_down().await;
+    provider.push(Reply::sse(text_events(&["three"], (10, 2, 0))));
+    let turn = cli_turn(&a, "req-ca3", "conv-ca").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    let newcomer =
+        FakeCursor::with_headers(server.addr, &[("authorization", "Bearer cursor-token-c")]);
+    let turn = cli_turn(&newcomer, "req-n", "conv-n").await;
+    assert_eq!(turn.error_code(), Some("unavailable"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("could not be reached")
+    );
+    server.stop().await;
+}
