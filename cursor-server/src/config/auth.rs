@@ -404,6 +404,44 @@ impl FileAuth {
     }
 }
 
+/// `[auth]` with its teams and users; teams or users without `[auth]` are refused (they would
+/// silently limit no one).
+pub(super) fn validate_section(
+    (auth, teams, users): (Option<FileAuth>, Vec<FileTeam>, Vec<FileUser>),
+    pass_through: bool,
+    problems: &mut Vec<ConfigError>,
+) -> Option<AuthConfig> {
+    let Some(auth) = auth else {
+        if !teams.is_empty() || !users.is_empty() {
+            problems.push(ConfigError::Auth(
+                "[[teams]] and [[users]] need an [auth] section saying how people are identified (mode = \"tokens\", \"trusted_header\" or \"cursor_account\")".to_owned(),
+            ));
+        }
+        return None;
+    };
+    match auth.validate(teams, users) {
+        Ok(auth) => {
+            problems.extend(needs_upstream(&auth, pass_through));
+            Some(auth)
+        }
+        Err(found) => {
+            for problem in found {
+                problems.push(problem);
+            }
+            None
+        }
+    }
+}
+
+/// `cursor_account` verifies sign-ins through the pass-through: a problem when it is off.
+fn needs_upstream(auth: &AuthConfig, pass_through: bool) -> Option<ConfigError> {
+    (matches!(auth.mode, AuthMode::CursorAccount { .. }) && !pass_through).then(|| {
+        ConfigError::Auth(
+            "mode = \"cursor_account\" verifies sign-ins with Cursor's backend: it needs pass-through on (upstream_url)".to_owned(),
+        )
+    })
+}
+
 /// Names unique and non-empty, a person in at most one team and listed at most once, limits sane.
 fn check_teams(teams: &[TeamConfig], users: &[UserConfig]) -> Vec<ConfigError> {
     let mut problems = Vec::new();

@@ -3,6 +3,9 @@
 //!
 //! A file of its own so that `config.rs` (the types, model resolution) and the validation rules
 //! each stay readable; only `Config::from_toml` calls in here.
+//!
+//! Length: the top-level table is one struct and one validation that names every field once; the
+//! sections with rules of their own (`[cluster]`, `[auth]`, routing) are already files beside it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -325,16 +328,12 @@ impl FileConfig {
                 .map(|c| c.validate(env))
                 .transpose()
                 .report(&mut problems),
-            auth: validate_auth(self.auth, self.teams, self.users, &mut problems),
+            auth: auth::validate_section(
+                (self.auth, self.teams, self.users),
+                self.pass_through != Some(false),
+                &mut problems.0,
+            ),
         };
-        if let Some(auth) = &config.auth
-            && matches!(auth.mode, auth::AuthMode::CursorAccount { .. })
-            && config.upstream.is_none()
-        {
-            problems.push(ConfigError::Auth(
-                "mode = \"cursor_account\" verifies sign-ins with Cursor's backend: it needs pass-through on (upstream_url)".to_owned(),
-            ));
-        }
         if !problems.0.is_empty() {
             return Err(problems.into_error());
         }
@@ -342,36 +341,9 @@ impl FileConfig {
     }
 }
 
-/// `[auth]` with its teams and users; teams or users without `[auth]` are refused (they would
-/// silently limit no one).
-fn validate_auth(
-    auth: Option<auth::FileAuth>,
-    teams: Vec<auth::FileTeam>,
-    users: Vec<auth::FileUser>,
-    problems: &mut Problems,
-) -> Option<auth::AuthConfig> {
-    let Some(auth) = auth else {
-        if !teams.is_empty() || !users.is_empty() {
-            problems.push(ConfigError::Auth(
-                "[[teams]] and [[users]] need an [auth] section saying how people are identified (mode = \"tokens\", \"trusted_header\" or \"cursor_account\")".to_owned(),
-            ));
-        }
-        return None;
-    };
-    match auth.validate(teams, users) {
-        Ok(auth) => Some(auth),
-        Err(found) => {
-            for problem in found {
-                problems.push(problem);
-            }
-            None
-        }
-    }
-}
-
 /// Every problem found in the file, so one run of `check` (or one failed start) names them all.
 #[derive(Default)]
-pub(super) struct Problems(Vec<ConfigError>);
+pub(super) struct Problems(pub(super) Vec<ConfigError>);
 
 impl Problems {
     fn push(&mut self, error: ConfigError) {

@@ -406,7 +406,12 @@ pub async fn conversation(
     caller: Option<axum::Extension<Caller>>,
     Path(id): Path<String>,
 ) -> Result<Json<ConversationDetail>, ApiError> {
-    scope::may_read(&state, caller.as_deref(), &id).await?;
+    if !scope::may_read(&state, caller.as_deref(), &id).await? {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("conversation {id} belongs to someone else on this server"),
+        ));
+    }
     let history = messages::load(&state.store, &id).await?;
     let head = conversations::head(&state.store, &id).await?;
     let runs = runs::list(
