@@ -99,7 +99,9 @@ fn provider_code(error: &ProviderError) -> ConnectCode {
             _ => ConnectCode::Unavailable,
         },
         ProviderError::Unsupported(_) => ConnectCode::InvalidArgument,
-        ProviderError::KeysCoolingDown { .. } => ConnectCode::ResourceExhausted,
+        ProviderError::KeysCoolingDown { .. } | ProviderError::OverBudget(_) => {
+            ConnectCode::ResourceExhausted
+        }
         _ => ConnectCode::Unavailable,
     }
 }

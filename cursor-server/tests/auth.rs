@@ -368,3 +368,82 @@ async fn a_cursor_sign_in_is_verified_once_cached_and_an_invalid_one_refused() {
     );
     server.stop().await;
 }
+
+/// The test configuration with prices for its model and `auth` (tables) after it.
+fn priced(auth: &'static str) -> impl FnOnce(String) -> String {
+    move |text| {
+        format!("{text}\n[providers.models.pricing]\ninput = 1000.0\noutput = 1000.0\n\n{auth}")
+    }
+}
+
+#[tokio::test]
+async fn a_person_over_their_daily_cost_is_refused_the_next_call_and_the_counters_add_up() {
+    let provider = FakeProvider::start().await;
+    let auth = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]\n\n\
+                [[teams]]\nname = \"platform\"\nmembers = [\"a@example.com\", \"b@example.com\"]\n\
+                daily_cost_usd = 50.0\n\n[[users]]\nemail = \"b@example.com\"\ndaily_cost_usd = 0.01\n";
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", priced(auth)).await;
+    let token_a = issue_token(&server, "a@example.com").await;
+    let token_b = issue_token(&server, "b@example.com").await;
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_a)]);
+    let b = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_b)]);
+
+    // 10 + 2 tokens at $1000 per million: $0.012, past B's $0.01 for the day.
+    provider.push(Reply::sse(text_events(&["first"], (10, 2, 0))));
+    let turn = cli_turn(&b, "req-b1", "conv-b").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    let sent = provider.requests().len();
+    let turn = sse_turn(&b, "req-b2", "conv-b").await;
+    assert_eq!(turn.error_code(), Some("resource_exhausted"));
+    let message = turn.error_message().unwrap_or_default().to_owned();
+    assert!(message.contains("daily_cost_usd"), "{message}");
+    assert!(
+        message.contains("resets at") && message.contains("00:00 UTC"),
+        "{message}"
+    );
+    assert!(
+        message.contains("lead@example.com"),
+        "who to ask: {message}"
+    );
+    assert_eq!(
+        provider.requests().len(),
+        sent,
+        "the refused call was never sent"
+    );
+
+    // A, in the same team with the team's $50, goes on.
+    provider.push(Reply::sse(text_events(&["for A"], (10, 2, 0))));
+    let turn = cli_turn(&a, "req-a1", "conv-a").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+
+    // The counters are the recorded provider calls' usage, to the token.
+    let store = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
+    let mut recorded = std::collections::HashMap::<&str, (i64, i64)>::new();
+    for (request_id, person) in [("req-b1", "b"), ("req-b2", "b"), ("req-a1", "a")] {
+        for call in cursor_server::store::runs::provider_calls(&store, request_id)
+            .await
+            .expect("calls")
+        {
+            let entry = recorded.entry(person).or_default();
+            entry.0 += cursor_server::auth::budget::tokens_of(&call.usage) as i64;
+            entry.1 += 1;
+        }
+    }
+    use cursor_server::store::budgets::total;
+    let b_day = total(&store, "user:b@example.com", "day:")
+        .await
+        .expect("b");
+    let a_day = total(&store, "user:a@example.com", "day:")
+        .await
+        .expect("a");
+    let team = total(&store, "team:platform", "month:")
+        .await
+        .expect("team");
+    assert_eq!((b_day.tokens, b_day.calls), recorded["b"]);
+    assert_eq!((a_day.tokens, a_day.calls), recorded["a"]);
+    assert_eq!(b_day.tokens, 12);
+    assert_eq!(b_day.cost_micro_usd, 12_000);
+    assert_eq!(team.tokens, b_day.tokens + a_day.tokens);
+    store.close().await;
+    server.stop().await;
+}

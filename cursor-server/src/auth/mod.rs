@@ -7,6 +7,7 @@
 //! runs learn a run's person through `AppState::auth` only.
 
 pub mod admin;
+pub mod budget;
 pub mod cursor_account;
 pub mod identify;
 pub mod runs;

@@ -36,6 +36,9 @@ pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
 /// `[auth]`: requests refused by the identity layer, by Connect code (no user label: the series
 /// stay bounded however many people use the server).
 pub const AUTH_REFUSED: &str = "cursor_byok_auth_refused_total";
+/// `[auth]` budgets: a limit refused a call or warned (soft), by team, kind (`refused`, `warned`)
+/// and limit; no user label.
+pub const BUDGET_EVENTS: &str = "cursor_byok_budget_events_total";
 pub const NODE_INFO: &str = "cursor_byok_node_info";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
@@ -115,6 +118,12 @@ pub fn run_refused(limit: &'static str) {
 /// A request was refused by the identity layer with Connect code `code`.
 pub fn auth_refused(code: &'static str) {
     counter!(AUTH_REFUSED, "code" => code).increment(1);
+}
+
+/// A budget limit refused a call or warned (`kind`), for a member of `team` (`none`: no team).
+pub fn budget_event(team: &str, kind: &'static str, limit: &'static str) {
+    counter!(BUDGET_EVENTS, "team" => team.to_owned(), "kind" => kind, "limit" => limit)
+        .increment(1);
 }
 
 /// A call on model `from` failed before streaming and went to its fallback `to` (both configured

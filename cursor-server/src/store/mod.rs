@@ -88,6 +88,7 @@ macro_rules! write_tx {
 }
 
 pub mod blobs;
+pub mod budgets;
 pub mod conversations;
 pub mod messages;
 pub mod nodes;
