@@ -475,3 +475,127 @@ fn check_teams(teams: &[TeamConfig], users: &[UserConfig]) -> Vec<ConfigError> {
     }
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    const PROVIDER: &str = "[[providers]]\nname = \"p\"\nkind = \"openai-chat\"\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key = \"k\"\n[[providers.models]]\nid = \"m1\"\n";
+
+    fn parse(top: &str, tables: &str) -> Result<Config, ConfigError> {
+        let text = format!("{top}\n{PROVIDER}\n{tables}");
+        Config::from_toml(&text, Path::new("test.toml"), &|_| None)
+    }
+
+    fn problems(top: &str, tables: &str) -> String {
+        parse(top, tables).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn the_issues_interface_parses_with_team_and_user_limits() {
+        let config = parse(
+            "",
+            r#"
+[auth]
+mode = "trusted_header"
+header = "X-Forwarded-Email"
+trusted_proxies = ["127.0.0.1/32", "10.0.0.0/8", "::1"]
+admins = ["Lead@Example.com"]
+
+[[teams]]
+name = "platform"
+members = ["a@example.com", "b@example.com"]
+models = ["*"]
+daily_cost_usd = 50.0
+monthly_cost_usd = 500.0
+requests_per_minute = 60
+concurrent_runs = 4
+
+[[users]]
+email = "b@example.com"
+daily_cost_usd = 0.01
+"#,
+        )
+        .expect("valid");
+        let auth = config.auth.expect("[auth]");
+        let AuthMode::TrustedHeader {
+            header,
+            trusted_proxies,
+        } = &auth.mode
+        else {
+            panic!("trusted_header");
+        };
+        assert_eq!(header.as_str(), "x-forwarded-email");
+        assert!(trusted_proxies[1].contains("10.1.2.3".parse().unwrap()));
+        assert!(!trusted_proxies[0].contains("127.0.0.2".parse().unwrap()));
+        assert!(trusted_proxies[0].contains("::ffff:127.0.0.1".parse().unwrap()));
+        assert_eq!(auth.admins, ["lead@example.com"]);
+        let team = auth.team_of("b@example.com").expect("team");
+        let b = auth.users[0].limits.over(&team.limits);
+        assert_eq!(b.daily_cost_usd, Some(0.01));
+        assert_eq!(b.monthly_cost_usd, Some(500.0));
+        assert_eq!(b.concurrent_runs, Some(4));
+        assert!(auth.admits("a@example.com") && !auth.admits("x@example.com"));
+    }
+
+    #[test]
+    fn without_auth_nothing_changes_and_teams_alone_are_refused() {
+        assert!(parse("", "").expect("valid").auth.is_none());
+        let message = problems("", "[[teams]]\nname = \"t\"\n");
+        assert!(message.contains("need an [auth] section"), "{message}");
+    }
+
+    #[test]
+    fn every_auth_problem_is_named_precisely() {
+        let message = problems(
+            "",
+            r#"
+[auth]
+mode = "trusted_header"
+trusted_proxies = ["10.0.0.0/33", "proxy.local"]
+admins = ["not-an-email"]
+
+[[teams]]
+name = "a"
+members = ["x@example.com"]
+daily_cost_usd = -1.0
+colour = "blue"
+
+[[teams]]
+name = "b"
+members = ["x@example.com"]
+requests_per_minute = 0
+"#,
+        );
+        for expected in [
+            "needs header",
+            "\"10.0.0.0/33\" is not an address or network",
+            "\"proxy.local\" is not an address or network",
+            "\"not-an-email\" is not an e-mail address",
+            "daily_cost_usd = -1 must be a number of dollars",
+            "team \"a\": unknown key \"colour\"",
+            "member of both team \"a\" and team \"b\"",
+            "requests_per_minute and concurrent_runs must be at least 1",
+        ] {
+            assert!(
+                message.contains(expected),
+                "{expected:?} missing from:\n{message}"
+            );
+        }
+        let message = problems("", "[auth]\nmode = \"ldap\"\n");
+        assert!(message.contains("\"ldap\" is not one of trusted_header, cursor_account, tokens"));
+        let message = problems(
+            "pass_through = false",
+            "[auth]\nmode = \"cursor_account\"\n",
+        );
+        assert!(message.contains("needs pass-through on"), "{message}");
+        let message = problems("", "[auth]\nmode = \"tokens\"\nheader = \"X-Email\"\n");
+        assert!(
+            message.contains("apply only to mode = \"trusted_header\""),
+            "{message}"
+        );
+    }
+}
