@@ -83,6 +83,25 @@ fn conversation_ids(list: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The audit log's refusals once there are at least `count` of them.
+async fn wait_for_audit(server: &TestServer, token: &str, count: usize) -> Vec<serde_json::Value> {
+    for _ in 0..200 {
+        let (_, log) = api_get(server, "/api/audit", token).await;
+        let refusals: Vec<serde_json::Value> = log["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["action"] == "refused")
+            .cloned()
+            .collect();
+        if refusals.len() >= count {
+            return refusals;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the audit log never had {count} refusals");
+}
+
 const TOKENS: &str = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]";
 
 #[tokio::test]
@@ -140,6 +159,79 @@ async fn with_tokens_each_person_runs_and_sees_only_their_own_conversations() {
     assert_eq!(conversation_ids(&list), ["conv-b"]);
     let (status, _) = api_get(&server, "/api/conversations/conv-a", &token_b).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "B cannot read A's history");
+    let (_, runs) = api_get(&server, "/api/runs", &token_b).await;
+    let ids: Vec<&str> = runs["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.iter().all(|id| id.starts_with("req-b")),
+        "B sees only B's runs: {ids:?}"
+    );
+    let (status, _) = api_get(&server, "/api/runs/req-a1", &token_b).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, usage) = api_get(&server, "/api/usage", &token_b).await;
+    let people: Vec<&str> = usage["by_person"]
+        .as_array()
+        .expect("by_person")
+        .iter()
+        .map(|p| p["user"].as_str().unwrap())
+        .collect();
+    assert_eq!(people, ["b@example.com"], "B's usage is B's alone");
+    let (status, _) = api_get(&server, "/api/audit", &token_b).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "the audit log is for admins");
+
+    // An admin sees everyone's, with the person each run belongs to.
+    let admin_token = issue_token(&server, "lead@example.com").await;
+    let (_, list) = api_get(&server, "/api/conversations", &admin_token).await;
+    let mut all = conversation_ids(&list);
+    all.sort();
+    assert_eq!(all, ["conv-a", "conv-b"]);
+    let (_, run) = api_get(&server, "/api/runs/req-a1", &admin_token).await;
+    assert_eq!(run["user"], "a@example.com");
+    let (_, usage) = api_get(&server, "/api/usage", &admin_token).await;
+    let mut people: Vec<&str> = usage["by_person"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["user"].as_str().unwrap())
+        .collect();
+    people.sort();
+    assert_eq!(people, ["a@example.com", "b@example.com"]);
+    let csv = reqwest::Client::new()
+        .get(format!("http://{}/api/usage.csv", server.addr))
+        .bearer_auth(&admin_token)
+        .send()
+        .await
+        .expect("csv")
+        .text()
+        .await
+        .expect("csv text");
+    assert!(
+        csv.starts_with("day,user,team,provider,model,calls,"),
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines()
+            .filter(|l| l.contains(",a@example.com,"))
+            .count(),
+        1,
+        "{csv}"
+    );
+    // B's refusals are in the audit log (written without waiting: poll until they are there).
+    let refusals = wait_for_audit(&server, &admin_token, 3).await;
+    assert!(
+        refusals
+            .iter()
+            .any(|e| e["subject"] == "conversation conv-a" && e["actor"] == "b@example.com"),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals.iter().any(|e| e["subject"] == "run req-a1"),
+        "{refusals:?}"
+    );
     server.stop().await;
 }
 

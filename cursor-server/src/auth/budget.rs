@@ -66,9 +66,13 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
         let resets = resets
             .map(|r| format!("; it resets at {r}"))
             .unwrap_or_default();
-        refused(format!(
-            "{email} reached the {limit} limit ({what}){resets}; ask {ask} to raise it"
-        ))
+        let message =
+            format!("{email} reached the {limit} limit ({what}){resets}; ask {ask} to raise it");
+        if let Some(auth) = &app.auth {
+            let what = format!("a provider call on {model}");
+            auth.audit_refusal(&app.store, Some(email.to_owned()), what, message.clone());
+        }
+        refused(message)
     };
     if let Some(models) = &limits.models
         && !models.iter().any(|pattern| matches(pattern, model))

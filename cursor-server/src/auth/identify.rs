@@ -60,6 +60,9 @@ pub async fn layer(
         Err(refusal) => {
             tracing::info!(path = %path, code = refusal.code.as_str(), "refused: {}", refusal.message);
             crate::ops::metrics::auth_refused(refusal.code.as_str());
+            let who = peer.map(|p| format!("from {}", p.ip()));
+            let what = format!("{path} ({})", refusal.code.as_str());
+            auth.audit_refusal(&state.store, who, what, refusal.message.clone());
             refuse(&path, refusal)
         }
     }

@@ -48,7 +48,15 @@ pub async fn admit_run(
     if let Some(owner) = owner
         && owner != user
     {
-        return Err(refused_not_yours("run", request_id));
+        let refusal = refused_not_yours("run", request_id);
+        let what = format!("run {request_id}");
+        auth.audit_refusal(
+            &state.store,
+            Some(user.to_owned()),
+            what,
+            refusal.message.clone(),
+        );
+        return Err(refusal);
     }
     let mut owners = auth.run_owners.lock().unwrap_or_else(|e| e.into_inner());
     if owners.len() >= RUN_OWNERS_PRUNE_AT {
@@ -92,9 +100,10 @@ pub async fn claim_conversation(
             conversation_id,
             "refused a run on another person's conversation"
         );
-        return Err(ServerError::PermissionDenied(
-            refused_not_yours("conversation", conversation_id).message,
-        ));
+        let message = refused_not_yours("conversation", conversation_id).message;
+        let what = format!("conversation {conversation_id}");
+        auth.audit_refusal(&state.store, Some(user), what, message.clone());
+        return Err(ServerError::PermissionDenied(message));
     }
     Ok(())
 }

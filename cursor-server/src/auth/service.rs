@@ -44,7 +44,12 @@ pub struct Auth {
     pub(crate) cursor_tokens: TokenCache,
     /// Which person each run of this node belongs to, by request id.
     pub(super) run_owners: Mutex<HashMap<String, (String, Instant)>>,
+    /// Refusals written to the audit log in the current minute (a flood cannot fill the table).
+    audited: Mutex<(Instant, u32)>,
 }
+
+/// Refusals written to the audit log per minute at most; the rest are only logged and counted.
+const AUDITED_REFUSALS_PER_MINUTE: u32 = 30;
 
 impl Auth {
     pub fn new(config: AuthConfig) -> Auth {
@@ -52,6 +57,7 @@ impl Auth {
             config,
             cursor_tokens: TokenCache::default(),
             run_owners: Mutex::new(HashMap::new()),
+            audited: Mutex::new((Instant::now(), 0)),
         }
     }
 
@@ -62,6 +68,34 @@ impl Auth {
             .unwrap_or_else(|e| e.into_inner())
             .get(request_id)
             .map(|(email, _)| email.clone())
+    }
+
+    /// Writes a refusal to the audit log, unless this minute's share is used up (then it is only
+    /// in the log and the metric). Never waits for the write.
+    pub fn audit_refusal(&self, store: &Store, actor: Option<String>, what: String, why: String) {
+        {
+            let mut audited = self.audited.lock().unwrap_or_else(|e| e.into_inner());
+            if audited.0.elapsed() >= Duration::from_secs(60) {
+                *audited = (Instant::now(), 0);
+            }
+            if audited.1 >= AUDITED_REFUSALS_PER_MINUTE {
+                return;
+            }
+            audited.1 += 1;
+        }
+        let store = store.clone();
+        let entry = users::AuditEntry {
+            at_ms: users::now(),
+            actor,
+            action: "refused".to_owned(),
+            subject: Some(what),
+            detail: Some(why),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = users::audit(&store, &entry).await {
+                tracing::warn!("writing a refusal to the audit log: {e}");
+            }
+        });
     }
 
     /// Records the file's people and teams in the store (the file seeds them; `users` commands

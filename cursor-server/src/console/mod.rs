@@ -10,6 +10,7 @@ pub mod assets;
 pub mod charts;
 pub mod logs;
 pub mod pages;
+pub mod people;
 pub mod scope;
 
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/conversations", get(api::conversations))
         .route("/api/conversations/{id}", get(api::conversation))
         .route("/api/usage", get(api::usage))
+        .route("/api/usage.csv", get(people::usage_csv))
+        .route("/api/audit", get(people::audit))
         .route("/api/providers", get(api::providers))
         .route("/api/live", get(api::live))
         .route("/api/conversations/{id}/markdown", get(actions::markdown))

@@ -175,8 +175,14 @@ struct RunsPage {
     list: RunList,
 }
 
-pub async fn runs(State(state): State<Arc<AppState>>, Query(query): Query<RunQuery>) -> PageResult {
-    let list = api::runs(State(state), Query(query.clone())).await?.0;
+pub async fn runs(
+    State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
+    Query(query): Query<RunQuery>,
+) -> PageResult {
+    let list = api::runs(State(state), caller, Query(query.clone()))
+        .await?
+        .0;
     let statuses = ["", "running", "succeeded", "failed", "canceled"]
         .into_iter()
         .map(|status| Choice {
@@ -230,8 +236,14 @@ struct RunPage {
     detail: RunDetail,
 }
 
-pub async fn run(State(state): State<Arc<AppState>>, Path(request_id): Path<String>) -> PageResult {
-    let detail = api::run(State(state), Path(request_id.clone())).await?.0;
+pub async fn run(
+    State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
+    Path(request_id): Path<String>,
+) -> PageResult {
+    let detail = api::run(State(state), caller, Path(request_id.clone()))
+        .await?
+        .0;
     ok(&RunPage {
         title: format!("Run {request_id}"),
         detail,
@@ -362,9 +374,10 @@ struct UsagePage {
 
 pub async fn usage(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Query(query): Query<UsageQuery>,
 ) -> PageResult {
-    let report = api::usage(State(state), Query(query)).await?.0;
+    let report = api::usage(State(state), caller, Query(query)).await?.0;
     ok(&UsagePage {
         title: "Usage and cost",
         chart: super::charts::tokens_per_day(&report.rows),

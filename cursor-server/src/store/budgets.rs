@@ -118,3 +118,64 @@ pub async fn total(store: &Store, scope: &str, kind: &str) -> Result<Spent, Stor
         })
     })
 }
+
+/// Tokens of the provider calls of one day, person, provider and model (`[auth]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PersonUsage {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// `None`: calls on conversations of nobody (before `[auth]`).
+    pub user: Option<String>,
+    pub team: Option<String>,
+    pub provider: String,
+    pub model_id: String,
+    pub calls: u64,
+    pub usage: crate::model::usage::Usage,
+}
+
+/// Usage per day, person (with their team), provider and model since `since_ms`; only `owner`'s
+/// when given.
+pub async fn usage_by_person(
+    store: &Store,
+    since_ms: i64,
+    owner: Option<&str>,
+) -> Result<Vec<PersonUsage>, StoreError> {
+    let day = match store.kind() {
+        super::DatabaseKind::Sqlite => "date(p.started_at_ms / 1000, 'unixepoch')",
+        super::DatabaseKind::Postgres => {
+            "to_char(to_timestamp(p.started_at_ms / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+        }
+    };
+    let sql = format!(
+        "SELECT {day} AS day, c.owner_user AS user_email, u.team AS team, p.provider, p.model_id,
+                COUNT(*) AS calls,
+                CAST(SUM(p.input_tokens) AS BIGINT) AS input_tokens,
+                CAST(SUM(p.output_tokens) AS BIGINT) AS output_tokens,
+                CAST(SUM(p.cache_read_tokens) AS BIGINT) AS cache_read_tokens,
+                CAST(SUM(p.cache_write_tokens) AS BIGINT) AS cache_write_tokens,
+                CAST(SUM(p.reasoning_tokens) AS BIGINT) AS reasoning_tokens
+         FROM provider_calls p
+         LEFT JOIN conversations c ON c.id = p.conversation_id
+         LEFT JOIN users u ON u.email = c.owner_user
+         WHERE p.started_at_ms >= $1 AND ($2 IS NULL OR c.owner_user = $2)
+         GROUP BY day, c.owner_user, u.team, p.provider, p.model_id
+         ORDER BY day, c.owner_user, p.provider, p.model_id"
+    );
+    on_readers!(store, |p| Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(since_ms)
+        .bind(owner)
+        .fetch_all(p)
+        .await
+        .context("summing usage per person")?
+        .iter()
+        .map(|row| PersonUsage {
+            day: row.text("day"),
+            user: row.opt_text("user_email"),
+            team: row.opt_text("team"),
+            provider: row.text("provider"),
+            model_id: row.text("model_id"),
+            calls: row.int("calls").max(0) as u64,
+            usage: super::runs::usage_of(row),
+        })
+        .collect()))
+}
