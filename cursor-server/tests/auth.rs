@@ -182,6 +182,12 @@ async fn with_tokens_each_person_runs_and_sees_only_their_own_conversations() {
     assert_eq!(people, ["b@example.com"], "B's usage is B's alone");
     let (status, _) = api_get(&server, "/api/audit", &token_b).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "the audit log is for admins");
+    let (status, _) = api_get(&server, "/api/logs", &token_b).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "the server's logs are for admins"
+    );
 
     // An admin sees everyone's, with the person each run belongs to.
     let admin_token = issue_token(&server, "lead@example.com").await;
@@ -189,6 +195,8 @@ async fn with_tokens_each_person_runs_and_sees_only_their_own_conversations() {
     let mut all = conversation_ids(&list);
     all.sort();
     assert_eq!(all, ["conv-a", "conv-b"]);
+    let (status, _) = api_get(&server, "/api/logs", &admin_token).await;
+    assert_eq!(status, StatusCode::OK);
     let (_, run) = api_get(&server, "/api/runs/req-a1", &admin_token).await;
     assert_eq!(run["user"], "a@example.com");
     let (_, usage) = api_get(&server, "/api/usage", &admin_token).await;

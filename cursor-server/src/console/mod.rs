@@ -61,8 +61,20 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Lets a request through when the console is open to it (see the module's header).
 async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    // `[auth]`: the identity layer in front already verified the person (or refused them).
+    // `[auth]`: the identity layer in front already verified the person (or refused them); a
+    // member may not use the admin's pages.
     if state.auth.is_some() {
+        let member = request
+            .extensions()
+            .get::<crate::auth::service::Caller>()
+            .is_none_or(|c| !c.admin);
+        if member && scope::admin_only(request.uri().path()) {
+            return (
+                StatusCode::FORBIDDEN,
+                "this page is for the server's admins ([auth] admins)",
+            )
+                .into_response();
+        }
         return next.run(request).await;
     }
     match access(&state, request.headers()) {

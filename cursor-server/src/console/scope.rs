@@ -5,6 +5,20 @@ use crate::auth::service::Caller;
 use crate::state::AppState;
 use crate::store::{StoreError, users};
 
+/// Pages and API routes only admins may use: the server's logs, providers and keys, the live
+/// runs of everyone, probes, the audit log.
+pub fn admin_only(path: &str) -> bool {
+    matches!(
+        path,
+        "/console/logs"
+            | "/api/logs"
+            | "/api/providers"
+            | "/api/live"
+            | "/console/probe"
+            | "/api/audit"
+    )
+}
+
 /// The owner to restrict a listing to: the member's own e-mail; `None` (everything) for an admin
 /// or without `[auth]`.
 pub fn own_only(caller: Option<&Caller>) -> Option<&str> {
