@@ -159,6 +159,8 @@ async fn with_tokens_each_person_runs_and_sees_only_their_own_conversations() {
     assert_eq!(conversation_ids(&list), ["conv-b"]);
     let (status, _) = api_get(&server, "/api/conversations/conv-a", &token_b).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "B cannot read A's history");
+    let (status, _) = api_get(&server, "/api/conversations/conv-a/markdown", &token_b).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "nor export it");
     let (_, runs) = api_get(&server, "/api/runs", &token_b).await;
     let ids: Vec<&str> = runs["runs"]
         .as_array()
@@ -349,6 +351,8 @@ async fn a_trusted_header_is_believed_from_the_proxy_and_refused_from_anywhere_e
 struct FakeCursorBackend {
     url: String,
     hits: Arc<AtomicUsize>,
+    /// The headers of every other request (the pass-through's).
+    passed: Arc<std::sync::Mutex<Vec<HeaderMap>>>,
     stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -357,7 +361,16 @@ impl FakeCursorBackend {
     async fn start() -> FakeCursorBackend {
         let hits = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&hits);
-        let app = axum::Router::new().route(
+        let passed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&passed);
+        let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push(headers);
+                (StatusCode::OK, "from Cursor")
+            }
+        });
+        let app = app.route(
             "/aiserver.v1.DashboardService/GetMe",
             axum::routing::post(move |headers: HeaderMap| {
                 let counted = Arc::clone(&counted);
@@ -397,6 +410,7 @@ impl FakeCursorBackend {
         FakeCursorBackend {
             url,
             hits,
+            passed,
             stop,
             task,
         }
@@ -451,6 +465,33 @@ async fn a_cursor_sign_in_is_verified_once_cached_and_an_invalid_one_refused() {
     let b = FakeCursor::with_headers(server.addr, &[("authorization", "Bearer cursor-token-b")]);
     let turn = cli_turn(&b, "req-cb", "conv-ca").await;
     assert_eq!(turn.error_code(), Some("permission_denied"));
+
+    let asked = backend.hits();
+    // A route this server does not serve passes through, unverified, with the person's own
+    // credentials (Cursor judges them) and never this server's own headers.
+    let passed = reqwest::Client::new()
+        .post(format!(
+            "http://{}/aiserver.v1.DashboardService/GetTeams",
+            server.addr
+        ))
+        .header("authorization", "Bearer cursor-token-unverified")
+        .header("x-cursor-byok-token", "cbk_should-not-leave")
+        .header("x-cursor-byok-user", "forged@example.com")
+        .send()
+        .await
+        .expect("pass-through");
+    assert_eq!(passed.text().await.expect("body"), "from Cursor");
+    let headers = backend
+        .passed
+        .lock()
+        .unwrap()
+        .pop()
+        .expect("reached Cursor");
+    assert_eq!(headers["authorization"], "Bearer cursor-token-unverified");
+    assert!(
+        headers.get("x-cursor-byok-token").is_none() && headers.get("x-cursor-byok-user").is_none()
+    );
+    assert_eq!(backend.hits(), asked, "pass-through is not verified");
 
     // Cursor's backend goes away: A (cached) keeps working; a new sign-in is refused, saying why.
     backend.shut_down().await;

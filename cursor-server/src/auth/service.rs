@@ -124,6 +124,20 @@ impl Auth {
     }
 }
 
+/// Removes this server's own identity headers from a request going to Cursor's backend (the
+/// pass-through): an issued token or a verified user is never sent on.
+pub fn strip_own_headers(headers: &mut axum::http::HeaderMap) {
+    headers.remove(TOKEN_HEADER);
+    headers.remove(USER_HEADER);
+    let ours = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(&format!("Bearer {TOKEN_PREFIX}")));
+    if ours {
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
+}
+
 /// The SHA-256 of a token: all that is stored or cached of it.
 pub fn token_hash(token: &str) -> [u8; 32] {
     sha2::Sha256::digest(token.as_bytes()).into()

@@ -110,8 +110,15 @@ pub async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginFor
 /// `GET /api/conversations/{id}/markdown`: the stored history as a Markdown document.
 pub async fn markdown(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    if !super::scope::may_read(&state, caller.as_deref(), &id).await? {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("conversation {id} belongs to someone else on this server"),
+        ));
+    }
     let history = messages::load(&state.store, &id).await?;
     if history.is_empty() {
         return Err(ApiError::new(

@@ -105,9 +105,11 @@ async fn unknown_route(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let mut headers = connect::end_to_end_headers(&parts.headers);
+    crate::auth::service::strip_own_headers(&mut headers);
     let outbound = client
         .request(parts.method.clone(), format!("{}{path}", upstream.url))
-        .headers(connect::end_to_end_headers(&parts.headers))
+        .headers(headers)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
     let response = outbound.send().await.map_err(|e| {
         let e = e.without_url();
