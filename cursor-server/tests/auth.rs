@@ -588,3 +588,49 @@ async fn a_person_over_their_daily_cost_is_refused_the_next_call_and_the_counter
     store.close().await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn between_nodes_a_forwarded_request_carries_its_verified_person() {
+    let provider = FakeProvider::start().await;
+    let db_dir = tempfile::tempdir().expect("tempdir");
+    let auth = trusted_header("\"127.0.0.1/32\"");
+    let base_url = provider.base_url();
+    let spawn = |name: &'static str| {
+        fixtures::spawn_node(
+            &base_url,
+            db_dir.path(),
+            (name, fixtures::CLUSTER_SECRET),
+            &auth,
+            5.0,
+        )
+    };
+    let (mut one, addr_one, _) = spawn("one").await;
+    let (mut two, addr_two, _) = spawn("two").await;
+
+    // A's RunSSE on node one, the BidiAppend on node two: forwarded to one with A's person.
+    let a = FakeCursor::alternating_with_headers(
+        &[addr_one, addr_two],
+        &[("x-forwarded-email", "a@example.com")],
+    );
+    provider.push(Reply::sse(text_events(&["across nodes"], (10, 2, 0))));
+    let turn = sse_turn(&a, "req-n1", "conv-n").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+
+    // B on node two cannot continue A's conversation.
+    let b = FakeCursor::with_headers(addr_two, &[("x-forwarded-email", "b@example.com")]);
+    let turn = cli_turn(&b, "req-n2", "conv-n").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+
+    // A person named on an internal route without the cluster secret is not believed.
+    let forged = reqwest::Client::new()
+        .post(format!("http://{addr_one}/internal/cluster/v1/BidiAppend"))
+        .header("x-cursor-byok-user", "a@example.com")
+        .header("content-type", "application/proto")
+        .body(Vec::new())
+        .send()
+        .await
+        .expect("internal request");
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    let _ = one.kill().await;
+    let _ = two.kill().await;
+}

@@ -177,6 +177,11 @@ impl FakeCursor {
 
     /// A client that sends `headers` on every request (a person's token or sign-in, `[auth]`).
     pub fn with_headers(addr: SocketAddr, headers: &[(&str, &str)]) -> FakeCursor {
+        FakeCursor::alternating_with_headers(&[addr], headers)
+    }
+
+    /// `alternating`, sending `headers` on every request.
+    pub fn alternating_with_headers(addrs: &[SocketAddr], headers: &[(&str, &str)]) -> FakeCursor {
         let mut map = reqwest::header::HeaderMap::new();
         for (name, value) in headers {
             map.insert(
@@ -184,7 +189,7 @@ impl FakeCursor {
                 reqwest::header::HeaderValue::from_str(value).expect("header value"),
             );
         }
-        let mut cursor = FakeCursor::new(addr);
+        let mut cursor = FakeCursor::alternating(addrs);
         cursor.http1 = reqwest::Client::builder()
             .http1_only()
             .default_headers(map.clone())
