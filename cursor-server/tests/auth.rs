@@ -634,3 +634,51 @@ async fn between_nodes_a_forwarded_request_carries_its_verified_person() {
     let _ = one.kill().await;
     let _ = two.kill().await;
 }
+
+#[tokio::test]
+async fn concurrent_runs_and_allowed_models_are_limits_too() {
+    let provider = FakeProvider::start().await;
+    let auth = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]\n\n\
+                [[teams]]\nname = \"solo\"\nmembers = [\"a@example.com\"]\nconcurrent_runs = 1\n\n\
+                [[users]]\nemail = \"c@example.com\"\nmodels = [\"other-*\"]\n";
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", priced(auth)).await;
+    let token_a = issue_token(&server, "a@example.com").await;
+    let token_c = issue_token(&server, "c@example.com").await;
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_a)]);
+
+    // A's first run waits on a tool on A's machine: it is in progress.
+    provider.push(Reply::sse(fake_provider::tool_call_events(
+        None,
+        &[("call_read", "Read", r#"{"path":"notes.txt"}"#)],
+        (10, 2, 0),
+    )));
+    let mut session = fake_cursor::Session::start(
+        &a,
+        "req-a1",
+        &fixtures::run_request_with_env("conv-a1", "read notes"),
+    )
+    .await;
+    let _exec = session.next_exec().await;
+    let sent = provider.requests().len();
+    let turn = cli_turn(&a, "req-a2", "conv-a2").await;
+    assert_eq!(turn.error_code(), Some("resource_exhausted"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("concurrent_runs")
+    );
+    assert_eq!(provider.requests().len(), sent);
+
+    // C may use only other-* models; the configured one is refused, naming the limit.
+    let c = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_c)]);
+    let turn = cli_turn(&c, "req-c1", "conv-c1").await;
+    assert_eq!(turn.error_code(), Some("resource_exhausted"));
+    let message = turn.error_message().unwrap_or_default();
+    assert!(
+        message.contains("models") && message.contains("test-model"),
+        "{message}"
+    );
+    assert_eq!(provider.requests().len(), sent);
+    drop(session);
+    server.stop().await;
+}
