@@ -36,5 +36,5 @@ pub async fn may_read(
         return Ok(true);
     };
     let owner = users::conversation_owner(&state.store, conversation_id).await?;
-    Ok(!owner.as_deref().is_some_and(|owner| owner != email))
+    Ok(owner.as_deref().is_none_or(|owner| owner == email))
 }
