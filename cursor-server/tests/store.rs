@@ -685,7 +685,7 @@ async fn check_reports_the_database_reachable_migrated_and_its_version() {
         let (ok, printed) = check_database(&db.url).await;
         assert!(ok, "{printed}");
         assert!(
-            printed.contains("reachable, migrated (schema version 12)"),
+            printed.contains("reachable, migrated (schema version 13)"),
             "{printed}"
         );
     }

@@ -138,6 +138,15 @@ pub fn strip_own_headers(headers: &mut axum::http::HeaderMap) {
     }
 }
 
+/// Whether `token` is one this server issued to a person who is not disabled.
+pub async fn issued(store: &Store, token: &str) -> bool {
+    token.starts_with(TOKEN_PREFIX)
+        && matches!(
+            users::by_token(store, &token_hash(token)).await,
+            Ok(Some(record)) if !record.disabled
+        )
+}
+
 /// The SHA-256 of a token: all that is stored or cached of it.
 pub fn token_hash(token: &str) -> [u8; 32] {
     sha2::Sha256::digest(token.as_bytes()).into()

@@ -99,6 +99,10 @@ pub async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginFor
     let right = expected.is_some_and(|token| {
         super::constant_time_eq(form.token.as_bytes(), token.expose().as_bytes())
     });
+    // `[auth]`: a token issued to an enabled person logs them in (the identity layer reads the
+    // cookie on every later request).
+    let right = right
+        || (state.auth.is_some() && crate::auth::service::issued(&state.store, &form.token).await);
     if !csrf_ok(&form.csrf) || !right {
         tracing::warn!("a console login failed");
         return (StatusCode::UNAUTHORIZED, "wrong token").into_response();
