@@ -11,7 +11,10 @@
 //!   `turn_ended` to the end of stream of an HTTP/2 `Run` turn (40 ms when the accepted socket
 //!   runs with Nagle's algorithm and the client delays its ACKs; about 1 ms with TCP_NODELAY).
 //!
-//! - routing a run's model through a 30-model table of aliases and patterns (once per run start).
+//! - routing a run's model through a 30-model table of aliases and patterns (once per run start);
+//! - over real sockets, the time from a `run_request` to the first text of a new conversation
+//!   (the run's start: one write transaction, then the provider call), and the cost per chunk of
+//!   a provider streaming 50,000 text deltas as fast as it can;
 //! - over real sockets, time to first token of HTTP/2 `Run` turns on a server without `[auth]` and
 //!   on one with tokens and every budget limit set (identity, run admission, conversation claim,
 //!   the budget check before the call and the charge after it): p50 and p99 of each.
@@ -199,15 +202,27 @@ fn main() {
         );
     }
     let turns = if benching { 200 } else { 2 };
-    let mut tails = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(turn_tails(turns));
-    tails.sort();
-    let at = |q: f64| tails[((tails.len() - 1) as f64 * q).round() as usize];
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (mut starts, mut tails) = runtime.block_on(turn_tails(turns));
+    let at = |list: &mut Vec<Duration>, q: f64| {
+        list.sort();
+        list[((list.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
+    };
+    println!(
+        "HTTP/2 Run, run start (run_request -> first text, a new conversation each) over {turns} runs: p50 {:.2} ms, p99 {:.2} ms",
+        at(&mut starts, 0.5),
+        at(&mut starts, 0.99)
+    );
     println!(
         "HTTP/2 Run, turn_ended -> end of stream over {turns} turns: p50 {:.2} ms, p99 {:.2} ms",
-        at(0.5).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3
+        at(&mut tails, 0.5),
+        at(&mut tails, 0.99)
+    );
+    let chunks = if benching { 50_000 } else { 100 };
+    let per_chunk = runtime.block_on(streamed_chunks(chunks));
+    println!(
+        "HTTP/2 Run, {chunks} unpaced text chunks through the server: {:.2} µs per chunk (wall, client and fake provider in the same process)",
+        per_chunk.as_secs_f64() * 1e6 / chunks as f64
     );
     let turns = if benching { 300 } else { 2 };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -284,7 +299,10 @@ fn route_per_run_start(iterations: u32) {
 
 /// For each of `turns` HTTP/2 `Run` turns (one after another, a fresh connection each): the time
 /// from the `turn_ended` frame to the end-of-stream frame, as the client reads them.
-async fn turn_tails(turns: usize) -> Vec<Duration> {
+/// Run starts and turn ends over real sockets: for each turn, the time from sending the
+/// `run_request` to the first text update (the run's start: its record, the user's message and
+/// first blobs committed, the provider called), and from `turn_ended` to the end of stream.
+async fn turn_tails(turns: usize) -> (Vec<Duration>, Vec<Duration>) {
     use cursor_server::cursor::connect::FrameDecoder;
     use futures_util::StreamExt as _;
     use prost::Message as _;
@@ -298,9 +316,12 @@ async fn turn_tails(turns: usize) -> Vec<Duration> {
     }
     let server = fixtures::TestServer::start(&provider.base_url()).await;
     let mut tails = Vec::with_capacity(turns);
+    let mut starts = Vec::with_capacity(turns);
     for turn in 0..turns {
         let cursor = fake_cursor::FakeCursor::new(server.addr);
         let (uplink, response) = cursor.open_run_h2(&format!("bench-{turn}")).await;
+        let sent = Instant::now();
+        let mut first_text = None;
         uplink
             .send(fixtures::run_request(&format!("bench-conv-{turn}"), "hi"))
             .await
@@ -326,6 +347,10 @@ async fn turn_tails(turns: usize) -> Vec<Duration> {
                     _ if fake_cursor::kind(&message) == "turn_ended" => {
                         turn_ended = Some(Instant::now());
                     }
+                    _ if fake_cursor::kind(&message) == "text_delta" && first_text.is_none() => {
+                        first_text = Some(Instant::now());
+                        starts.push(Instant::now().duration_since(sent));
+                    }
                     _ => {}
                 }
             }
@@ -333,7 +358,58 @@ async fn turn_tails(turns: usize) -> Vec<Duration> {
         drop(uplink);
     }
     server.stop().await;
-    tails
+    (starts, tails)
+}
+
+/// One run whose provider streams `chunks` text deltas as fast as it can: the wall time from the
+/// first text update to `turn_ended`, the server's per-chunk cost plus what the in-process client
+/// and provider spend.
+async fn streamed_chunks(chunks: usize) -> Duration {
+    use cursor_server::cursor::connect::FrameDecoder;
+    use futures_util::StreamExt as _;
+    use prost::Message as _;
+
+    let provider = fake_provider::FakeProvider::start().await;
+    let parts: Vec<String> = (0..chunks).map(|i| format!("t{i} ")).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    provider.push(fake_provider::Reply::sse(fake_provider::text_events(
+        &parts,
+        (5, chunks as u64, 0),
+    )));
+    let server = fixtures::TestServer::start(&provider.base_url()).await;
+    let cursor = fake_cursor::FakeCursor::new(server.addr);
+    let (uplink, response) = cursor.open_run_h2("bench-chunks").await;
+    uplink
+        .send(fixtures::run_request("bench-chunks", "stream"))
+        .await
+        .expect("send");
+    let mut body = response.bytes_stream();
+    let mut decoder = FrameDecoder::new(1 << 24);
+    let (mut first, mut took) = (None, Duration::ZERO);
+    'read: while let Some(chunk) = body.next().await {
+        decoder.push(&chunk.expect("read"));
+        while let Some(frame) = decoder.next_frame().expect("frame") {
+            if frame.is_end_stream() {
+                break 'read;
+            }
+            let message = pb::AgentServerMessage::decode(frame.payload.as_ref()).expect("message");
+            match &message.message {
+                Some(pb::agent_server_message::Message::KvServerMessage(kv)) => {
+                    uplink.send(fixtures::kv_ack(kv.id)).await.expect("ack")
+                }
+                _ if fake_cursor::kind(&message) == "text_delta" && first.is_none() => {
+                    first = Some(Instant::now());
+                }
+                _ if fake_cursor::kind(&message) == "turn_ended" => {
+                    took = first.expect("text before turn_ended").elapsed();
+                }
+                _ => {}
+            }
+        }
+    }
+    drop(uplink);
+    server.stop().await;
+    took
 }
 
 /// Time from sending a run request to the first text delta, over `turns` HTTP/2 `Run` turns each

@@ -1844,3 +1844,127 @@ async fn killed_after_turn_ended_before_the_final_checkpoint_the_next_turn_has_t
     );
     assert_projects_to(&projected(&store, "conv-ended").await, last);
 }
+
+/// A run's start is one commit: its record, the conversation's base, the user's message and the
+/// blobs sent for it land together or not at all. Here the database refuses the outbox row of the
+/// run's first blob (a trigger stands for a disk that fails mid-commit): the run ends with an
+/// error, and nothing of its start is kept — no message, no base, no blob owed — so the message
+/// sent again starts clean. (When the start was four commits, the message stayed without its
+/// blobs and the base stayed behind.)
+#[tokio::test]
+async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::sse(text_events(&["hello"], (5, 1, 0))));
+    let server = TestServer::start(&provider.base_url()).await;
+    let url = fixtures::database_url(&server.db_dir.path().join("test.db"));
+    let failing_disk = FailingOutbox::install(&url, "conv-atomic").await;
+    let cursor = FakeCursor::new(server.addr);
+    let session = Session::start(
+        &cursor,
+        "req-atomic-1",
+        &run_request_with_env("conv-atomic", "hello"),
+    )
+    .await;
+    let transcript = session.finish().await;
+    assert_eq!(
+        transcript.error_code(),
+        Some("internal"),
+        "{:?}",
+        transcript.error_message()
+    );
+    assert!(provider.requests().is_empty(), "the model is not called");
+
+    let store = Store::open(&url).await.unwrap();
+    assert!(
+        messages::load(&store, "conv-atomic")
+            .await
+            .unwrap()
+            .is_empty(),
+        "the user's message is not kept without its blobs"
+    );
+    assert_eq!(
+        conversations::base(&store, "conv-atomic").await.unwrap(),
+        None
+    );
+    let run = cursor_server::store::runs::get(&store, "req-atomic-1")
+        .await
+        .unwrap()
+        .expect("the failed run is recorded");
+    assert!(run.outcome.error.is_some(), "{run:?}");
+
+    // The disk is back: the same message starts the conversation as if the first try never was.
+    failing_disk.remove().await;
+    let again = Session::start(
+        &cursor,
+        "req-atomic-2",
+        &run_request_with_env("conv-atomic", "hello"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(again.is_success(), "{:?}", again.error_message());
+    assert_eq!(again.text(), "hello");
+    let history = messages::load(&store, "conv-atomic").await.unwrap();
+    let users = history
+        .iter()
+        .filter(|m| matches!(m, CanonicalMessage::User(u) if u.text == "hello"))
+        .count();
+    assert_eq!(users, 1, "one user message: {history:?}");
+}
+
+/// A database that refuses every outbox row of one conversation (a trigger, in either dialect):
+/// a write that fails part-way through a transaction.
+enum FailingOutbox {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl FailingOutbox {
+    async fn install(url: &str, conversation_id: &str) -> FailingOutbox {
+        if fixtures::on_postgres() {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            let function = "CREATE FUNCTION refuse_outbox() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN RAISE EXCEPTION 'injected: the disk failed'; END $$";
+            let trigger = format!(
+                "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox FOR EACH ROW
+                 WHEN (NEW.conversation_id = '{conversation_id}') EXECUTE FUNCTION refuse_outbox()"
+            );
+            for sql in [function.to_owned(), trigger] {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            FailingOutbox::Postgres(pool)
+        } else {
+            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            let trigger = format!(
+                "CREATE TRIGGER refuse_outbox BEFORE INSERT ON outbox
+                 WHEN NEW.conversation_id = '{conversation_id}'
+                 BEGIN SELECT RAISE(ABORT, 'injected: the disk failed'); END"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(trigger))
+                .execute(&pool)
+                .await
+                .unwrap();
+            FailingOutbox::Sqlite(pool)
+        }
+    }
+
+    async fn remove(self) {
+        match self {
+            FailingOutbox::Postgres(pool) => {
+                sqlx::query("DROP TRIGGER refuse_outbox ON outbox")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            FailingOutbox::Sqlite(pool) => {
+                sqlx::query("DROP TRIGGER refuse_outbox")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}

@@ -375,7 +375,7 @@ async fn acks_and_publication_clear_what_is_owed(db: TestDb) {
         BlobId::of(b"s1"),
         BlobId::of(b"s2"),
     );
-    blobs::put_and_send(store, &[], Some(("c", "r1", &[a, b])))
+    blobs::put_and_send(store, &[], ("c", "r1", &[a, b]), None)
         .await
         .unwrap();
     outbox::checkpoint_built(store, "c", "r1", s1)

@@ -1,6 +1,10 @@
 //! The three ways a run ends — success, error, canceled — and the frames each sends (every path ends
 //! with exactly one end-of-stream frame, after which nothing is sent); and the checkpoints published
 //! along the way.
+//!
+//! Length: the checkpoints' whole lifecycle — opening the graph, entering committed messages,
+//! the emission that stores and sends their blobs (alone or inside a run start's one transaction),
+//! the ACK gate and publication — is one state machine on one struct; it reads best in one file.
 
 use crate::cursor::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvSync};
 use crate::cursor::checkpoint::StateDetails;
@@ -210,6 +214,7 @@ async fn base_of(
     newest: Option<&ConversationStateStructure>,
     stored_messages: usize,
     system: &str,
+    unset: Option<&mut Option<UnsetBase>>,
 ) -> Result<(Base, bool), ServerError> {
     if let Some((id, covers)) = conversations::base(store, conversation_id).await? {
         return Ok((stored_base(store, id, covers).await?, false));
@@ -226,10 +231,93 @@ async fn base_of(
         _ => {
             let mut graph = ConversationGraph::default();
             let root = graph.push_root(&roots::system(system));
+            if let Some(unset) = unset {
+                // Written with the run's first messages, in their transaction.
+                let (_, state, _) = graph.state(None, &StateDetails::default());
+                *unset = Some(UnsetBase {
+                    roots: vec![root],
+                    state,
+                });
+                return Ok((Base { graph, covers: 0 }, false));
+            }
             set_base(store, conversation_id, graph, &[root], 0).await?
         }
     };
     Ok((base, false))
+}
+
+/// The base of a conversation new to the graph, built by opening a run and not stored yet: the run
+/// stores it with its first messages, in one write transaction (`messages::append_opening`).
+pub struct UnsetBase {
+    roots: Vec<Blob>,
+    state: Blob,
+}
+
+impl UnsetBase {
+    /// The write that records it: its roots, its state blob, covering no message.
+    pub fn write(&self) -> blobs::BaseWrite<'_> {
+        blobs::BaseWrite {
+            roots: self
+                .roots
+                .iter()
+                .map(|root| (root.id, root.data.as_ref()))
+                .collect(),
+            state: (self.state.id, self.state.data.as_ref()),
+            covers: 0,
+        }
+    }
+}
+
+/// Blobs on their way to the client, decided before the write that stores them: what is stored
+/// (with the blobs' edges), which are recorded as owed, and the KV requests that go out once the
+/// write is committed.
+pub struct Emission {
+    /// Stored and offered to the client (opening blobs, owed blobs read back, new blobs).
+    all: Vec<Blob>,
+    /// Stored only: the client is not asked to hold them.
+    local: Vec<Blob>,
+    /// Offered to the client, stored already.
+    stashed: Vec<Blob>,
+    /// The KV request for each of `all` then `stashed` (`None`: the client holds it or has it coming).
+    messages: Vec<Option<pb::AgentServerMessage>>,
+    /// The blobs those requests send: owed until acknowledged.
+    pub sent: Vec<BlobId>,
+}
+
+impl Emission {
+    /// Each stored blob's edges, in the order of `rows`.
+    pub fn edges(&self) -> Vec<Vec<Edge<'_>>> {
+        self.all
+            .iter()
+            .map(|blob| {
+                blob.edges
+                    .iter()
+                    .map(|(kind, ordinal, child)| Edge {
+                        kind,
+                        ordinal: *ordinal,
+                        child: *child,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The rows the store writes: `all` with `edges`, then the local blobs.
+    pub fn rows<'e>(
+        &'e self,
+        edges: &'e [Vec<Edge<'e>>],
+    ) -> Vec<(BlobId, &'e [u8], &'e [Edge<'e>])> {
+        self.all
+            .iter()
+            .zip(edges)
+            .map(|(blob, edges)| (blob.id, blob.data.as_ref(), edges.as_slice()))
+            .chain(
+                self.local
+                    .iter()
+                    .map(|blob| (blob.id, blob.data.as_ref(), &[][..])),
+            )
+            .collect()
+    }
 }
 
 /// Whether the run starts by sending the projection's blobs: when the newest checkpoint differs
@@ -256,6 +344,25 @@ fn must_heal(
     }
 }
 
+/// The run starts by sending what the projection built (`built`) and, for a conversation with no
+/// checkpoint yet, its base's roots (`new_base`: from memory when they are not stored yet, else read
+/// back by id from the projection's base): a new base's roots are the client's only once sent; a
+/// recorded base's were sent.
+fn heal(
+    opening: &mut Vec<Blob>,
+    owed: &mut Vec<BlobId>,
+    built: NewBlobs,
+    new_base: Option<Result<Vec<Blob>, &Projection>>,
+) {
+    match new_base {
+        Some(Ok(roots)) => opening.extend(roots),
+        Some(Err(projection)) => owed.extend(projection.base_roots()),
+        None => {}
+    }
+    opening.extend(built.built);
+    owed.extend(built.stored);
+}
+
 /// Whether `state` names exactly the roots and turns the projection has.
 fn projects_to(projection: &Projection, state: &ConversationStateStructure) -> bool {
     let graph = projection.graph();
@@ -274,7 +381,8 @@ impl Checkpoints {
     /// that appended it) and its base — the client's state for a conversation being imported
     /// (`client_state`; the client holds those blobs) — then compared with the newest checkpoint
     /// this server built: what that checkpoint lacks (a crash between a commit and its
-    /// checkpoint) is in this run's graph.
+    /// checkpoint) is in this run's graph. With `unset_base`, a base the conversation does not
+    /// have yet is built and left there for the caller to store with its first messages.
     pub async fn open(
         store: Store,
         conversation_id: &str,
@@ -282,6 +390,7 @@ impl Checkpoints {
         client_state: Option<&ConversationStateStructure>,
         history: &[Stored],
         system: &str,
+        mut unset_base: Option<&mut Option<UnsetBase>>,
     ) -> Result<Checkpoints, ServerError> {
         let head = conversations::head(&store, conversation_id).await?;
         let owed = outbox::pending(&store, conversation_id).await?;
@@ -310,22 +419,21 @@ impl Checkpoints {
             newest.as_ref().map(|(_, state)| state),
             history.len(),
             system,
+            unset_base.as_deref_mut(),
         )
         .await?;
+        let deferred_roots = unset_base
+            .and_then(|unset| unset.as_ref())
+            .map(|unset| unset.roots.clone());
         let rows = history
             .iter()
             .map(|row| (row.request_id.as_str(), &row.message));
         let (projection, built) = projection::project(base, timings, rows);
         let mut owed_blobs = owed.blobs;
         let mut opening = Vec::new();
-        let heal = must_heal(conversation_id, newest.as_ref(), &projection, importing);
-        if heal {
-            // A new base's roots are the client's only once sent; a recorded base's were sent.
-            if newest.is_none() {
-                owed_blobs.extend(projection.base_roots());
-            }
-            opening.extend(built.built);
-            owed_blobs.extend(built.stored);
+        if must_heal(conversation_id, newest.as_ref(), &projection, importing) {
+            let new_base = newest.is_none().then(|| deferred_roots.ok_or(&projection));
+            heal(&mut opening, &mut owed_blobs, built, new_base);
         }
         let previous_mode = newest
             .as_ref()
@@ -371,6 +479,28 @@ impl Checkpoints {
         messages: &[CanonicalMessage],
         out: &mut Downlink,
     ) -> Result<bool, ServerError> {
+        let (grew, emission) = self.entering(messages).await?;
+        let edges = emission.edges();
+        let rows = emission.rows(&edges);
+        let sending = (
+            self.conversation_id.as_str(),
+            self.request_id.as_str(),
+            &emission.sent[..],
+        );
+        blobs::put_and_send(&self.store, &rows, sending, None).await?;
+        drop(rows);
+        drop(edges);
+        self.deliver(emission, out).await;
+        Ok(grew)
+    }
+
+    /// Messages about to be committed enter the graph: returns whether it grew and their blobs,
+    /// to be stored in the transaction that commits the messages and sent once it has
+    /// (`delivered`).
+    pub async fn entering(
+        &mut self,
+        messages: &[CanonicalMessage],
+    ) -> Result<(bool, Emission), ServerError> {
         let began = messages
             .iter()
             .any(|m| matches!(m, CanonicalMessage::User(u) if u.origin == Origin::User));
@@ -391,9 +521,13 @@ impl Checkpoints {
                 None => self.owed.push(id),
             }
         }
-        self.emit_with(new_blobs.built, Vec::new(), stashed, out)
-            .await?;
-        Ok(grew)
+        let emission = self.prepare(new_blobs.built, Vec::new(), stashed).await?;
+        Ok((grew, emission))
+    }
+
+    /// The messages `entering` prepared for are committed with its blobs: their KV requests go out.
+    pub async fn delivered(&mut self, emission: Emission, out: &mut Downlink) {
+        self.deliver(emission, out).await;
     }
 
     /// Stores a tool's finished card as a step blob before its result is committed (the result
@@ -476,22 +610,42 @@ impl Checkpoints {
         out.send_message(&self.kv.fetch(id)).await;
     }
 
-    /// Stores `new_blobs` (after what opening the run built and what the client may lack), sends
-    /// those the client does not hold yet, and records them in the outbox until they are
-    /// acknowledged.
-    async fn emit(&mut self, new_blobs: Vec<Blob>, out: &mut Downlink) -> Result<(), ServerError> {
-        self.emit_with(new_blobs, Vec::new(), Vec::new(), out).await
-    }
-
-    /// `emit`, also storing `local` blobs the client is not asked to hold, and sending `stashed`
-    /// blobs already stored (a message about to be committed named them).
+    /// Stores `new_blobs` (after what opening the run built and what the client may lack) and
+    /// `local` blobs the client is not asked to hold, sends those the client does not hold yet and
+    /// `stashed` blobs already stored (a message about to be committed named them), and records
+    /// them in the outbox until they are acknowledged; with `built`, that state blob becomes the
+    /// unpublished checkpoint in the same write transaction.
     async fn emit_with(
         &mut self,
         new_blobs: Vec<Blob>,
         local: Vec<Blob>,
         stashed: Vec<Blob>,
+        built: Option<BlobId>,
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
+        let emission = self.prepare(new_blobs, local, stashed).await?;
+        let edges = emission.edges();
+        let rows = emission.rows(&edges);
+        let sending = (
+            self.conversation_id.as_str(),
+            self.request_id.as_str(),
+            &emission.sent[..],
+        );
+        blobs::put_and_send(&self.store, &rows, sending, built).await?;
+        drop(rows);
+        drop(edges);
+        self.deliver(emission, out).await;
+        Ok(())
+    }
+
+    /// Decides what an emission stores and sends (reading owed blobs back from the CAS); nothing
+    /// is written or sent yet.
+    async fn prepare(
+        &mut self,
+        new_blobs: Vec<Blob>,
+        local: Vec<Blob>,
+        stashed: Vec<Blob>,
+    ) -> Result<Emission, ServerError> {
         let mut all = std::mem::take(&mut self.opening);
         for id in std::mem::take(&mut self.owed) {
             if self.kv.reaches_client(id) {
@@ -509,29 +663,6 @@ impl Checkpoints {
             }
         }
         all.extend(new_blobs);
-        let edges: Vec<Vec<Edge<'_>>> = all
-            .iter()
-            .map(|blob| {
-                blob.edges
-                    .iter()
-                    .map(|(kind, ordinal, child)| Edge {
-                        kind,
-                        ordinal: *ordinal,
-                        child: *child,
-                    })
-                    .collect()
-            })
-            .collect();
-        let stored: Vec<(BlobId, &[u8], &[Edge<'_>])> = all
-            .iter()
-            .zip(&edges)
-            .map(|(blob, edges)| (blob.id, blob.data.as_ref(), edges.as_slice()))
-            .chain(
-                local
-                    .iter()
-                    .map(|blob| (blob.id, blob.data.as_ref(), &[][..])),
-            )
-            .collect();
         // Which blobs go to the client is decided first, so storing them and recording them as
         // owed is one write transaction; the KV requests follow it.
         let messages: Vec<_> = all
@@ -546,13 +677,23 @@ impl Checkpoints {
             .filter(|(_, message)| message.is_some())
             .map(|(blob, _)| blob.id)
             .collect();
-        let sending = (
-            self.conversation_id.as_str(),
-            self.request_id.as_str(),
-            &sent[..],
-        );
-        blobs::put_and_send(&self.store, &stored, Some(sending)).await?;
-        drop(stored);
+        Ok(Emission {
+            all,
+            local,
+            stashed,
+            messages,
+            sent,
+        })
+    }
+
+    /// Sends an emission's KV requests once what they name is committed.
+    async fn deliver(&mut self, emission: Emission, out: &mut Downlink) {
+        let Emission {
+            all,
+            stashed,
+            messages,
+            ..
+        } = emission;
         for (blob, message) in all.into_iter().chain(stashed).zip(messages) {
             if let Some(message) = message {
                 out.send_message(&message).await;
@@ -561,7 +702,6 @@ impl Checkpoints {
             }
             self.referenced.push(blob.id);
         }
-        Ok(())
     }
 
     /// Builds the checkpoint of everything so far and publishes it once it is safe to.
@@ -578,14 +718,8 @@ impl Checkpoints {
         let state_id = state_blob.id;
         new_blobs.push(turn);
         new_blobs.push(state_blob);
-        self.emit(new_blobs, out).await?;
-        outbox::checkpoint_built(
-            &self.store,
-            &self.conversation_id,
-            &self.request_id,
-            state_id,
-        )
-        .await?;
+        self.emit_with(new_blobs, Vec::new(), Vec::new(), Some(state_id), out)
+            .await?;
         let needed = self.referenced.clone();
         for ready in self.gate.offer((state, state_id), needed, &self.kv) {
             self.publish(ready, out).await?;
@@ -614,13 +748,12 @@ impl Checkpoints {
         // The transitional state is published inline and superseded at once: nothing names its
         // blob, so the client is not asked to store it (the final one is the next message's
         // `conversation_state_blob_id`).
-        self.emit_with(new_blobs, vec![transitional_blob], Vec::new(), out)
-            .await?;
-        outbox::checkpoint_built(
-            &self.store,
-            &self.conversation_id,
-            &self.request_id,
-            final_id,
+        self.emit_with(
+            new_blobs,
+            vec![transitional_blob],
+            Vec::new(),
+            Some(final_id),
+            out,
         )
         .await?;
         self.held = true;

@@ -5,12 +5,17 @@
 //!
 //! Its own file because `run/loop_engine.rs` cannot hold the openers besides the turn's phases
 //! within 800 lines; the import in progress is the turn's `Phase::Importing` data.
+//!
+//! Length: every opener and the one-commit start of a user's message (the run's record, the base,
+//! the message and its blobs in one write transaction, re-read if history moved) share the
+//! `Request` and read best together; cutting the openers apart would split one concept.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::command::{ClientInput, ExecControl, RunAction, RunRequestInput};
-use super::lifecycle::Checkpoints;
+use super::lifecycle::{Checkpoints, UnsetBase};
 use super::turn::{
     ResolvedModel, Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos,
     load_images,
@@ -38,7 +43,8 @@ use crate::prompting::compiler::{self, RequestParameters};
 use crate::prompting::images::{self, ImageSet};
 use crate::state::AppState;
 use crate::store::blobs::Edge;
-use crate::store::{self, messages, runs};
+use crate::store::runs::RunStart;
+use crate::store::{self, StoreError, messages, runs};
 
 /// What every opener knows about the request.
 struct Request<'a> {
@@ -60,6 +66,10 @@ struct Request<'a> {
     prepended: &'a [String],
     /// Results of calls pending at an interrupt, delivered with this message.
     resolved: &'a [(String, String)],
+    /// A user's message run's record, written with the message (`messages::append_opening`) so the
+    /// run's start is one commit; `started` once it is written.
+    start: Option<RunStart<'a>>,
+    started: AtomicBool,
 }
 
 impl<'a> Request<'a> {
@@ -101,7 +111,27 @@ impl<'a> Request<'a> {
             selected_context,
             prepended,
             resolved,
+            start: None,
+            started: AtomicBool::new(false),
         }
+    }
+
+    /// Writes the run's record on its own when it waits for a user's message that will not be
+    /// appended (an import, or a run that fails before its message is stored).
+    async fn start_alone(&self) -> Result<(), ServerError> {
+        if let Some(start) = self.start.filter(|_| !self.started.load(Ordering::Relaxed)) {
+            let model = (start.model_id, start.requested_model);
+            runs::start_on(
+                &self.app.store,
+                self.request_id,
+                self.conversation_id,
+                model,
+                start.node,
+            )
+            .await?;
+            self.started.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Blobs only the client holds that the message needs: attached text and images sent by id.
@@ -236,17 +266,17 @@ pub(super) async fn open(
         .record("model", tracing::field::display(&model.id));
     let model_id = model.id.clone();
     crate::auth::runs::claim_conversation(&app, request_id, &input.conversation_id).await?;
-    runs::start_on(
-        &app.store,
+    let start = RunStart {
         request_id,
-        &input.conversation_id,
-        (&model_id, &requested),
-        app.cluster.as_ref().map(|c| c.node_name()),
-    )
-    .await?;
+        conversation_id: &input.conversation_id,
+        model_id: &model_id,
+        requested_model: &requested,
+        node: app.cluster.as_ref().map(|c| c.node_name()),
+    };
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
-    let request = Request::of(&app, (&model, provider.kind), request_id, &input);
-    let opened = open_action(&request, &input.action, input.client_state.as_deref(), out).await?;
+    let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
+    request.start = start_unless_with_message(&app, start, &input.action).await?;
+    let opened = open_first(&request, &input, out).await?;
     let mode = match input.action {
         RunAction::UserMessage { .. } => input.mode,
         _ => current_mode(&opened.history)
@@ -296,6 +326,58 @@ pub(super) async fn open(
     Ok((turn, opened.first))
 }
 
+/// A user's message starts the run in the transaction that stores it (returned, to be written
+/// then); any other action starts it here.
+async fn start_unless_with_message<'a>(
+    app: &AppState,
+    start: RunStart<'a>,
+    action: &RunAction,
+) -> Result<Option<RunStart<'a>>, ServerError> {
+    if matches!(action, RunAction::UserMessage { .. }) {
+        return Ok(Some(start));
+    }
+    let model = (start.model_id, start.requested_model);
+    let conversation_id = start.conversation_id;
+    runs::start_on(
+        &app.store,
+        start.request_id,
+        conversation_id,
+        model,
+        start.node,
+    )
+    .await?;
+    Ok(None)
+}
+
+/// Opens the run's action; a conversation another run wrote to while this one read it is read
+/// again (the run's start and first messages were not stored).
+async fn open_first(
+    request: &Request<'_>,
+    input: &RunRequestInput,
+    out: &mut Downlink,
+) -> Result<Opened, ServerError> {
+    let client_state = input.client_state.as_deref();
+    let mut attempts = 0;
+    loop {
+        match open_action(request, &input.action, client_state, out).await {
+            Err(ServerError::Store(StoreError::HistoryMoved { .. })) if attempts < 3 => {
+                attempts += 1;
+                tracing::info!(
+                    request_id = request.request_id,
+                    attempts,
+                    "the conversation changed while the run opened; reading it again"
+                );
+            }
+            Err(error) => {
+                // The run is recorded, so its ending is.
+                request.start_alone().await?;
+                return Err(error);
+            }
+            Ok(opened) => return Ok(opened),
+        }
+    }
+}
+
 fn log_subagent(request_id: &str, conversation_id: &str, role: Option<&SubagentRole>) {
     if let Some(role) = role {
         tracing::info!(
@@ -326,6 +408,7 @@ async fn open_action(
             text_blob,
             ..
         } if text_blob.is_some() || importing || !request.client_blobs().is_empty() => {
+            request.start_alone().await?;
             let state = client_state.filter(|_| importing);
             open_import(request, text, message_id, *text_blob, state, out).await
         }
@@ -365,6 +448,16 @@ async fn stored(
     request: &Request<'_>,
     client_state: Option<&ConversationStateStructure>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
+    stored_with(request, client_state, None).await
+}
+
+/// `stored`; with `unset_base`, a base the conversation lacks is left there to be stored with the
+/// run's first messages.
+async fn stored_with(
+    request: &Request<'_>,
+    client_state: Option<&ConversationStateStructure>,
+    unset_base: Option<&mut Option<UnsetBase>>,
+) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
     let rows = messages::load_rows(&app.store, request.conversation_id).await?;
     let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
@@ -375,6 +468,7 @@ async fn stored(
         client_state,
         &rows,
         &system,
+        unset_base,
     )
     .await?;
     Ok((
@@ -434,7 +528,9 @@ async fn open_user_message(
     message_id: &str,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
-    let (mut history, mut checkpoints) = stored(request, None).await?;
+    let mut unset_base = None;
+    let deferring = request.start.is_some().then_some(&mut unset_base);
+    let (mut history, mut checkpoints) = stored_with(request, None, deferring).await?;
     let turn_start = Some(history.len());
     let user = UserMessage {
         images: Vec::new(),
@@ -446,15 +542,14 @@ async fn open_user_message(
         mode: Some(request.mode),
         runtime: None,
     };
-    let appended = commit_user_message(
+    commit_user_message(
         request,
-        &mut history,
-        &mut checkpoints,
+        (&mut history, &mut checkpoints),
         user,
-        request.context,
+        unset_base.as_ref(),
+        out,
     )
     .await?;
-    checkpoints.committed(&appended, out).await?;
     Ok(Opened {
         history,
         checkpoints,
@@ -657,6 +752,8 @@ impl Import {
             selected_context: self.selected_context.as_deref(),
             prepended: &self.prepended,
             resolved: &self.resolved,
+            start: None,
+            started: AtomicBool::new(true),
         };
         let user = UserMessage {
             images: Vec::new(),
@@ -670,15 +767,14 @@ impl Import {
         };
         let appended = commit_user_message(
             &request,
-            &mut turn.history,
-            &mut turn.checkpoints,
+            (&mut turn.history, &mut turn.checkpoints),
             user,
-            request.context,
+            None,
+            out,
         )
         .await?;
         turn.tool_env.todos = fold_todos(&turn.history);
         turn.load_images(&appended).await?;
-        turn.checkpoints.committed(&appended, out).await?;
         Ok(())
     }
 }
@@ -687,13 +783,15 @@ impl Import {
 /// before it when the model has not seen that context yet, the mode notice and the mode's reminder
 /// after it; what the user attached just before it, and the turn's user-message blob with the
 /// attachments' chips first. `history` (the stored history before the message) is extended with
-/// what was stored, which is returned.
+/// what was stored, which is returned; their blobs are stored and sent. A run that starts with the
+/// message is recorded in the same transaction, with the base `unset_base` of a conversation new
+/// to the graph and the messages' blobs: its start is one commit.
 async fn commit_user_message(
     request: &Request<'_>,
-    history: &mut Vec<CanonicalMessage>,
-    checkpoints: &mut Checkpoints,
+    (history, checkpoints): (&mut Vec<CanonicalMessage>, &mut Checkpoints),
     mut user: UserMessage,
-    context: Option<&WorkspaceContext>,
+    unset_base: Option<&UnsetBase>,
+    out: &mut Downlink,
 ) -> Result<Vec<CanonicalMessage>, ServerError> {
     let (app, request_id) = (request.app, request.request_id);
     if let Some(selected) = request.selected_context {
@@ -706,7 +804,8 @@ async fn commit_user_message(
     let mut attached = request.attached.to_vec();
     user.images = store_images(request, &mut attached).await?;
     let mode = user.mode.unwrap_or_default();
-    let before: Vec<RuntimeTag> = context
+    let before: Vec<RuntimeTag> = request
+        .context
         .and_then(|context| compiler::context_tag(history, context, request_id))
         .into_iter()
         .chain(compiler::resolved_call_tags(request.resolved))
@@ -714,15 +813,42 @@ async fn commit_user_message(
         .chain(compiler::attachments_tag(&attached, request_id))
         .collect();
     let after = compiler::user_message_tags(&app.prompts, current_mode(history), mode, request_id);
-    let appended = messages::append_with_tags(
-        &app.store,
-        request.conversation_id,
-        request_id,
-        &before,
-        &[CanonicalMessage::User(user)],
-        &after,
-    )
-    .await?;
+    let user = [CanonicalMessage::User(user)];
+    let Some(start) = request
+        .start
+        .filter(|_| !request.started.load(Ordering::Relaxed))
+    else {
+        let (conversation_id, store) = (request.conversation_id, &app.store);
+        let appended =
+            messages::append_with_tags(store, conversation_id, request_id, &before, &user, &after)
+                .await?;
+        history.extend_from_slice(&appended);
+        checkpoints.committed(&appended, out).await?;
+        return Ok(appended);
+    };
+    // Which runtime events are new is read before the run owns the conversation; the write checks
+    // that history did not move since, so it still holds.
+    let before = messages::unconsumed(&app.store, request.conversation_id, &before).await?;
+    let after = messages::unconsumed(&app.store, request.conversation_id, &after).await?;
+    let entering: Vec<CanonicalMessage> = before
+        .iter()
+        .map(RuntimeTag::message)
+        .chain(user.iter().cloned())
+        .chain(after.iter().map(RuntimeTag::message))
+        .collect();
+    let (_, emission) = checkpoints.entering(&entering).await?;
+    let edges = emission.edges();
+    let opening = messages::Opening {
+        start,
+        base: unset_base.map(UnsetBase::write),
+        read: history.len(),
+        blobs: &emission.rows(&edges),
+        sent: &emission.sent,
+    };
+    let appended = messages::append_opening(&app.store, &opening, &before, &user, &after).await?;
+    drop(edges);
+    request.started.store(true, Ordering::Relaxed);
+    checkpoints.delivered(emission, out).await;
     history.extend_from_slice(&appended);
     Ok(appended)
 }

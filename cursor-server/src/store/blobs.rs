@@ -3,11 +3,8 @@
 
 use std::time::Duration;
 
-use super::{QueryContext, Store, StoreError, Tx, now_ms};
+use super::{QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders};
 use crate::model::conversation::BlobId;
-
-/// Edges stored by one statement (4 bound values each, well under either database's limit).
-const EDGES_PER_STATEMENT: usize = 256;
 
 /// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +26,10 @@ pub async fn put_all(
     store: &Store,
     blobs: &[(BlobId, &[u8], &[Edge<'_>])],
 ) -> Result<(), StoreError> {
-    put_and_send(store, blobs, None).await
+    if blobs.is_empty() {
+        return Ok(());
+    }
+    write_tx!(store, "committing blobs", |tx| put(&mut tx, blobs).await)
 }
 
 /// Stores `roots` and `state`, and records `state` as the conversation's graph base covering its
@@ -42,73 +42,119 @@ pub async fn put_base(
     state: (BlobId, &[u8]),
     covers: usize,
 ) -> Result<(BlobId, usize), StoreError> {
+    let base = BaseWrite {
+        roots: roots.to_vec(),
+        state,
+        covers,
+    };
     write_tx!(store, "committing the graph's base", |tx| {
-        for (id, data) in roots.iter().chain([&state]) {
-            put(&mut tx, *id, data, &[]).await?;
-        }
-        super::conversations::set_base_in(&mut tx, conversation_id, state.0, covers).await
+        put_base_in(&mut tx, conversation_id, &base).await
     })
+}
+
+/// A conversation's graph base about to be recorded: its root blobs, its state blob, and how many
+/// of the conversation's first messages it covers.
+#[derive(Debug, Clone)]
+pub struct BaseWrite<'a> {
+    pub roots: Vec<(BlobId, &'a [u8])>,
+    pub state: (BlobId, &'a [u8]),
+    pub covers: usize,
+}
+
+/// `put_base` inside the caller's transaction (`messages::append_opening`).
+pub(super) async fn put_base_in(
+    tx: &mut Tx,
+    conversation_id: &str,
+    base: &BaseWrite<'_>,
+) -> Result<(BlobId, usize), StoreError> {
+    let rows: Vec<(BlobId, &[u8], &[Edge<'_>])> = base
+        .roots
+        .iter()
+        .chain([&base.state])
+        .map(|(id, data)| (*id, *data, &[][..]))
+        .collect();
+    put(tx, &rows).await?;
+    super::conversations::set_base_in(tx, conversation_id, base.state.0, base.covers).await
 }
 
 /// Blobs about to be sent to a conversation's client: `(conversation_id, request_id, ids)`.
 pub type Sending<'a> = (&'a str, &'a str, &'a [BlobId]);
 
-/// Stores the blobs and records those about to be sent in the outbox, in one write transaction.
+/// Stores the blobs, records those about to be sent in the outbox and, with `built`, makes that
+/// state blob the conversation's unpublished checkpoint: one write transaction for what a
+/// checkpoint (or a run's first blobs) commits, before its KV requests go out.
 pub async fn put_and_send(
     store: &Store,
     blobs: &[(BlobId, &[u8], &[Edge<'_>])],
-    sending: Option<Sending<'_>>,
+    (conversation_id, request_id, sent): Sending<'_>,
+    built: Option<BlobId>,
 ) -> Result<(), StoreError> {
-    let sending = sending.filter(|(_, _, ids)| !ids.is_empty());
-    if blobs.is_empty() && sending.is_none() {
+    if blobs.is_empty() && sent.is_empty() && built.is_none() {
         return Ok(());
     }
     write_tx!(store, "committing blobs", |tx| {
-        for (id, data, edges) in blobs {
-            put(&mut tx, *id, data, edges).await?;
-        }
-        if let Some((conversation_id, request_id, ids)) = sending {
-            super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, ids).await?;
+        put(&mut tx, blobs).await?;
+        super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, sent).await?;
+        if let Some(state) = built {
+            super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state).await?;
         }
         Ok(())
     })
 }
 
-/// Stores `data` under `id` (a no-op if present) after checking that `id` is its hash.
-async fn put(tx: &mut Tx, id: BlobId, data: &[u8], edges: &[Edge<'_>]) -> Result<(), StoreError> {
-    let actual = BlobId::of(data);
-    if actual != id {
-        return Err(StoreError::BlobHash(HashMismatch {
-            claimed: id,
-            actual,
-        }));
-    }
-    on_tx!(&mut *tx, |c| sqlx::query(
-        "INSERT INTO blobs (id, data, created_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
-    )
-    .bind(&id.0[..])
-    .bind(data)
-    .bind(now_ms())
-    .execute(c)
-    .await
-    .map(|done| done.rows_affected())
-    .context("storing blob"))?;
-    // One statement per chunk of edges: each statement is a round trip to the database.
-    for chunk in edges.chunks(EDGES_PER_STATEMENT) {
-        let mut sql = String::from("INSERT INTO blob_edges (parent, kind, ordinal, child) VALUES ");
-        for i in 0..chunk.len() {
-            let n = 4 * i;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!("(${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4));
+/// `put` for another domain's transaction (`messages::append_opening`).
+pub(super) async fn put_in(
+    tx: &mut Tx,
+    blobs: &[(BlobId, &[u8], &[Edge<'_>])],
+) -> Result<(), StoreError> {
+    put(tx, blobs).await
+}
+
+/// Stores each `(id, data, edges)` (a no-op for a blob present) after checking that every id is
+/// its data's hash: blobs and edges each go in as multi-row statements, a round trip per
+/// `ROWS_PER_STATEMENT` rows rather than one per row.
+async fn put(tx: &mut Tx, blobs: &[(BlobId, &[u8], &[Edge<'_>])]) -> Result<(), StoreError> {
+    for (id, data, _) in blobs {
+        let actual = BlobId::of(data);
+        if actual != *id {
+            return Err(StoreError::BlobHash(HashMismatch {
+                claimed: *id,
+                actual,
+            }));
         }
-        sql.push_str(" ON CONFLICT DO NOTHING");
+    }
+    let now = now_ms();
+    for chunk in blobs.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO blobs (id, data, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+            row_placeholders(chunk.len(), 3)
+        );
         on_tx!(&mut *tx, |c| {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for edge in chunk {
+            for (id, data, _) in chunk {
+                query = query.bind(&id.0[..]).bind(*data).bind(now);
+            }
+            query
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("storing blobs")?
+        });
+    }
+    let edges: Vec<(BlobId, &Edge<'_>)> = blobs
+        .iter()
+        .flat_map(|(id, _, edges)| edges.iter().map(move |edge| (*id, edge)))
+        .collect();
+    for chunk in edges.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO blob_edges (parent, kind, ordinal, child) VALUES {} ON CONFLICT DO NOTHING",
+            row_placeholders(chunk.len(), 4)
+        );
+        on_tx!(&mut *tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (parent, edge) in chunk {
                 query = query
-                    .bind(&id.0[..])
+                    .bind(&parent.0[..])
                     .bind(edge.kind)
                     .bind(i64::from(edge.ordinal))
                     .bind(&edge.child.0[..]);
@@ -245,17 +291,23 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
         return Ok(());
     }
     super::conversations::ensure(tx, conversation_id).await?;
-    for id in ids {
-        on_tx!(&mut *tx, |c| sqlx::query(
-            "INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES ($1, $2)
+    for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
              ON CONFLICT DO NOTHING",
-        )
-        .bind(conversation_id)
-        .bind(&id.0[..])
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("recording blob ack"))?;
+            row_placeholders(chunk.len(), 2)
+        );
+        on_tx!(&mut *tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(conversation_id).bind(&id.0[..]);
+            }
+            query
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("recording blob acks")?
+        });
     }
     super::outbox::blobs_acknowledged(tx, conversation_id, ids).await
 }

@@ -26,6 +26,11 @@ pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), Sto
 /// end they write after (SQLite has one writer at a time already).
 pub(crate) async fn lock(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
     ensure(tx, conversation_id).await?;
+    lock_existing(tx, conversation_id).await
+}
+
+/// `lock` of a conversation whose row this transaction has already made sure of (a run's start).
+pub(crate) async fn lock_existing(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
     if let Tx::Postgres(tx) = tx {
         sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
             .bind(conversation_id)

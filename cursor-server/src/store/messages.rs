@@ -1,6 +1,9 @@
 //! Append-only canonical messages: the single source of truth for a conversation's history.
 
-use super::{QueryContext, Store, StoreError, Tx, conversations, now_ms};
+use super::blobs::{self, BaseWrite, Edge};
+use super::runs::{self, RunStart};
+use super::{QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, conversations, now_ms};
+use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, Origin};
 use crate::model::runtime_tag::RuntimeTag;
 
@@ -38,6 +41,92 @@ pub async fn append_with_tags(
         append_tags(&mut tx, conversation_id, request_id, after, &mut appended).await?;
         Ok(appended)
     })
+}
+
+/// What a run commits with its first messages, in their write transaction: its record (from here
+/// on it is the conversation's one writer), the graph's base of a conversation new to the graph,
+/// the blobs the messages add to the graph (those sent to the client recorded as owed), and how
+/// much history it read before it owned the conversation.
+#[derive(Debug, Clone)]
+pub struct Opening<'a> {
+    pub start: RunStart<'a>,
+    pub base: Option<BaseWrite<'a>>,
+    /// The number of messages the run read: they must still be the whole history, else another
+    /// run wrote in between and the opening is read again (`StoreError::HistoryMoved`).
+    pub read: usize,
+    pub blobs: &'a [(BlobId, &'a [u8], &'a [Edge<'a>])],
+    pub sent: &'a [BlobId],
+}
+
+/// A run's first messages (a user's message with its runtime messages, `before` and `after` it,
+/// whose events `unconsumed` found new): the run's start, the base, the messages and their blobs
+/// land in one write transaction, so a run start is one commit. Returns every message appended, in
+/// order.
+pub async fn append_opening(
+    store: &Store,
+    opening: &Opening<'_>,
+    before: &[RuntimeTag],
+    messages: &[CanonicalMessage],
+    after: &[RuntimeTag],
+) -> Result<Vec<CanonicalMessage>, StoreError> {
+    let (conversation_id, request_id) = (opening.start.conversation_id, opening.start.request_id);
+    let tagged: Vec<CanonicalMessage> = before.iter().map(RuntimeTag::message).collect();
+    let tagged_after: Vec<CanonicalMessage> = after.iter().map(RuntimeTag::message).collect();
+    let rows: Vec<(&CanonicalMessage, Option<&str>)> = before
+        .iter()
+        .zip(&tagged)
+        .map(|(tag, message)| (message, Some(tag.event_id.as_str())))
+        .chain(messages.iter().map(|message| (message, None)))
+        .chain(
+            after
+                .iter()
+                .zip(&tagged_after)
+                .map(|(tag, message)| (message, Some(tag.event_id.as_str()))),
+        )
+        .collect();
+    let moved = || StoreError::HistoryMoved {
+        conversation_id: conversation_id.to_owned(),
+        request_id: request_id.to_owned(),
+    };
+    write_tx!(
+        store,
+        "committing the run's start and first messages",
+        |tx| {
+            runs::start_in(&mut tx, &opening.start).await?;
+            if let Some(base) = &opening.base {
+                let (in_force, _) = blobs::put_base_in(&mut tx, conversation_id, base).await?;
+                if in_force != base.state.0 {
+                    return Err(moved());
+                }
+            }
+            conversations::lock_existing(&mut tx, conversation_id).await?;
+            if end(&mut tx, conversation_id).await?
+                != i64::try_from(opening.read).unwrap_or(i64::MAX)
+            {
+                return Err(moved());
+            }
+            insert_rows(&mut tx, conversation_id, request_id, &rows).await?;
+            blobs::put_in(&mut tx, opening.blobs).await?;
+            super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, opening.sent)
+                .await?;
+            Ok(())
+        }
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|(message, _)| message.clone())
+        .collect())
+}
+
+/// The next sequence number of the conversation's history (its length: sequences have no gaps).
+async fn end(tx: &mut Tx, conversation_id: &str) -> Result<i64, StoreError> {
+    on_tx!(&mut *tx, |c| sqlx::query_scalar(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
+    )
+    .bind(conversation_id)
+    .fetch_one(c)
+    .await
+    .context("finding the end of history"))
 }
 
 async fn append_tags(
@@ -85,47 +174,70 @@ async fn insert(
     messages: &[CanonicalMessage],
     runtime_event_id: Option<&str>,
 ) -> Result<(), StoreError> {
-    if messages.is_empty() {
+    let rows: Vec<(&CanonicalMessage, Option<&str>)> = messages
+        .iter()
+        .map(|message| (message, runtime_event_id))
+        .collect();
+    insert_rows(tx, conversation_id, request_id, &rows).await
+}
+
+/// `insert` of messages each with its own runtime event (or none), as multi-row statements.
+async fn insert_rows(
+    tx: &mut Tx,
+    conversation_id: &str,
+    request_id: &str,
+    rows: &[(&CanonicalMessage, Option<&str>)],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
         return Ok(());
     }
-    let next: i64 = on_tx!(&mut *tx, |c| sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
-    )
-    .bind(conversation_id)
-    .fetch_one(c)
-    .await
-    .context("finding the end of history"))?;
+    let next = end(tx, conversation_id).await?;
     let created = now_ms();
-    for (offset, message) in messages.iter().enumerate() {
-        let origin = match message {
-            CanonicalMessage::User(user) => match user.origin {
-                Origin::User => "user",
-                Origin::Runtime => "runtime",
-            },
-            CanonicalMessage::Assistant(_) | CanonicalMessage::ToolCall(_) => "model",
-            CanonicalMessage::ToolResult(_) => "tool",
-        };
-        let seq = next + i64::try_from(offset).unwrap_or(i64::MAX);
-        let body = serde_json::to_string(message)?;
-        let meta = tool_meta(message)?;
-        let inserted = on_tx!(&mut *tx, |c| {
-            sqlx::query(
+    let mut seq = next;
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut bound = Vec::with_capacity(chunk.len());
+        for (message, runtime_event_id) in chunk {
+            let origin = match message {
+                CanonicalMessage::User(user) => match user.origin {
+                    Origin::User => "user",
+                    Origin::Runtime => "runtime",
+                },
+                CanonicalMessage::Assistant(_) | CanonicalMessage::ToolCall(_) => "model",
+                CanonicalMessage::ToolResult(_) => "tool",
+            };
+            let body = serde_json::to_string(message)?;
+            let meta = tool_meta(message)?;
+            bound.push((
+                seq,
+                message.role().as_str(),
+                origin,
+                body,
+                *runtime_event_id,
+                meta,
+            ));
+            seq += 1;
+        }
+        let sql = format!(
             "INSERT INTO messages
                  (conversation_id, seq, role, origin, body, request_id, created_at_ms, runtime_event_id, tool_meta)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(conversation_id)
-        .bind(seq)
-        .bind(message.role().as_str())
-        .bind(origin)
-        .bind(&body)
-        .bind(request_id)
-        .bind(created)
-        .bind(runtime_event_id)
-        .bind(&meta)
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
+             VALUES {}",
+            super::row_placeholders(bound.len(), 9)
+        );
+        let inserted = on_tx!(&mut *tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (seq, role, origin, body, event, meta) in &bound {
+                query = query
+                    .bind(conversation_id)
+                    .bind(*seq)
+                    .bind(*role)
+                    .bind(*origin)
+                    .bind(body)
+                    .bind(request_id)
+                    .bind(created)
+                    .bind(*event)
+                    .bind(meta);
+            }
+            query.execute(c).await.map(|done| done.rows_affected())
         });
         inserted.map_err(|source| match &source {
             sqlx::Error::Database(db) if db.message().contains(super::NOT_OWNER) => {
@@ -141,6 +253,34 @@ async fn insert(
         })?;
     }
     Ok(())
+}
+
+/// The tags of `tags` whose runtime events `conversation_id` has not consumed yet (read before a
+/// run owns the conversation: `append_opening` stores them only if history did not move since).
+pub async fn unconsumed(
+    store: &Store,
+    conversation_id: &str,
+    tags: &[RuntimeTag],
+) -> Result<Vec<RuntimeTag>, StoreError> {
+    if tags.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT runtime_event_id FROM messages WHERE conversation_id = $1 AND runtime_event_id IN ({})",
+        super::list_placeholders(2, tags.len())
+    );
+    let consumed: Vec<String> = on_readers!(store, |p| {
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(conversation_id);
+        for tag in tags {
+            query = query.bind(&tag.event_id);
+        }
+        query.fetch_all(p).await.context("checking runtime events")
+    })?;
+    Ok(tags
+        .iter()
+        .filter(|tag| !consumed.contains(&tag.event_id))
+        .cloned()
+        .collect())
 }
 
 /// Whether the conversation has any stored history (without loading it).

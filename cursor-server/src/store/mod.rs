@@ -308,6 +308,13 @@ pub enum StoreError {
     CorruptRun { request_id: String, status: String },
     #[error("stored blob {id} does not decode: {message}")]
     CorruptBlob { id: String, message: String },
+    #[error(
+        "conversation {conversation_id} changed while run {request_id} was opening (another run wrote to it first)"
+    )]
+    HistoryMoved {
+        conversation_id: String,
+        request_id: String,
+    },
     #[error("blob {0} is named by the store but not stored")]
     MissingBlob(crate::model::conversation::BlobId),
     #[error(
@@ -425,4 +432,52 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+/// Rows written by one multi-row statement: each statement is a round trip to the database (and,
+/// on SQLite, a hand-off to its worker thread), so a run's blobs, edges, outbox rows and ACKs go in
+/// as few statements as possible; 256 rows of at most 5 values stay far under either database's
+/// limit on bound parameters (32,766 on SQLite, 65,535 on PostgreSQL).
+pub(crate) const ROWS_PER_STATEMENT: usize = 256;
+
+/// `($1, $2, $3), ($4, $5, $6)` for `rows` rows of `columns` values each: the `VALUES` list of a
+/// multi-row insert, numbered as both dialects accept.
+pub(crate) fn row_placeholders(rows: usize, columns: usize) -> String {
+    let mut sql = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 0..columns {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('$');
+            sql.push_str(&(row * columns + column + 1).to_string());
+        }
+        sql.push(')');
+    }
+    sql
+}
+
+/// `$first, $first+1, …` (`n` of them): the list of an `IN (…)` after `first - 1` other values.
+pub(crate) fn list_placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod placeholder_tests {
+    use super::{list_placeholders, row_placeholders};
+
+    #[test]
+    fn rows_are_numbered_across_the_statement() {
+        assert_eq!(row_placeholders(1, 2), "($1, $2)");
+        assert_eq!(row_placeholders(2, 3), "($1, $2, $3), ($4, $5, $6)");
+        assert_eq!(list_placeholders(2, 3), "$2, $3, $4");
+        assert_eq!(list_placeholders(1, 0), "");
+    }
 }

@@ -5,7 +5,10 @@
 //! checkpoint, send its blobs again) and keeps that work alive through garbage collection.
 
 use super::conversations;
-use super::{QueryContext, Store, StoreError, Tx, now_ms};
+use super::{
+    QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders, now_ms,
+    row_placeholders,
+};
 use crate::model::conversation::BlobId;
 
 /// What a conversation still owes the client.
@@ -30,19 +33,28 @@ pub(super) async fn blobs_sent_in(
     }
     conversations::ensure(tx, conversation_id).await?;
     let now = now_ms();
-    for id in ids {
-        on_tx!(&mut *tx, |c| sqlx::query(
+    for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
             "INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-             VALUES ($1, 'blob', $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(conversation_id)
-        .bind(&id.0[..])
-        .bind(request_id)
-        .bind(now)
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("recording a sent blob"))?;
+             VALUES {} ON CONFLICT DO NOTHING",
+            row_placeholders(chunk.len(), 5)
+        );
+        on_tx!(&mut *tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query
+                    .bind(conversation_id)
+                    .bind("blob")
+                    .bind(&id.0[..])
+                    .bind(request_id)
+                    .bind(now);
+            }
+            query
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("recording sent blobs")?
+        });
     }
     Ok(())
 }
@@ -53,16 +65,22 @@ pub(super) async fn blobs_acknowledged(
     conversation_id: &str,
     ids: &[BlobId],
 ) -> Result<(), StoreError> {
-    for id in ids {
-        on_tx!(&mut *tx, |c| sqlx::query(
-            "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id = $2",
-        )
-        .bind(conversation_id)
-        .bind(&id.0[..])
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("clearing an acknowledged blob"))?;
+    for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id IN ({})",
+            list_placeholders(2, chunk.len())
+        );
+        on_tx!(&mut *tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(conversation_id);
+            for id in chunk {
+                query = query.bind(&id.0[..]);
+            }
+            query
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("clearing acknowledged blobs")?
+        });
     }
     Ok(())
 }
@@ -75,29 +93,39 @@ pub async fn checkpoint_built(
     state: BlobId,
 ) -> Result<(), StoreError> {
     write_tx!(store, "recording the unpublished checkpoint", |tx| {
-        conversations::ensure(&mut tx, conversation_id).await?;
-        on_tx!(&mut tx, |c| {
-            sqlx::query("DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint'")
-                .bind(conversation_id)
-                .execute(&mut *c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("replacing the unpublished checkpoint")?;
-            sqlx::query(
-                "INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-                 VALUES ($1, 'checkpoint', $2, $3, $4)",
-            )
+        checkpoint_built_in(&mut tx, conversation_id, request_id, state).await
+    })
+}
+
+/// `checkpoint_built` inside the caller's transaction (`blobs::put_and_send`).
+pub(super) async fn checkpoint_built_in(
+    tx: &mut Tx,
+    conversation_id: &str,
+    request_id: &str,
+    state: BlobId,
+) -> Result<(), StoreError> {
+    conversations::ensure(tx, conversation_id).await?;
+    on_tx!(tx, |c| {
+        sqlx::query("DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint'")
             .bind(conversation_id)
-            .bind(&state.0[..])
-            .bind(request_id)
-            .bind(now_ms())
             .execute(&mut *c)
             .await
             .map(|done| done.rows_affected())
-            .context("recording the unpublished checkpoint")?;
-        });
-        Ok(())
-    })
+            .context("replacing the unpublished checkpoint")?;
+        sqlx::query(
+            "INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+             VALUES ($1, 'checkpoint', $2, $3, $4)",
+        )
+        .bind(conversation_id)
+        .bind(&state.0[..])
+        .bind(request_id)
+        .bind(now_ms())
+        .execute(&mut *c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("recording the unpublished checkpoint")?;
+    });
+    Ok(())
 }
 
 /// The checkpoint `state` was published. Every blob it names is acknowledged, and a checkpoint is

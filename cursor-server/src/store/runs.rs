@@ -1,7 +1,7 @@
 //! Run records: one row per request id with its status, provider call count, usage and error; and
 //! one row per provider call of a run (timing, usage, finish reason or error).
 
-use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, conversations, now_ms};
+use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, Tx, conversations, now_ms};
 use crate::model::usage::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,36 +80,61 @@ pub async fn start_on(
     (model_id, requested_model): (&str, &str),
     node: Option<&str>,
 ) -> Result<(), StoreError> {
-    write_tx!(store, "committing run start", |tx| {
-        conversations::ensure(&mut tx, conversation_id).await?;
-        on_tx!(&mut tx, |c| {
-            sqlx::query(
-                "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-                     started_at_ms, node)
-                 VALUES ($1, $2, 'running', $3, $4, $5, $6)",
-            )
-            .bind(request_id)
-            .bind(conversation_id)
-            .bind(model_id)
-            .bind(requested_model)
-            .bind(now_ms())
-            .bind(node)
+    let start = RunStart {
+        request_id,
+        conversation_id,
+        model_id,
+        requested_model,
+        node,
+    };
+    write_tx!(store, "committing run start", |tx| start_in(
+        &mut tx, &start
+    )
+    .await)
+}
+
+/// A run's record as it starts: which conversation, which model (as asked and as routed), which
+/// node (`[cluster]`; `None` for a single node).
+#[derive(Debug, Clone, Copy)]
+pub struct RunStart<'a> {
+    pub request_id: &'a str,
+    pub conversation_id: &'a str,
+    pub model_id: &'a str,
+    pub requested_model: &'a str,
+    pub node: Option<&'a str>,
+}
+
+/// Records the run as running and makes it the conversation's one writer, inside the caller's
+/// transaction (`start_on`, or the run's first messages: `messages::append_opening`).
+pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), StoreError> {
+    conversations::ensure(tx, start.conversation_id).await?;
+    on_tx!(tx, |c| {
+        sqlx::query(
+            "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
+                 started_at_ms, node)
+             VALUES ($1, $2, 'running', $3, $4, $5, $6)",
+        )
+        .bind(start.request_id)
+        .bind(start.conversation_id)
+        .bind(start.model_id)
+        .bind(start.requested_model)
+        .bind(now_ms())
+        .bind(start.node)
+        .execute(&mut *c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("recording run start")?;
+        // From now on only this run adds to the conversation's history (enforced by a
+        // trigger).
+        sqlx::query("UPDATE conversations SET owner_request_id = $1 WHERE id = $2")
+            .bind(start.request_id)
+            .bind(start.conversation_id)
             .execute(&mut *c)
             .await
             .map(|done| done.rows_affected())
-            .context("recording run start")?;
-            // From now on only this run adds to the conversation's history (enforced by a
-            // trigger).
-            sqlx::query("UPDATE conversations SET owner_request_id = $1 WHERE id = $2")
-                .bind(request_id)
-                .bind(conversation_id)
-                .execute(&mut *c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("taking the conversation over")?;
-        });
-        Ok(())
-    })
+            .context("taking the conversation over")?;
+    });
+    Ok(())
 }
 
 /// Runs a previous process left `running` (it was killed, or lost power): they can never finish,
