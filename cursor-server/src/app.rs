@@ -38,7 +38,11 @@ impl App {
         })
         .map_err(|e| ServerError::Assets(e.to_string()))?;
         ops::metrics::install();
-        let store = Store::open(&config.database_url).await?;
+        let pool = crate::store::PoolSettings {
+            max_connections: config.database_max_connections,
+            acquire_timeout: config.database_acquire_timeout,
+        };
+        let store = Store::open_with(&config.database_url, pool).await?;
         let cluster = match &config.cluster {
             Some(settings) => Some(Arc::new(
                 Cluster::new(settings.clone()).map_err(ServerError::HttpClient)?,
@@ -48,7 +52,9 @@ impl App {
         // A node of a cluster ends only the runs it left itself: the others' are theirs.
         let orphans = match &cluster {
             Some(cluster) => {
-                lease::join(&store, cluster).await?;
+                lease::join(&store, cluster)
+                    .await
+                    .map_err(|e| ServerError::Join(e.to_string()))?;
                 0
             }
             None => runs::reconcile_interrupted(&store).await?,

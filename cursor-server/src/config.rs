@@ -28,6 +28,10 @@ pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 85;
 pub const DEFAULT_WEB_SEARCH_RESULTS: u32 = 5;
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_INTERRUPT_WAIT_MS: u64 = 5_000;
+/// PostgreSQL connections one process keeps open at most.
+pub const DEFAULT_DATABASE_MAX_CONNECTIONS: u32 = 16;
+/// How long a statement waits for a PostgreSQL connection before it fails as unavailable.
+pub const DEFAULT_DATABASE_ACQUIRE_TIMEOUT_MS: u64 = 5_000;
 /// Cursor's official backend, where routes this server does not implement are forwarded.
 pub const DEFAULT_UPSTREAM_URL: &str = "https://api2.cursor.sh";
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT_SECS: u64 = 600;
@@ -429,6 +433,11 @@ impl Route {
 pub struct Config {
     pub listen: SocketAddr,
     pub database_url: String,
+    /// PostgreSQL: connections this process keeps open at most (SQLite keeps its one writer).
+    pub database_max_connections: u32,
+    /// PostgreSQL: how long a statement waits for a free connection (or for the database to
+    /// answer a new one) before it fails as unavailable.
+    pub database_acquire_timeout: Duration,
     pub default_model: String,
     pub max_frame_bytes: usize,
     pub provider_idle_timeout: Duration,

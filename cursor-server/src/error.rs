@@ -41,6 +41,9 @@ pub enum ServerError {
     HttpClient(String),
     #[error("prompt assets: {0}")]
     Assets(String),
+    /// The node could not join its cluster (`cluster/lease.rs` says why).
+    #[error("joining the cluster: {0}")]
+    Join(String),
 }
 
 impl ServerError {
@@ -62,7 +65,8 @@ impl ServerError {
             | ServerError::Bind { .. }
             | ServerError::Serve(_)
             | ServerError::HttpClient(_)
-            | ServerError::Assets(_) => ConnectCode::Internal,
+            | ServerError::Assets(_)
+            | ServerError::Join(_) => ConnectCode::Internal,
         }
     }
 

@@ -372,7 +372,7 @@ async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history(
     assert!(
         !cursor_server::store::blobs::acknowledge_and_publish(
             &store,
-            "conv-restart",
+            ("conv-restart", "req-older"),
             &[],
             BlobId::of(b"old"),
             1

@@ -2,7 +2,10 @@
 //! one database (a SQLite file here; a PostgreSQL database in `suites_postgres`) and one secret: a run's RunSSE and BidiAppends reaching either node (forwarded
 //! to the run's node, a reconnect included), a CLI turn on the other node afterwards, a node killed
 //! with SIGKILL while its run waits on the provider, the shared secret, and a new message on one
-//! node superseding a run on the other. Every wait is for an event (a frame, a log line, a row).
+//! node superseding a run on the other, the console's live list on either node showing both
+//! nodes' runs, a second process given a live node's name refused and a
+//! restarted node waiting out its old lease. Every wait is for an event (a frame, a log line, a
+//! row).
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -495,6 +498,178 @@ async fn a_new_message_on_one_node_supersedes_the_run_on_the_other() {
         "{out}"
     );
     drop((a, b));
+}
+
+/// Reads `/api/live` of the node at `addr` until a `runs` event satisfies `wanted`; returns its
+/// runs as (request id, node).
+async fn live_until(
+    addr: SocketAddr,
+    wanted: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    let mut response = reqwest::get(format!("http://{addr}/api/live"))
+        .await
+        .expect("the live list");
+    assert_eq!(response.status(), 200);
+    let mut text = String::new();
+    let read = async {
+        loop {
+            let chunk = response.chunk().await.expect("read").expect("open");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = text.find("\n\n") {
+                let event: String = text.drain(..end + 2).collect();
+                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data:")) else {
+                    continue;
+                };
+                let body: serde_json::Value = serde_json::from_str(data.trim()).expect("JSON");
+                let runs: Vec<(String, String)> = body["runs"]
+                    .as_array()
+                    .expect("runs")
+                    .iter()
+                    .map(|r| {
+                        (
+                            r["request_id"].as_str().unwrap_or_default().to_owned(),
+                            r["node"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect();
+                if wanted(&runs) {
+                    return runs;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the live list shows what was expected")
+}
+
+#[tokio::test]
+async fn the_console_of_either_node_lists_the_live_runs_of_both() {
+    let provider = FakeProvider::start().await;
+    for _ in 0..2 {
+        provider.push(Reply::Hang {
+            events: Vec::new(),
+            sent: Default::default(),
+        });
+    }
+    let db = tempfile::tempdir().expect("tempdir");
+    let a = node(&provider, db.path(), "a", CLUSTER_SECRET).await;
+    let mut b = node(&provider, db.path(), "b", CLUSTER_SECRET).await;
+    let (cursor_a, cursor_b) = (FakeCursor::new(a.addr), FakeCursor::new(b.addr));
+    let _on_a = Session::start(
+        &cursor_a,
+        "req-f1",
+        &run_request_with_env("conv-f1", "on a"),
+    )
+    .await;
+    let _on_b = Session::start(
+        &cursor_b,
+        "req-f2",
+        &run_request_with_env("conv-f2", "on b"),
+    )
+    .await;
+    provider_requests(&provider, 2).await;
+    let both = |runs: &[(String, String)]| {
+        runs.contains(&("req-f1".into(), "a".into()))
+            && runs.contains(&("req-f2".into(), "b".into()))
+    };
+    for addr in [a.addr, b.addr] {
+        let runs = live_until(addr, both).await;
+        assert_eq!(runs.len(), 2, "{runs:?}");
+    }
+    // b dies: once a has ended b's run, a's list no longer shows it.
+    b.process.kill().await.expect("SIGKILL");
+    let runs = live_until(a.addr, |runs| !runs.iter().any(|(id, _)| id == "req-f2")).await;
+    assert_eq!(runs, [("req-f1".to_owned(), "a".to_owned())]);
+}
+
+/// The lease of the name test: long enough that a process restarted right after a kill finds its
+/// old lease still held, whatever the machine's load.
+const NAME_LEASE_SECS: f64 = 8.0;
+
+#[tokio::test]
+async fn a_second_process_given_a_live_nodes_name_is_refused_and_a_restarted_one_waits_its_lease() {
+    let provider = FakeProvider::start().await;
+    provider.push(Reply::Hang {
+        events: Vec::new(),
+        sent: Default::default(),
+    });
+    provider.push(Reply::sse(text_events(&["after the restart"], (12, 1, 0))));
+    let db = tempfile::tempdir().expect("tempdir");
+    let (process, addr, _) = fixtures::spawn_node(
+        &provider.base_url(),
+        db.path(),
+        ("a", CLUSTER_SECRET),
+        EXTRA,
+        NAME_LEASE_SECS,
+    )
+    .await;
+    let mut a = Node {
+        process,
+        addr,
+        log: fixtures::NodeLog::default(),
+    };
+    let cursor = FakeCursor::new(a.addr);
+    let mut session =
+        Session::start(&cursor, "req-e1", &run_request_with_env("conv-e", "first")).await;
+    provider_requests(&provider, 1).await;
+
+    // A second process configured with a's name: refused at start, with the reason.
+    let twin = fixtures::node_config(&provider.base_url(), db.path(), "a", EXTRA, NAME_LEASE_SECS);
+    let (status, printed) =
+        fixtures::run_to_exit(&twin, CLUSTER_SECRET, Duration::from_secs(60)).await;
+    assert!(!status.success(), "{printed}");
+    assert!(
+        printed.contains("node name \"a\" is in use by a live node"),
+        "{printed}"
+    );
+    // It ended nothing of the live node's: a's run is running and takes its client's input.
+    let store = open_store(db.path()).await;
+    let run = runs::get(&store, "req-e1")
+        .await
+        .expect("read")
+        .expect("run");
+    assert_eq!(run.outcome.status, runs::RunStatus::Running);
+    session.send(&fixtures::heartbeat()).await;
+
+    // a killed and started again under its name: it waits for its old lease to run out, then
+    // ends the run its previous process left and serves the conversation.
+    a.process.kill().await.expect("SIGKILL");
+    drop(session);
+    let (_process, addr, log) = fixtures::spawn_node(
+        &provider.base_url(),
+        db.path(),
+        ("a", CLUSTER_SECRET),
+        EXTRA,
+        NAME_LEASE_SECS,
+    )
+    .await;
+    log.wait_for(
+        "held by a lease that has not run out",
+        Duration::from_secs(1),
+    )
+    .await;
+    let run = ended(&store, "req-e1", Duration::from_secs(5)).await;
+    assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+    let (_, message) = run.outcome.error.expect("a reason");
+    assert!(message.contains("the server stopped"), "{message}");
+    let next = Session::start(
+        &FakeCursor::new(addr),
+        "req-e2",
+        &run_request_with_env("conv-e", "again"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(next.is_success(), "{:?}", next.end);
+    assert_eq!(next.text(), "after the restart");
+    let ready: serde_json::Value = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(ready["checks"]["lease"]["ok"], true, "{ready}");
 }
 
 /// Frame kinds with each run of consecutive text deltas counted once: deltas the provider sent close

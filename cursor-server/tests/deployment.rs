@@ -2,7 +2,9 @@
 //! mounted (never copied into a layer), runs as a non-root user with the database on a volume, and
 //! sets only variables the binary reads; the unit starts the binary with a config and keeps keys in
 //! an environment file. With a Docker daemon and the base images already present, the image is
-//! built and run; otherwise that part says why it did not run (CI has no registry for images).
+//! built and run; otherwise that part says why it did not run (CI has no registry for images). The
+//! team's compose file is read as YAML and each node's configuration checked by the server's own
+//! validation; `docker compose config` checks it where Docker has compose.
 
 use std::path::PathBuf;
 
@@ -194,4 +196,110 @@ fn the_compose_file_runs_postgres_and_two_nodes_with_the_secret_from_the_environ
         "{}",
         String::from_utf8_lossy(&config.stderr)
     );
+}
+
+/// deploy/compose.yaml read as YAML (Python's PyYAML, which resolves the file's anchors and merge
+/// keys as Docker Compose does), as JSON; `None` where Python or PyYAML is missing.
+fn compose_as_json() -> Option<serde_json::Value> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
+        ])
+        .arg(root.join("deploy/compose.yaml"))
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("No module named"),
+            "deploy/compose.yaml is not valid YAML: {stderr}"
+        );
+        return None;
+    }
+    Some(serde_json::from_slice(&output.stdout).expect("JSON from the YAML"))
+}
+
+/// The compose file parsed: PostgreSQL healthy before either node starts, each node of the one
+/// image on the database and secret of the environment, and the configuration each node's command
+/// writes (the shared file plus its `[cluster]` table) accepted by the server's own validation
+/// with the settings the README documents; nginx sends to both nodes. Where a Docker daemon with
+/// compose exists, `docker compose config` (in the test above) checks it as Docker reads it.
+#[test]
+fn the_compose_file_parses_and_each_node_writes_a_configuration_the_server_accepts() {
+    let Some(compose) = compose_as_json() else {
+        eprintln!(
+            "skipped: python3 with PyYAML (Debian's python3-yaml) is needed to read deploy/compose.yaml as YAML"
+        );
+        return;
+    };
+    let services = &compose["services"];
+    assert!(
+        services["postgres"]["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("postgres:"))
+    );
+    let readme = repo_file("README.md");
+    let minimal = repo_file("cursor-server/cursor-byok.minimal.toml");
+    for name in ["node-a", "node-b"] {
+        let node = &services[name];
+        assert_eq!(node["image"], "cursor-byok", "{name}");
+        assert_eq!(
+            node["depends_on"]["postgres"]["condition"], "service_healthy",
+            "{name}"
+        );
+        let env = &node["environment"];
+        assert_eq!(env["NODE_NAME"], name);
+        let url = env["CURSOR_BYOK_DATABASE_URL"]
+            .as_str()
+            .expect("a database URL");
+        assert!(url.starts_with("postgres://"), "{url}");
+        assert!(
+            env["CURSOR_BYOK_CLUSTER_SECRET"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("${CURSOR_BYOK_CLUSTER_SECRET:?")),
+            "the secret comes from the environment"
+        );
+        assert!(readme.contains("CURSOR_BYOK_DATABASE_URL"), "documented");
+        assert!(
+            repo_file("docs/deployment.md").contains("CURSOR_BYOK_CLUSTER_SECRET"),
+            "documented"
+        );
+        // What the command appends to the shared file, with this node's name filled in.
+        let script = node["command"][0].as_str().expect("the node's command");
+        let printf = script
+            .lines()
+            .find(|l| l.trim_start().starts_with("printf"))
+            .expect("the [cluster] table is appended");
+        let format = printf
+            .split('\'')
+            .nth(1)
+            .expect("printf's format")
+            .replace("\\n", "\n")
+            .replacen("%s", name, 2);
+        for key in ["node_name", "internal_url", "lease_secs"] {
+            assert!(format.contains(key), "{key}");
+            assert!(readme.contains(&format!("`{key}`")), "{key} is documented");
+        }
+        let text = format!("{minimal}\n{format}");
+        let config = cursor_server::config::Config::from_toml(
+            &text,
+            std::path::Path::new("node.toml"),
+            &|var| match var {
+                "OPENAI_API_KEY" => Some("sk-compose".to_owned()),
+                "CURSOR_BYOK_CLUSTER_SECRET" => Some("a-compose-secret-0123456789".to_owned()),
+                _ => None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name}'s configuration is refused: {e}"));
+        let cluster = config.cluster.expect("a [cluster] table");
+        assert_eq!(cluster.node_name, name);
+        assert_eq!(cluster.internal_url, format!("http://{name}:3000"));
+    }
+    let nginx = compose["configs"]["nginx"]["content"]
+        .as_str()
+        .expect("nginx's configuration");
+    assert!(nginx.contains("server node-a:3000;") && nginx.contains("server node-b:3000;"));
+    assert_eq!(services["nginx"]["ports"][0], "127.0.0.1:3000:3000");
 }

@@ -3,9 +3,11 @@
 //! under concurrent writers, runtime events consumed once, content-addressed and deduplicated
 //! blobs and their collection, the outbox, and a database newer than the binary or left
 //! half-migrated refused with a message; the cluster's node registry (a run claimed once, a silent
-//! node taken over by one node, its runs ended and its conversations refused to it). On
-//! PostgreSQL also: the database restarted under a running turn ends that turn with
-//! `unavailable`, writes nothing half, and the server serves the next turn without a restart.
+//! node taken over by one node, its runs ended and its conversations refused to it; a run
+//! superseded on another node without being told has every late write refused). On
+//! PostgreSQL also: the database restarted under several running turns ends each with
+//! `unavailable` and a message for people, writes nothing half, records each run's end once it is
+//! back, and the server serves the next turns without a restart.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -84,6 +86,8 @@ on_both_backends!(
     a_database_newer_than_the_binary_is_refused,
     a_half_migrated_database_is_refused,
     nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over,
+    a_run_its_node_was_not_told_to_stop_has_its_late_writes_refused,
+    a_nodes_name_is_taken_only_once_its_lease_ran_out,
 );
 
 /// A user message typed in `mode`.
@@ -341,7 +345,7 @@ async fn gc_keeps_what_a_head_reaches_and_drops_the_rest(db: TestDb) {
     .unwrap();
     runs::start(store, "r", "c", "m", "m").await.unwrap();
     assert!(
-        blobs::acknowledge_and_publish(store, "c", &[], head, 1)
+        blobs::acknowledge_and_publish(store, ("c", "r"), &[], head, 1)
             .await
             .unwrap()
     );
@@ -394,7 +398,7 @@ async fn acks_and_publication_clear_what_is_owed(db: TestDb) {
     );
     assert_eq!(blobs::acked(store, "c").await.unwrap(), vec![a]);
     assert!(
-        blobs::acknowledge_and_publish(store, "c", &[b], s2, 1)
+        blobs::acknowledge_and_publish(store, ("c", "r1"), &[b], s2, 1)
             .await
             .unwrap()
     );
@@ -404,7 +408,7 @@ async fn acks_and_publication_clear_what_is_owed(db: TestDb) {
     );
     // An older revision never moves a newer head.
     assert!(
-        !blobs::acknowledge_and_publish(store, "c", &[], s1, 1)
+        !blobs::acknowledge_and_publish(store, ("c", "r1"), &[], s1, 1)
             .await
             .unwrap()
     );
@@ -567,11 +571,16 @@ async fn the_store_reports_its_schema_and_creates_nothing_twice() {
     }
 }
 
-/// PostgreSQL stopped under a running turn (its tool call sent, the client's result not yet
-/// stored): the turn ends with `unavailable`, nothing of it is half-written, and once PostgreSQL is
-/// back the same server runs the next turn of the conversation.
+/// Turns a restarted PostgreSQL leaves in flight.
+const IN_FLIGHT: usize = 4;
+
+/// PostgreSQL restarted under load: several turns in flight (each has sent its tool call, the
+/// client's result is not stored yet) when the database stops. Each turn ends with `unavailable`
+/// and a message for people (not the driver's text); nothing of any turn is half-written (no
+/// result, sequences without gaps); each run's ending is recorded once the database is back (the
+/// server keeps trying); and the same server process runs the next turn of every conversation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_restarted_under_a_turn_fails_it_as_unavailable_and_the_server_recovers() {
+async fn postgres_restarted_under_load_fails_the_runs_in_flight_as_unavailable_and_recovers() {
     use fake_cursor::{FakeCursor, Session};
     use fake_provider::{FakeProvider, Reply, text_events, tool_call_events};
     use fixtures::{exec_result, read_success, run_request};
@@ -580,10 +589,11 @@ async fn postgres_restarted_under_a_turn_fails_it_as_unavailable_and_the_server_
     let url = cluster.create_database("restarts");
     let provider = FakeProvider::start().await;
     let dir = tempfile::tempdir().unwrap();
+    // A short acquire timeout: a statement waiting for the stopped database fails within a second.
     let config = fixtures::config_text(
         &provider.base_url(),
         &dir.path().join("x"),
-        "",
+        "database_acquire_timeout_ms = 1000",
         "openai-chat",
     )
     .replace(
@@ -601,102 +611,144 @@ async fn postgres_restarted_under_a_turn_fails_it_as_unavailable_and_the_server_
     .unwrap();
     let server = fixtures::TestServer::start_with(config, dir).await;
     let cursor = FakeCursor::new(server.addr);
+    let conversation = |n: usize| format!("conv-pg-{n}");
 
-    provider.push(Reply::sse(tool_call_events(
-        None,
-        &[("call_1", "Read", r#"{"path":"src/lib.rs"}"#)],
-        (20, 2, 0),
-    )));
-    let mut turn = Session::start(&cursor, "req-1", &run_request("conv-pg", "read it")).await;
-    let read = turn.next_exec().await;
+    let mut turns = Vec::new();
+    for n in 0..IN_FLIGHT {
+        provider.push(Reply::sse(tool_call_events(
+            None,
+            &[(&format!("call_{n}"), "Read", r#"{"path":"src/lib.rs"}"#)],
+            (20, 2, 0),
+        )));
+        let mut turn = Session::start(
+            &cursor,
+            &format!("req-{n}"),
+            &run_request(&conversation(n), "read it"),
+        )
+        .await;
+        let read = turn.next_exec().await;
+        turns.push((turn, read.id));
+    }
     cluster.stop();
-    turn.send(&exec_result(
-        read.id,
-        read_success("src/lib.rs", "fn main() {}"),
-    ))
-    .await;
-    let ended = turn.finish().await;
-    assert_eq!(ended.error_code(), Some("unavailable"), "{ended:?}");
+    let ended =
+        futures_util::future::join_all(turns.into_iter().map(|(mut turn, id)| async move {
+            turn.send(&exec_result(id, read_success("src/lib.rs", "fn main() {}")))
+                .await;
+            turn.finish().await
+        }))
+        .await;
+    for transcript in &ended {
+        assert_eq!(
+            transcript.error_code(),
+            Some("unavailable"),
+            "{transcript:?}"
+        );
+        let message = transcript.error_message().unwrap_or_default();
+        assert!(
+            message.contains("database is unavailable")
+                && message.contains("send the message again"),
+            "{message}"
+        );
+        for raw in [
+            "sqlx",
+            "communicating",
+            "refused",
+            "timed out",
+            "127.0.0.1",
+            "pool",
+        ] {
+            assert!(
+                !message.contains(raw),
+                "the driver's text reached the client: {message}"
+            );
+        }
+    }
 
     cluster.restart();
     let store = Store::open(&url).await.unwrap();
-    let before = messages::load(&store, "conv-pg").await.unwrap();
-    // The user's message and the model's call are stored; the result the database refused is
-    // not, and nothing after it.
-    assert!(
-        !before
-            .iter()
-            .any(|m| matches!(m, CanonicalMessage::ToolResult(_))),
-        "{before:?}"
-    );
-    provider.push(Reply::sse(text_events(&["back"], (40, 4, 0))));
-    let turn = Session::start(&cursor, "req-2", &run_request("conv-pg", "again")).await;
-    let done = turn.finish().await;
-    assert!(done.is_success(), "{done:?}");
-    assert!(done.text().contains("back"));
-    let after = texts(&messages::load(&store, "conv-pg").await.unwrap());
-    assert_eq!(after, ["read it", "again"]);
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    // The endings the database could not take are written once it is back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for n in 0..IN_FLIGHT {
+        let run = loop {
+            let run = runs::get(&store, &format!("req-{n}"))
+                .await
+                .unwrap()
+                .unwrap();
+            if run.outcome.status != runs::RunStatus::Running {
+                break run;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "req-{n} is still running"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+        assert_eq!(
+            run.outcome.error.map(|(code, _)| code).as_deref(),
+            Some("unavailable")
+        );
+        // The user's message and the model's call are stored, gap-free; the result the database
+        // refused is not, and nothing after it.
+        let seqs: Vec<i64> =
+            sqlx::query_scalar("SELECT seq FROM messages WHERE conversation_id = $1 ORDER BY seq")
+                .bind(conversation(n))
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert!(!seqs.is_empty());
+        assert_eq!(seqs, (0..seqs.len() as i64).collect::<Vec<_>>());
+        let before = messages::load(&store, &conversation(n)).await.unwrap();
+        assert!(
+            !before
+                .iter()
+                .any(|m| matches!(m, CanonicalMessage::ToolResult(_))),
+            "{before:?}"
+        );
+        assert!(
+            before.iter().any(
+                |m| matches!(m, CanonicalMessage::Assistant(a) if !a.planned_calls.is_empty())
+            ),
+            "{before:?}"
+        );
+    }
+    // The same process serves the next turn of every conversation.
+    for _ in 0..IN_FLIGHT {
+        provider.push(Reply::sse(text_events(&["back"], (40, 4, 0))));
+    }
+    let again = futures_util::future::join_all((0..IN_FLIGHT).map(|n| {
+        let cursor = &cursor;
+        async move {
+            Session::start(
+                cursor,
+                &format!("req-again-{n}"),
+                &run_request(&conversation(n), "again"),
+            )
+            .await
+            .finish()
+            .await
+        }
+    }))
+    .await;
+    for (n, done) in again.iter().enumerate() {
+        assert!(done.is_success(), "{done:?}");
+        assert!(done.text().contains("back"));
+        let after = texts(&messages::load(&store, &conversation(n)).await.unwrap());
+        assert_eq!(after, ["read it", "again"]);
+    }
     server.stop().await;
 }
 
-/// `cursor-server check` with `database_url` set to `url`: whether it passed and what it printed.
-async fn check_database(url: &str) -> (bool, String) {
-    let provider = fake_provider::FakeProvider::start().await;
-    provider.push(fake_provider::Reply::Status {
-        status: 200,
-        body: r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"OK"},"finish_reason":"stop"}]}"#.into(),
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cursor-byok.toml");
-    let text = fixtures::config_text(
-        &provider.base_url(),
-        &dir.path().join("unused.db"),
-        "",
-        "openai-chat",
-    );
-    let text = text
-        .lines()
-        .map(|line| {
-            if line.starts_with("database_url") {
-                format!("database_url = \"{url}\"")
-            } else {
-                line.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&config, text).unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-server"))
-        .arg("check")
-        .arg("--config")
-        .arg(&config)
-        .output()
+/// `name`'s registration as the registry lists it.
+async fn instance(store: &Store, name: &str) -> i64 {
+    nodes::list(store)
         .await
-        .expect("cursor-server check runs");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    )
-}
-
-#[tokio::test]
-async fn check_reports_the_database_reachable_migrated_and_its_version() {
-    for db in [sqlite().await, postgres().await] {
-        let (ok, printed) = check_database(&db.url).await;
-        assert!(ok, "{printed}");
-        assert!(
-            printed.contains("reachable, migrated (schema version 13)"),
-            "{printed}"
-        );
-    }
-    // A PostgreSQL nobody listens on fails the check, and says so.
-    let (ok, printed) = check_database("postgres://u:secret-pw@127.0.0.1:9/none").await;
-    assert!(!ok, "{printed}");
-    assert!(printed.contains("FAILED"), "{printed}");
-    assert!(
-        !printed.contains("secret-pw"),
-        "the password is never printed: {printed}"
-    );
+        .unwrap()
+        .into_iter()
+        .find(|n| n.name == name)
+        .unwrap()
+        .instance
 }
 
 async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb) {
@@ -798,7 +850,9 @@ async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb)
     .unwrap();
     assert_eq!(summary[0].node.as_deref(), Some(owner.as_str()));
     assert!(
-        !nodes::renew(store, &owner).await.unwrap(),
+        !nodes::renew(store, &owner, instance(store, &owner).await)
+            .await
+            .unwrap(),
         "taken as stopped"
     );
     assert!(
@@ -818,11 +872,11 @@ async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb)
         .await
         .unwrap();
     // Joining again clears the stop; a clean shutdown sets it; old claims are forgotten.
-    nodes::register(store, &owner, "http://again")
+    let again = nodes::register(store, &owner, "http://again")
         .await
         .unwrap();
-    assert!(nodes::renew(store, &owner).await.unwrap());
-    nodes::leave(store, &owner).await.unwrap();
+    assert!(nodes::renew(store, &owner, again).await.unwrap());
+    nodes::leave(store, &owner, again).await.unwrap();
     let stopped = nodes::list(store).await.unwrap();
     let me = stopped.iter().find(|n| n.name == owner).unwrap();
     assert_eq!(me.stopped.as_deref(), Some("shut down"));
@@ -835,4 +889,145 @@ async fn nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over(db: TestDb)
     assert_eq!(nodes::reconcile_own(store, others[1]).await.unwrap(), 1);
     let run = runs::get(store, "r3").await.unwrap().unwrap();
     assert_eq!(run.outcome.status, runs::RunStatus::Failed);
+}
+
+/// Node a's run keeps working after node b's new message took its conversation over, and a was
+/// never told (the stop request lost): every write it still makes — a message, blobs sent, a
+/// checkpoint built, a checkpoint published — is refused by the database, and b's are not.
+async fn a_run_its_node_was_not_told_to_stop_has_its_late_writes_refused(db: TestDb) {
+    let store = &db.store;
+    for name in ["a", "b"] {
+        nodes::register(store, name, &format!("http://{name}"))
+            .await
+            .unwrap();
+    }
+    let (sent, built, newer) = (
+        BlobId::of(b"a's blob"),
+        BlobId::of(b"a's checkpoint"),
+        BlobId::of(b"b's checkpoint"),
+    );
+    runs::start_on(store, "ra", "c", ("m", "m"), Some("a"))
+        .await
+        .unwrap();
+    messages::append(store, "c", "ra", &[user_in(None, "first")])
+        .await
+        .unwrap();
+    blobs::put_and_send(store, &[], ("c", "ra", &[sent]), None)
+        .await
+        .unwrap();
+    assert!(
+        blobs::acknowledge_and_publish(store, ("c", "ra"), &[sent], built, 1)
+            .await
+            .unwrap()
+    );
+
+    // b takes the conversation over; a hears nothing of it.
+    runs::start_on(store, "rb", "c", ("m", "m"), Some("b"))
+        .await
+        .unwrap();
+    let refused = |result: Result<(), StoreError>, what: &str| {
+        assert!(
+            matches!(&result, Err(StoreError::NotOwner { conversation_id, request_id })
+                if conversation_id == "c" && request_id == "ra"),
+            "{what}: {result:?}"
+        );
+    };
+    refused(
+        messages::append(store, "c", "ra", &[user_in(None, "late answer")]).await,
+        "a late message",
+    );
+    refused(
+        blobs::put_and_send(store, &[], ("c", "ra", &[BlobId::of(b"late")]), None).await,
+        "late blobs sent",
+    );
+    refused(
+        outbox::checkpoint_built(store, "c", "ra", BlobId::of(b"late checkpoint")).await,
+        "a late checkpoint built",
+    );
+    refused(
+        blobs::acknowledge_and_publish(store, ("c", "ra"), &[], BlobId::of(b"late"), 2)
+            .await
+            .map(|_| ()),
+        "a late publication",
+    );
+    // Nothing of a's late work is owed to the client or shown as the head.
+    assert_eq!(
+        outbox::pending(store, "c").await.unwrap(),
+        outbox::Pending::default()
+    );
+    assert_eq!(
+        cursor_server::store::conversations::head(store, "c")
+            .await
+            .unwrap(),
+        Some((built, 1))
+    );
+
+    // b, the owner, writes as usual.
+    messages::append(store, "c", "rb", &[user_in(None, "second")])
+        .await
+        .unwrap();
+    outbox::checkpoint_built(store, "c", "rb", newer)
+        .await
+        .unwrap();
+    assert!(
+        blobs::acknowledge_and_publish(store, ("c", "rb"), &[], newer, 2)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        texts(&messages::load(store, "c").await.unwrap()),
+        ["first", "second"]
+    );
+    assert_eq!(
+        cursor_server::store::conversations::head(store, "c")
+            .await
+            .unwrap(),
+        Some((newer, 2))
+    );
+}
+
+/// A name held by a lease that has not run out is not taken; once it ran out it is, and the
+/// earlier holder can neither renew nor leave with the later holder's lease.
+async fn a_nodes_name_is_taken_only_once_its_lease_ran_out(db: TestDb) {
+    let store = &db.store;
+    let first = match nodes::register_if_free(store, ("a", "http://first"), 60_000)
+        .await
+        .unwrap()
+    {
+        nodes::Joined::Registered { instance } => instance,
+        held => panic!("a free name is taken: {held:?}"),
+    };
+    let held = nodes::register_if_free(store, ("a", "http://second"), 60_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&held, nodes::Joined::Held { internal_url, age_ms, .. }
+            if internal_url == "http://first" && *age_ms < 60_000),
+        "{held:?}"
+    );
+    assert!(nodes::renew(store, "a", first).await.unwrap());
+    // Past the lease (-1 ms: any heartbeat is too old) the name goes to the new process.
+    let second = match nodes::register_if_free(store, ("a", "http://second"), -1)
+        .await
+        .unwrap()
+    {
+        nodes::Joined::Registered { instance } => instance,
+        held => panic!("a lapsed name is taken: {held:?}"),
+    };
+    assert!(!nodes::renew(store, "a", first).await.unwrap());
+    nodes::leave(store, "a", first).await.unwrap();
+    assert!(nodes::renew(store, "a", second).await.unwrap());
+    let listed = nodes::list(store).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].internal_url, "http://second");
+    assert_eq!(listed[0].stopped, None);
+    assert_eq!(listed[0].instance, second);
+    // A stopped node's name is free at once.
+    nodes::leave(store, "a", second).await.unwrap();
+    assert!(matches!(
+        nodes::register_if_free(store, ("a", "http://third"), 60_000)
+            .await
+            .unwrap(),
+        nodes::Joined::Registered { .. }
+    ));
 }

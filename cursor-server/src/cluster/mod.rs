@@ -10,6 +10,7 @@
 
 pub mod lease;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -38,6 +39,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// This node in the cluster: its settings and the client it reaches the others with.
 pub struct Cluster {
     config: ClusterConfig,
+    /// This process's registration under the node's name (`nodes::Joined::Registered`), set when
+    /// it joins: its lease is renewed and left only under it.
+    instance: AtomicI64,
     /// Direct (no proxy: nodes talk on the internal network), HTTP/1.1 (a RunSSE is one long
     /// chunked response), no overall timeout (it lasts as long as the run).
     client: reqwest::Client,
@@ -76,7 +80,19 @@ impl Cluster {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| format!("the cluster's HTTP client: {e}"))?;
-        Ok(Cluster { config, client })
+        Ok(Cluster {
+            config,
+            client,
+            instance: AtomicI64::new(0),
+        })
+    }
+
+    pub fn instance(&self) -> i64 {
+        self.instance.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_instance(&self, instance: i64) {
+        self.instance.store(instance, Ordering::Relaxed);
     }
 
     pub fn node_name(&self) -> &str {
@@ -106,6 +122,10 @@ impl Cluster {
             return Err(format!("node {} is not registered", self.node_name()));
         };
         match &me.stopped {
+            _ if me.instance != self.instance() => Err(format!(
+                "node {}'s name is held by another process (this one's lease was taken)",
+                me.name
+            )),
             Some(why) => Err(format!("node {} is marked stopped ({why})", me.name)),
             None if me.lease_age_ms > self.lease_ms() => Err(format!(
                 "node {}'s lease is {} ms old (lease {} ms)",

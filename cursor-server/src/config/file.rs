@@ -4,8 +4,8 @@
 //! A file of its own so that `config.rs` (the types, model resolution) and the validation rules
 //! each stay readable; only `Config::from_toml` calls in here.
 //!
-//! Length: the top-level table is one struct and one validation that names every field once; the
-//! sections with rules of their own (`[cluster]`, `[auth]`, routing) are already files beside it.
+//! Length: one field and one rule per top-level setting, read together; split, a setting's
+//! default and its rule would sit in different files.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -20,6 +20,8 @@ use super::*;
 pub(super) struct FileConfig {
     listen: Option<String>,
     database_url: Option<String>,
+    database_max_connections: Option<u32>,
+    database_acquire_timeout_ms: Option<u64>,
     default_model: Option<String>,
     max_frame_bytes: Option<usize>,
     provider_idle_timeout_secs: Option<u64>,
@@ -185,6 +187,20 @@ impl FileConfig {
             // A placeholder when the address is wrong: the configuration is then not used.
             listen: listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
             database_url,
+            database_max_connections: nonzero(
+                self.database_max_connections,
+                DEFAULT_DATABASE_MAX_CONNECTIONS,
+                "database_max_connections",
+            )
+            .report(&mut problems),
+            database_acquire_timeout: Duration::from_millis(
+                nonzero(
+                    self.database_acquire_timeout_ms,
+                    DEFAULT_DATABASE_ACQUIRE_TIMEOUT_MS,
+                    "database_acquire_timeout_ms",
+                )
+                .report(&mut problems),
+            ),
             default_model,
             max_frame_bytes,
             provider_idle_timeout: positive_secs(

@@ -42,6 +42,28 @@ fn defaults_apply_and_key_comes_from_env() {
 }
 
 #[test]
+fn the_database_pool_has_defaults_and_takes_its_bounds_from_the_file() {
+    let config = parse(PROVIDER).expect("valid");
+    assert_eq!(
+        config.database_max_connections,
+        DEFAULT_DATABASE_MAX_CONNECTIONS
+    );
+    assert_eq!(config.database_max_connections, 16);
+    assert_eq!(config.database_acquire_timeout, Duration::from_millis(5000));
+    let config = parse(&format!(
+        "database_max_connections = 40\ndatabase_acquire_timeout_ms = 750\n{PROVIDER}"
+    ))
+    .expect("valid");
+    assert_eq!(config.database_max_connections, 40);
+    assert_eq!(config.database_acquire_timeout, Duration::from_millis(750));
+    let err = parse(&format!("database_max_connections = 0\n{PROVIDER}")).unwrap_err();
+    assert!(
+        err.to_string().contains("database_max_connections"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_kind_is_named() {
     let err = parse(&PROVIDER.replace("openai-chat", "gemini")).unwrap_err();
     assert!(err.to_string().contains("unknown kind \"gemini\""), "{err}");

@@ -559,34 +559,73 @@ pub async fn logs() -> Json<LogList> {
     })
 }
 
-/// `GET /api/live`: server-sent events, one `runs` event with the active request ids now and
-/// again whenever a run starts or ends (a comment every 15 s keeps proxies from closing it).
+/// How often the live list reads the other nodes' runs from the database (`[cluster]` only: this
+/// node's own runs are announced the moment they start or end).
+const LIVE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `GET /api/live`: server-sent events, one `runs` event with the active runs now and again
+/// whenever one starts or ends (a comment every 15 s keeps proxies from closing it). `active`
+/// lists their request ids, `runs` each with its node; with `[cluster]`, the runs of every live
+/// node, the others' read from the database every second and announced when they changed.
 pub async fn live(State(state): State<Arc<AppState>>) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let changes = state.runs.watch();
     let shutdown = state.shutdown.clone();
-    let events = futures_util::stream::unfold((changes, true), move |(mut changes, first)| {
+    let events = futures_util::stream::unfold((changes, None), move |(mut changes, last)| {
         let state = Arc::clone(&state);
         let shutdown = shutdown.clone();
         async move {
-            if !first {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    changed = changes.changed() => changed.ok()?,
+            let mut last: Option<serde_json::Value> = last;
+            let runs = loop {
+                let polled = if last.is_some() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        changed = changes.changed() => { changed.ok()?; false }
+                        _ = tokio::time::sleep(LIVE_POLL), if state.cluster.is_some() => true,
+                    }
+                } else {
+                    false
+                };
+                let runs = live_runs(&state).await;
+                // A poll that found nothing new says nothing.
+                if polled && last.as_ref() == Some(&runs) {
+                    continue;
                 }
-            }
-            let mut active = state.runs.active_ids();
-            active.sort();
-            let event = Event::default()
-                .event("runs")
-                .json_data(json!({"active": active}))
-                .ok()?;
-            Some((Ok::<_, std::convert::Infallible>(event), (changes, false)))
+                last = Some(runs.clone());
+                break runs;
+            };
+            let event = Event::default().event("runs").json_data(runs).ok()?;
+            Some((Ok::<_, std::convert::Infallible>(event), (changes, last)))
         }
     });
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
         .into_response()
+}
+
+/// The live list's payload: this node's active runs, and with `[cluster]` the other live nodes'
+/// running runs (an unreadable database leaves them out, with a warning).
+async fn live_runs(state: &AppState) -> serde_json::Value {
+    let me = state.cluster.as_ref().map(|c| c.node_name().to_owned());
+    let mut runs: Vec<(String, Option<String>)> = state
+        .runs
+        .active_ids()
+        .into_iter()
+        .map(|id| (id, me.clone()))
+        .collect();
+    if let Some(cluster) = &state.cluster {
+        match crate::store::nodes::running_elsewhere(&state.store, cluster.node_name()).await {
+            Ok(others) => runs.extend(others.into_iter().map(|(id, node)| (id, Some(node)))),
+            Err(e) => tracing::warn!("the console's live list: the other nodes' runs: {e}"),
+        }
+    }
+    runs.sort();
+    let active: Vec<&str> = runs.iter().map(|(id, _)| id.as_str()).collect();
+    let listed: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|(id, node)| json!({"request_id": id, "node": node}))
+        .collect();
+    json!({"active": active, "runs": listed})
 }
 
 /// `GET /api/providers`.

@@ -119,6 +119,45 @@ fn start(
     Ok(handle)
 }
 
+/// The first wait before the ending of a run is written again, doubled up to `END_RETRY_MAX`.
+const END_RETRY_FIRST: Duration = Duration::from_millis(250);
+const END_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The database could not take the run's ending (it is down or restarting): writes it again in
+/// the background until it can, so the run is not left `running` in the record (the console, and
+/// other nodes looking for the conversation's run, would take it as still working). Given up at
+/// shutdown: the next start ends the runs a process left running.
+fn record_end_later(
+    app: &Arc<AppState>,
+    request_id: &str,
+    outcome: RunOutcome,
+    kind: (Option<&'static str>, &'static str),
+    first: crate::store::StoreError,
+) {
+    tracing::warn!("recording the run's end: {first}; trying again until the database is back");
+    let (app, request_id) = (Arc::clone(app), request_id.to_owned());
+    tokio::spawn(async move {
+        let mut wait = END_RETRY_FIRST;
+        loop {
+            tokio::select! {
+                _ = app.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match runs::finish(&app.store, &request_id, &outcome, kind).await {
+                Ok(()) => {
+                    tracing::info!(request_id = %request_id, "the run's end is recorded now that the database is back");
+                    return;
+                }
+                Err(e) if e.is_unavailable() => wait = (wait * 2).min(END_RETRY_MAX),
+                Err(e) => {
+                    tracing::error!(request_id = %request_id, "recording the run's end: {e}");
+                    return;
+                }
+            }
+        }
+    });
+}
+
 impl RunActor {
     pub fn new(
         app: Arc<AppState>,
@@ -165,7 +204,11 @@ impl RunActor {
         if self.recorded
             && let Err(e) = runs::finish(&self.app.store, &self.request_id, &outcome, kind).await
         {
-            tracing::error!("recording the run's end: {e}");
+            if e.is_unavailable() {
+                record_end_later(&self.app, &self.request_id, outcome.clone(), kind, e);
+            } else {
+                tracing::error!("recording the run's end: {e}");
+            }
         }
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -78,9 +78,17 @@ fn connect_error(error: &ServerError) -> ConnectError {
             error.to_string(),
             error.is_retryable(),
         ),
+        // The driver's text (an address, "connection refused", a pool timeout) is for the log and
+        // the run's record; the client is told what happened and what to do.
+        ServerError::Store(store) if store.is_unavailable() => {
+            ConnectError::new(ConnectCode::Unavailable, DATABASE_UNAVAILABLE)
+        }
         other => ConnectError::new(other.connect_code(), other.to_string()),
     }
 }
+
+/// What a client is told when the database could not be reached during its run.
+pub const DATABASE_UNAVAILABLE: &str = "the server's database is unavailable (down, restarting or unreachable): the run was stopped and its unfinished step was not stored; send the message again once the database is back";
 
 fn now_ms() -> u64 {
     u64::try_from(crate::store::now_ms()).unwrap_or(0)
@@ -796,17 +804,29 @@ impl Checkpoints {
     ) -> Result<(), ServerError> {
         self.revision += 1;
         let acked = std::mem::take(&mut self.acked);
-        if !blobs::acknowledge_and_publish(
+        let published = blobs::acknowledge_and_publish(
             &self.store,
-            &self.conversation_id,
+            (&self.conversation_id, &self.request_id),
             &acked,
             state_id,
             self.revision,
         )
-        .await?
-        {
-            tracing::warn!("a newer run moved the head; this checkpoint is not published");
-            return Ok(());
+        .await;
+        match published {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("a newer run moved the head; this checkpoint is not published");
+                return Ok(());
+            }
+            // Superseded (perhaps on another node that could not tell this one): the newer run
+            // publishes from now on.
+            Err(StoreError::NotOwner { .. }) => {
+                tracing::warn!(
+                    "a newer run owns the conversation; this checkpoint is not published"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
         }
         out.send_message(&checkpoint::update_message(state.clone()))
             .await;

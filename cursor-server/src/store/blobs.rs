@@ -314,18 +314,24 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
 
 /// Records the client's ACKs for `acked` and publishes `state` as revision `revision` (unless a
 /// newer revision is the head), in one write transaction: a checkpoint is published once its
-/// blobs are acknowledged, so both facts land together. Returns whether the head moved.
+/// blobs are acknowledged, so both facts land together. Returns whether the head moved; refused
+/// (`NotOwner`) when run `request_id` no longer owns the conversation.
 pub async fn acknowledge_and_publish(
     store: &Store,
-    conversation_id: &str,
+    (conversation_id, request_id): (&str, &str),
     acked: &[BlobId],
     state: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
     write_tx!(store, "committing conversation head", |tx| {
         acks_in(&mut tx, conversation_id, acked).await?;
-        let moved =
-            super::conversations::move_head(&mut tx, conversation_id, state, revision).await?;
+        let moved = super::conversations::move_head(
+            &mut tx,
+            (conversation_id, request_id),
+            state,
+            revision,
+        )
+        .await?;
         if moved {
             super::outbox::checkpoint_published(&mut tx, conversation_id, state).await?;
         }

@@ -61,26 +61,37 @@ pub async fn head(
 }
 
 /// Moves the head to `blob` as revision `revision`, unless a newer revision is already there
-/// (late events of an older run never move a newer head). Returns whether the head moved. Part of
+/// (late events of an older run never move a newer head), and refused (`NotOwner`) to a run that
+/// no longer owns the conversation. Returns whether the head moved. Part of
 /// a checkpoint's publication (`blobs::acknowledge_and_publish`), which also settles the outbox in
 /// the same transaction.
 pub(super) async fn move_head(
     tx: &mut Tx,
-    conversation_id: &str,
+    (conversation_id, request_id): (&str, &str),
     blob: BlobId,
     revision: i64,
 ) -> Result<bool, StoreError> {
+    // `head_request_id` names the run that moves the head: the database refuses it unless that
+    // run owns the conversation (migration 0013).
     let moved = on_tx!(tx, |c| {
         sqlx::query(
-        "UPDATE conversations SET head_blob = $1, revision = $2 WHERE id = $3 AND revision < $2",
-    )
-    .bind(&blob.0[..])
-    .bind(revision)
-    .bind(conversation_id)
-    .execute(c)
-    .await
-    .map(|done| done.rows_affected())
-    .context("moving conversation head")
+            "UPDATE conversations SET head_blob = $1, revision = $2, head_request_id = $4
+             WHERE id = $3 AND revision < $2",
+        )
+        .bind(&blob.0[..])
+        .bind(revision)
+        .bind(conversation_id)
+        .bind(request_id)
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .map_err(|source| {
+            super::owner_refusal(
+                source,
+                "moving conversation head",
+                (conversation_id, request_id),
+            )
+        })
     })?;
     Ok(moved == 1)
 }

@@ -239,17 +239,8 @@ async fn insert_rows(
             }
             query.execute(c).await.map(|done| done.rows_affected())
         });
-        inserted.map_err(|source| match &source {
-            sqlx::Error::Database(db) if db.message().contains(super::NOT_OWNER) => {
-                StoreError::NotOwner {
-                    conversation_id: conversation_id.to_owned(),
-                    request_id: request_id.to_owned(),
-                }
-            }
-            _ => StoreError::Query {
-                context: "appending message",
-                source,
-            },
+        inserted.map_err(|source| {
+            super::owner_refusal(source, "appending message", (conversation_id, request_id))
         })?;
     }
     Ok(())

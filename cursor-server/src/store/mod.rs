@@ -153,12 +153,42 @@ pub struct SchemaStatus {
     pub pending: usize,
 }
 
+/// The PostgreSQL pool's bounds (`database_max_connections`, `database_acquire_timeout_ms`);
+/// SQLite keeps its one writer and its readers whatever these say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Connections one process keeps open at most.
+    pub max_connections: u32,
+    /// How long a statement waits for a connection before failing as unavailable: a database
+    /// that is down fails runs with a clear error in bounded time instead of holding them.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            max_connections: crate::config::DEFAULT_DATABASE_MAX_CONNECTIONS,
+            acquire_timeout: Duration::from_millis(
+                crate::config::DEFAULT_DATABASE_ACQUIRE_TIMEOUT_MS,
+            ),
+        }
+    }
+}
+
 impl Store {
-    /// Opens the database `url` names (SQLite, created if needed, or PostgreSQL), refuses a
-    /// database newer than this binary or left half-migrated, and applies pending migrations.
+    /// Opens the database `url` names with the default pool bounds (see `open_with`).
     pub async fn open(url: &str) -> Result<Store, StoreError> {
+        Store::open_with(url, PoolSettings::default()).await
+    }
+
+    /// Opens the database `url` names (SQLite, created if needed, or PostgreSQL with `pool`'s
+    /// bounds), refuses a database newer than this binary or left half-migrated, and applies
+    /// pending migrations.
+    pub async fn open_with(url: &str, pool: PoolSettings) -> Result<Store, StoreError> {
         let backend = match DatabaseKind::of_url(url) {
-            Some(DatabaseKind::Postgres) => Backend::Postgres(postgres::PgStore::open(url).await?),
+            Some(DatabaseKind::Postgres) => {
+                Backend::Postgres(postgres::PgStore::open(url, pool).await?)
+            }
             Some(DatabaseKind::Sqlite) => Backend::Sqlite(sqlite::SqliteStore::open(url).await?),
             None => return Err(StoreError::UnknownUrl(url.to_owned())),
         };
@@ -318,7 +348,7 @@ pub enum StoreError {
     #[error("blob {0} is named by the store but not stored")]
     MissingBlob(crate::model::conversation::BlobId),
     #[error(
-        "run {request_id} no longer owns conversation {conversation_id} (a newer run took it over); its messages were not stored"
+        "run {request_id} no longer owns conversation {conversation_id} (a newer run took it over); its write was refused"
     )]
     NotOwner {
         conversation_id: String,
@@ -352,6 +382,23 @@ impl StoreError {
 /// The text of the trigger that refuses appends from a run that does not own the conversation
 /// (SQLite: migrations/0006_conversation_owner.sql; PostgreSQL: its trigger function).
 pub(crate) const NOT_OWNER: &str = "cursor-server: the run does not own this conversation";
+
+/// A write of `request_id` to `conversation_id` that failed: the database's refusal of a run that
+/// no longer owns the conversation (the owner triggers, migrations 0006 and 0013) as `NotOwner`,
+/// anything else as a query error with `context`.
+pub(crate) fn owner_refusal(
+    source: sqlx::Error,
+    context: &'static str,
+    (conversation_id, request_id): (&str, &str),
+) -> StoreError {
+    match &source {
+        sqlx::Error::Database(db) if db.message().contains(NOT_OWNER) => StoreError::NotOwner {
+            conversation_id: conversation_id.to_owned(),
+            request_id: request_id.to_owned(),
+        },
+        _ => StoreError::Query { context, source },
+    }
+}
 
 /// Attaches a short description of the failed operation to a sqlx error.
 pub(crate) trait QueryContext<T> {

@@ -35,6 +35,8 @@ pub struct NodeRecord {
     pub lease_age_ms: i64,
     /// Why it stopped, if it did (a clean shutdown, or a lease that ran out).
     pub stopped: Option<String>,
+    /// Its registration (see `Joined::Registered`).
+    pub instance: i64,
 }
 
 /// The node that owns a request id.
@@ -47,35 +49,96 @@ pub struct RunOwner {
     pub live: bool,
 }
 
-/// Joins (or joins again) as `name`, reached at `internal_url`: its lease starts now.
-pub async fn register(store: &Store, name: &str, internal_url: &str) -> Result<(), StoreError> {
+/// How a node's attempt to take its name went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// The name is this process's now. `instance` (the registration's start time by the
+    /// database's clock, made larger than the previous holder's when they fall in the same
+    /// millisecond) tells this process's lease from any earlier or later holder's: only the holder
+    /// renews it or leaves with it.
+    Registered { instance: i64 },
+    /// A node under that name holds a lease that has not run out: a previous process of this node
+    /// that stopped without leaving (its lease runs out by itself), or another live process
+    /// (which renews it).
+    Held {
+        internal_url: String,
+        /// The holder's last heartbeat (by the database's clock): a later one means it is alive.
+        heartbeat_at_ms: i64,
+        age_ms: i64,
+    },
+}
+
+/// Takes the name `name`, reached at `internal_url`, unless a node under that name holds a lease
+/// renewed within `lease_ms` and not stopped: one guarded statement, so two processes given one
+/// name never both hold it.
+pub async fn register_if_free(
+    store: &Store,
+    (name, internal_url): (&str, &str),
+    lease_ms: i64,
+) -> Result<Joined, StoreError> {
     let sql = timed(
         store.kind(),
         "INSERT INTO nodes (name, internal_url, started_at_ms, heartbeat_at_ms)
          VALUES ($1, $2, {now}, {now})
          ON CONFLICT (name) DO UPDATE SET internal_url = excluded.internal_url,
-             started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms,
-             stopped_at_ms = NULL, stop_reason = NULL, stopped_by = NULL",
+             started_at_ms = CASE WHEN excluded.started_at_ms > nodes.started_at_ms
+                 THEN excluded.started_at_ms ELSE nodes.started_at_ms + 1 END,
+             heartbeat_at_ms = excluded.heartbeat_at_ms,
+             stopped_at_ms = NULL, stop_reason = NULL, stopped_by = NULL
+         WHERE nodes.stopped_at_ms IS NOT NULL OR nodes.heartbeat_at_ms < {now} - $3
+         RETURNING started_at_ms",
     );
-    on_writer!(store, |p| sqlx::query(sql)
+    let registered: Option<i64> = on_writer!(store, |p| sqlx::query_scalar(sql)
         .bind(name)
         .bind(internal_url)
-        .execute(p)
+        .bind(lease_ms)
+        .fetch_optional(p)
         .await
-        .map(|done| done.rows_affected())
         .context("registering the node"))?;
-    Ok(())
-}
-
-/// Renews `name`'s lease. `false`: the node was taken as stopped meanwhile (its runs were ended by
-/// another node) and must not go on as if it still owned them.
-pub async fn renew(store: &Store, name: &str) -> Result<bool, StoreError> {
+    if let Some(instance) = registered {
+        return Ok(Joined::Registered { instance });
+    }
     let sql = timed(
         store.kind(),
-        "UPDATE nodes SET heartbeat_at_ms = {now} WHERE name = $1 AND stopped_at_ms IS NULL",
+        "SELECT internal_url, heartbeat_at_ms, {now} - heartbeat_at_ms FROM nodes WHERE name = $1",
+    );
+    let holder: Option<(String, i64, i64)> = on_readers!(store, |p| sqlx::query_as(sql)
+        .bind(name)
+        .fetch_optional(p)
+        .await
+        .context("reading the node's name"))?;
+    match holder {
+        Some((internal_url, heartbeat_at_ms, age_ms)) => Ok(Joined::Held {
+            internal_url,
+            heartbeat_at_ms,
+            age_ms,
+        }),
+        // Gone between the two statements (it cannot be deleted, but be exact): try again.
+        None => Box::pin(register_if_free(store, (name, internal_url), lease_ms)).await,
+    }
+}
+
+/// Joins as `name` whatever holds it (tests, and a node that knows its old lease is gone): its
+/// lease starts now. Returns the registration's instance.
+pub async fn register(store: &Store, name: &str, internal_url: &str) -> Result<i64, StoreError> {
+    match register_if_free(store, (name, internal_url), i64::MIN / 2).await? {
+        Joined::Registered { instance } => Ok(instance),
+        Joined::Held { .. } => unreachable!("a lease of -inf is never held"),
+    }
+}
+
+/// Renews the lease of `name`'s registration `instance`. `false`: the node was taken as stopped
+/// meanwhile (its runs were ended by another node), or another process took the name after this
+/// one's lease ran out; either way it must not go on as if it still owned its runs.
+pub async fn renew(store: &Store, name: &str, instance: i64) -> Result<bool, StoreError> {
+    let sql = timed(
+        store.kind(),
+        "UPDATE nodes SET heartbeat_at_ms = {now}
+         WHERE name = $1 AND started_at_ms = $2 AND stopped_at_ms IS NULL",
     );
     let renewed = on_writer!(store, |p| sqlx::query(sql)
         .bind(name)
+        .bind(instance)
         .execute(p)
         .await
         .map(|done| done.rows_affected())
@@ -83,15 +146,17 @@ pub async fn renew(store: &Store, name: &str) -> Result<bool, StoreError> {
     Ok(renewed == 1)
 }
 
-/// A clean shutdown: the node is marked stopped (its runs have recorded their endings).
-pub async fn leave(store: &Store, name: &str) -> Result<(), StoreError> {
+/// A clean shutdown: registration `instance` of `name` is marked stopped (its runs have recorded
+/// their endings); a later holder of the name is left alone.
+pub async fn leave(store: &Store, name: &str, instance: i64) -> Result<(), StoreError> {
     let sql = timed(
         store.kind(),
         "UPDATE nodes SET stopped_at_ms = {now}, stop_reason = 'shut down', stopped_by = name
-         WHERE name = $1 AND stopped_at_ms IS NULL",
+         WHERE name = $1 AND started_at_ms = $2 AND stopped_at_ms IS NULL",
     );
     on_writer!(store, |p| sqlx::query(sql)
         .bind(name)
+        .bind(instance)
         .execute(p)
         .await
         .map(|done| done.rows_affected())
@@ -103,7 +168,7 @@ pub async fn leave(store: &Store, name: &str) -> Result<(), StoreError> {
 pub async fn list(store: &Store) -> Result<Vec<NodeRecord>, StoreError> {
     let sql = timed(
         store.kind(),
-        "SELECT name, internal_url, {now} - heartbeat_at_ms AS age, stop_reason
+        "SELECT name, internal_url, {now} - heartbeat_at_ms AS age, stop_reason, started_at_ms
          FROM nodes ORDER BY heartbeat_at_ms DESC, name",
     );
     on_readers!(store, |p| Ok(sqlx::query(sql)
@@ -116,6 +181,7 @@ pub async fn list(store: &Store) -> Result<Vec<NodeRecord>, StoreError> {
             internal_url: row.text("internal_url"),
             lease_age_ms: row.int("age"),
             stopped: row.opt_text("stop_reason"),
+            instance: row.int("started_at_ms"),
         })
         .collect()))
 }
@@ -302,6 +368,22 @@ pub async fn conversation_run_elsewhere(
     .context("finding the conversation's run on another node"))
 }
 
+/// The runs running now on live nodes other than `me`, oldest first: (request id, node).
+pub async fn running_elsewhere(
+    store: &Store,
+    me: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    on_readers!(store, |p| sqlx::query_as(
+        "SELECT r.request_id, r.node FROM runs r JOIN nodes n ON n.name = r.node
+         WHERE r.status = 'running' AND r.node != $1 AND n.stopped_at_ms IS NULL
+         ORDER BY r.started_at_ms, r.request_id",
+    )
+    .bind(me)
+    .fetch_all(p)
+    .await
+    .context("listing the other nodes' running runs"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_claimer_owns_a_run_and_a_silent_node_is_taken_over_once() {
         let (_dir, store) = store().await;
-        register(&store, "a", "http://a").await.unwrap();
+        let a = register(&store, "a", "http://a").await.unwrap();
         register(&store, "b", "http://b").await.unwrap();
         assert_eq!(claim_run(&store, "r1", "a").await.unwrap(), "a");
         assert_eq!(claim_run(&store, "r1", "b").await.unwrap(), "a");
@@ -348,7 +430,10 @@ mod tests {
             run.outcome.error.map(|(_, m)| m).as_deref(),
             Some(NODE_STOPPED)
         );
-        assert!(!renew(&store, "a").await.unwrap(), "a was taken as stopped");
+        assert!(
+            !renew(&store, "a", a).await.unwrap(),
+            "a was taken as stopped"
+        );
         assert!(!run_owner(&store, "r1", 60_000).await.unwrap().unwrap().live);
         // The stopped run may not write any more; the next run may.
         use crate::model::message::{CanonicalMessage, Origin, UserMessage};
@@ -366,8 +451,8 @@ mod tests {
             crate::store::messages::append(&store, "c1", "r1", &[message]).await,
             Err(StoreError::NotOwner { .. })
         ));
-        register(&store, "a", "http://a").await.unwrap();
-        assert!(renew(&store, "a").await.unwrap(), "a joined again");
+        let again = register(&store, "a", "http://a").await.unwrap();
+        assert!(renew(&store, "a", again).await.unwrap(), "a joined again");
         let names: Vec<_> = list(&store)
             .await
             .unwrap()

@@ -53,7 +53,13 @@ pub(super) async fn blobs_sent_in(
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())
-                .context("recording sent blobs")?
+                .map_err(|source| {
+                    super::owner_refusal(
+                        source,
+                        "recording sent blobs",
+                        (conversation_id, request_id),
+                    )
+                })?
         });
     }
     Ok(())
@@ -85,7 +91,8 @@ pub(super) async fn blobs_acknowledged(
     Ok(())
 }
 
-/// Makes `state` the conversation's unpublished checkpoint (replacing an older one).
+/// Makes `state` the conversation's unpublished checkpoint (replacing an older one). Refused
+/// (`NotOwner`) to a run that no longer owns the conversation.
 pub async fn checkpoint_built(
     store: &Store,
     conversation_id: &str,
@@ -123,7 +130,13 @@ pub(super) async fn checkpoint_built_in(
         .execute(&mut *c)
         .await
         .map(|done| done.rows_affected())
-        .context("recording the unpublished checkpoint")?;
+        .map_err(|source| {
+            super::owner_refusal(
+                source,
+                "recording the unpublished checkpoint",
+                (conversation_id, request_id),
+            )
+        })?;
     });
     Ok(())
 }

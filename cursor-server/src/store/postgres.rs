@@ -4,24 +4,16 @@
 //! schema (triggers, unique indexes) and by row locks taken in the writing transactions.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::migrate::Migrate as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
-use super::{DatabaseKind, QueryContext as _, SchemaStatus, StoreError};
+use super::{DatabaseKind, PoolSettings, QueryContext as _, SchemaStatus, StoreError};
 
 /// PostgreSQL's migrations, in order. The first is numbered like the SQLite migration whose
 /// schema it equals, so a schema version means the same on both backends.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-postgres");
-
-/// Connections one process keeps open at most.
-const MAX_CONNECTIONS: u32 = 16;
-
-/// How long a statement waits for a connection before failing as unavailable: a database that is
-/// down fails runs with a clear error in bounded time instead of holding them.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A deadlock (40P01) or serialization failure (40001): the transaction did nothing and may run
 /// again.
@@ -71,10 +63,10 @@ impl PgStore {
     /// Connects to the database at `url`, refuses one newer than this binary and applies pending
     /// migrations (under sqlx's advisory lock, so several processes starting at once apply them
     /// once).
-    pub(super) async fn open(url: &str) -> Result<PgStore, StoreError> {
+    pub(super) async fn open(url: &str, settings: PoolSettings) -> Result<PgStore, StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
             .connect_with(options(url)?)
             .await
             .map_err(|source| StoreError::Open {

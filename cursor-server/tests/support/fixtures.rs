@@ -227,6 +227,19 @@ pub async fn spawn_node(
     extra: &str,
     lease_secs: f64,
 ) -> (tokio::process::Child, SocketAddr, NodeLog) {
+    let config = node_config(provider_base_url, db_dir, name, extra, lease_secs);
+    spawn_binary(&config, &[("TEST_CLUSTER_SECRET", secret)]).await
+}
+
+/// Writes the configuration of node `name` of a test cluster (see `spawn_node`) on a free port of
+/// its own; returns its path.
+pub fn node_config(
+    provider_base_url: &str,
+    db_dir: &Path,
+    name: &str,
+    extra: &str,
+    lease_secs: f64,
+) -> std::path::PathBuf {
     // A free port, so the node can name its internal address before it listens.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -247,7 +260,36 @@ pub async fn spawn_node(
     );
     let config = db_dir.join(format!("node-{name}.toml"));
     std::fs::write(&config, text).expect("config written");
-    spawn_binary(&config, &[("TEST_CLUSTER_SECRET", secret)]).await
+    config
+}
+
+/// Runs the binary with `config` and the cluster `secret` to its exit (within `within`): how it
+/// exited and what it printed (stdout, then stderr).
+pub async fn run_to_exit(
+    config: &Path,
+    secret: &str,
+    within: std::time::Duration,
+) -> (std::process::ExitStatus, String) {
+    let Some(binary) = option_env!("CARGO_BIN_EXE_cursor-server") else {
+        panic!("cursor-server's binary is known only to cursor-server's own tests");
+    };
+    let run = tokio::process::Command::new(binary)
+        .arg("--config")
+        .arg(config)
+        .env("TEST_CLUSTER_SECRET", secret)
+        .env("NO_COLOR", "1")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(within, run)
+        .await
+        .unwrap_or_else(|_| panic!("cursor-server did not exit within {within:?}"))
+        .expect("cursor-server runs");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, printed)
 }
 
 /// A node's log lines so far, and a way to wait for one.
@@ -302,8 +344,11 @@ async fn spawn_binary(
         .expect("cursor-server starts");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // Every line is kept, those before it listens too.
+    let log = NodeLog::default();
     let addr = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.expect("log line") {
+            log.lines.lock().expect("log lock").push(line.clone());
             if let Some(rest) = line.split("listening on http://").nth(1) {
                 let addr = rest.split_whitespace().next().expect("address");
                 return addr.parse::<SocketAddr>().expect("socket address");
@@ -314,7 +359,6 @@ async fn spawn_binary(
     .await
     .expect("cursor-server listens");
     // Keep draining its output so it never blocks on a full pipe, keeping the lines.
-    let log = NodeLog::default();
     let kept = log.clone();
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {

@@ -1,4 +1,4 @@
--- cursor-server schema, version 13: people on a shared server (issue 28).
+-- cursor-server schema, version 14: people on a shared server (issue 28).
 --
 -- `users`: everyone the server knows, by e-mail (lower case): seeded from the file's [[users]] and
 -- [[teams]] members, added by `cursor-server users add`, or met through a verified identity.

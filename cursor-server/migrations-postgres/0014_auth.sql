@@ -1,4 +1,4 @@
--- cursor-server schema on PostgreSQL, version 13: SQLite's migrations/0013_auth.sql (people on a
+-- cursor-server schema on PostgreSQL, version 14: SQLite's migrations/0014_auth.sql (people on a
 -- shared server, issue 28), with BIGINT for SQLite's INTEGER, BYTEA for BLOB and BIGSERIAL for
 -- the audit log's id. See that file for what each table and column means.
 
