@@ -41,6 +41,9 @@ const AISERVER_ROOTS: &[&str] = &[
     "GetUsableModelsResponse",
     "GetDefaultModelForCliRequest",
     "GetDefaultModelForCliResponse",
+    // Asked of Cursor's backend to learn the account behind an access token ([auth] cursor_account).
+    "GetMeRequest",
+    "GetMeResponse",
 ];
 
 /// `aiserver.v1` methods the server serves (service, method). Other methods are forwarded upstream

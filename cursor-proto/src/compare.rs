@@ -34,6 +34,8 @@ pub const SERVER_ROOTS: &[&str] = &[
     "aiserver.v1.GetUsableModelsResponse",
     "aiserver.v1.GetDefaultModelForCliRequest",
     "aiserver.v1.GetDefaultModelForCliResponse",
+    "aiserver.v1.GetMeRequest",
+    "aiserver.v1.GetMeResponse",
     "agent.v1.GetUsableModelsRequest",
     "agent.v1.GetUsableModelsResponse",
 ];

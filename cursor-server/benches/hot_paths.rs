@@ -14,7 +14,10 @@
 //! - routing a run's model through a 30-model table of aliases and patterns (once per run start);
 //! - over real sockets, the time from a `run_request` to the first text of a new conversation
 //!   (the run's start: one write transaction, then the provider call), and the cost per chunk of
-//!   a provider streaming 50,000 text deltas as fast as it can.
+//!   a provider streaming 50,000 text deltas as fast as it can;
+//! - over real sockets, time to first token of HTTP/2 `Run` turns on a server without `[auth]` and
+//!   on one with tokens and every budget limit set (identity, run admission, conversation claim,
+//!   the budget check before the call and the charge after it): p50 and p99 of each.
 //!
 //! Under `cargo test` it runs one quick iteration of each as a smoke test.
 
@@ -221,6 +224,21 @@ fn main() {
         "HTTP/2 Run, {chunks} unpaced text chunks through the server: {:.2} µs per chunk (wall, client and fake provider in the same process)",
         per_chunk.as_secs_f64() * 1e6 / chunks as f64
     );
+    let turns = if benching { 300 } else { 2 };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut plain = runtime.block_on(first_tokens(turns, false));
+    let mut shared = runtime.block_on(first_tokens(turns, true));
+    plain.sort();
+    shared.sort();
+    let q =
+        |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
+    println!(
+        "HTTP/2 Run, time to first token over {turns} turns: without [auth] p50 {:.2} ms, p99 {:.2} ms; with tokens and budgets p50 {:.2} ms, p99 {:.2} ms",
+        q(&plain, 0.5),
+        q(&plain, 0.99),
+        q(&shared, 0.5),
+        q(&shared, 0.99)
+    );
     if !benching {
         // Under `cargo test` this binary is a smoke test; say so in the plain summary form.
         println!("smoke: 1 passed, 0 failed");
@@ -392,4 +410,80 @@ async fn streamed_chunks(chunks: usize) -> Duration {
     drop(uplink);
     server.stop().await;
     took
+}
+
+/// Time from sending a run request to the first text delta, over `turns` HTTP/2 `Run` turns each
+/// in its own conversation; with `auth`, as a person with a token and every budget limit set.
+async fn first_tokens(turns: usize, auth: bool) -> Vec<Duration> {
+    use cursor_server::auth::admin::{self, UsersAction};
+    use cursor_server::cursor::connect::FrameDecoder;
+    use futures_util::StreamExt as _;
+    use prost::Message as _;
+
+    let provider = fake_provider::FakeProvider::start().await;
+    for _ in 0..turns {
+        provider.push(fake_provider::Reply::sse(fake_provider::text_events(
+            &["a short ", "answer"],
+            (5, 2, 0),
+        )));
+    }
+    let limits = "\n[providers.models.pricing]\ninput = 1.0\noutput = 1.0\n\n[auth]\nmode = \"tokens\"\n\
+        [[teams]]\nname = \"t\"\nmembers = [\"a@example.com\"]\nmodels = [\"test-*\"]\n\
+        daily_cost_usd = 1000.0\nmonthly_cost_usd = 10000.0\ndaily_tokens = 100000000\n\
+        soft_daily_cost_usd = 900.0\nrequests_per_minute = 1000000\nconcurrent_runs = 1000\n";
+    let server = fixtures::TestServer::start_edited(&provider.base_url(), "openai-chat", |text| {
+        if auth {
+            format!("{text}{limits}")
+        } else {
+            text
+        }
+    })
+    .await;
+    let cursor = if auth {
+        let store = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
+        let add = UsersAction::Add {
+            email: "a@example.com".to_owned(),
+        };
+        let printed = admin::run(&store, add).await.expect("users add");
+        store.close().await;
+        let token = printed.lines().last().expect("token").to_owned();
+        fake_cursor::FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token)])
+    } else {
+        fake_cursor::FakeCursor::new(server.addr)
+    };
+    let mut firsts = Vec::with_capacity(turns);
+    for turn in 0..turns {
+        let (uplink, response) = cursor.open_run_h2(&format!("ttft-{turn}")).await;
+        let sent = Instant::now();
+        uplink
+            .send(fixtures::run_request(&format!("ttft-conv-{turn}"), "hi"))
+            .await
+            .expect("send");
+        let mut body = response.bytes_stream();
+        let mut decoder = FrameDecoder::new(1 << 24);
+        let mut first = None;
+        'read: while let Some(chunk) = body.next().await {
+            decoder.push(&chunk.expect("read"));
+            while let Some(frame) = decoder.next_frame().expect("frame") {
+                if frame.is_end_stream() {
+                    break 'read;
+                }
+                let message =
+                    pb::AgentServerMessage::decode(frame.payload.as_ref()).expect("message");
+                match &message.message {
+                    Some(pb::agent_server_message::Message::KvServerMessage(kv)) => {
+                        uplink.send(fixtures::kv_ack(kv.id)).await.expect("ack")
+                    }
+                    _ if fake_cursor::kind(&message) == "text_delta" && first.is_none() => {
+                        first = Some(sent.elapsed());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        firsts.push(first.expect("a text delta"));
+        drop(uplink);
+    }
+    server.stop().await;
+    firsts
 }

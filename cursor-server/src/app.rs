@@ -95,6 +95,14 @@ impl App {
                     addr: config.listen.to_string(),
                     source,
                 })?;
+        let auth = config.auth.clone().map(crate::auth::service::Auth::new);
+        if let Some(auth) = &auth {
+            auth.seed(&store).await?;
+            tracing::info!(
+                mode = auth.config.mode.name(),
+                "[auth]: every request is tied to a person"
+            );
+        }
         let runs = RunRegistry::new(config.max_runs, config.max_unattached_runs);
         let state = Arc::new(AppState {
             keys: crate::provider::keys::KeyPools::new(&config),
@@ -106,6 +114,7 @@ impl App {
             prompts,
             shutdown: CancellationToken::new(),
             cluster,
+            auth,
         });
         Ok(App { state, listener })
     }
@@ -129,9 +138,17 @@ impl App {
         tokio::spawn(lease::keep(Arc::clone(&self.state)));
         // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
         // are always answered here.
+        // `[auth]`: the identity layer goes in front of the console's and the Cursor routes (not
+        // their pass-through fallback, nor health and metrics).
+        let identity = || {
+            axum::middleware::from_fn_with_state(
+                Arc::clone(&self.state),
+                crate::auth::identify::layer,
+            )
+        };
         let router = ops::router(Arc::clone(&self.state))
-            .merge(console::router(Arc::clone(&self.state)))
-            .merge(handlers::router(Arc::clone(&self.state)));
+            .merge(console::router(Arc::clone(&self.state)).route_layer(identity()))
+            .merge(handlers::router(Arc::clone(&self.state)).route_layer(identity()));
         let shutdown = self.state.shutdown.clone();
         let limits = self.state.config.connections;
         // Every connection's task is tracked: shutdown waits for their in-flight requests.

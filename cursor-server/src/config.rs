@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod auth;
 pub mod cluster;
 mod file;
 mod routing;
@@ -138,6 +139,8 @@ pub enum ConfigError {
     Routing(String),
     #[error("[cluster]: {0}")]
     Cluster(String),
+    #[error("[auth]: {0}")]
+    Auth(String),
     #[error("{} problems in the configuration:\n{}", .0.len(), .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Several(Vec<ConfigError>),
 }
@@ -491,6 +494,9 @@ pub struct Config {
     pub routing: Routing,
     /// `[cluster]`: several nodes on one database (`None`: a single node).
     pub cluster: Option<cluster::ClusterConfig>,
+    /// `[auth]`, `[[teams]]`, `[[users]]`: people on a shared server (`None`: single-user, as
+    /// before).
+    pub auth: Option<auth::AuthConfig>,
 }
 
 /// Default cooldowns of a provider key the provider turned away.

@@ -48,9 +48,16 @@ pub async fn serve(
             return;
         }
     }
+    // The peer's address, for `[auth]` trusted_header (which believes only configured proxies).
+    let peer = tcp.peer_addr().ok();
     let (in_flight, watch_in_flight) = watch::channel(0usize);
     let body_deadline = limits.request_body_timeout;
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        if let Some(peer) = peer {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+        }
         let guard = InFlight::begin(&in_flight);
         let router = router.clone();
         let bounded = request.uri().path() != agent_service_routes::RUN;

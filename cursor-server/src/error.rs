@@ -27,6 +27,9 @@ pub enum ServerError {
     InvalidRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// `[auth]`: the caller may not do this (another person's conversation).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -54,6 +57,7 @@ impl ServerError {
                 ConnectCode::InvalidArgument
             }
             ServerError::NotFound(_) => ConnectCode::NotFound,
+            ServerError::PermissionDenied(_) => ConnectCode::PermissionDenied,
             // A database that is down or restarting: the client may try again once it is back.
             ServerError::Store(store) if store.is_unavailable() => ConnectCode::Unavailable,
             ServerError::Config(_)
@@ -99,7 +103,9 @@ fn provider_code(error: &ProviderError) -> ConnectCode {
             _ => ConnectCode::Unavailable,
         },
         ProviderError::Unsupported(_) => ConnectCode::InvalidArgument,
-        ProviderError::KeysCoolingDown { .. } => ConnectCode::ResourceExhausted,
+        ProviderError::KeysCoolingDown { .. } | ProviderError::OverBudget(_) => {
+            ConnectCode::ResourceExhausted
+        }
         _ => ConnectCode::Unavailable,
     }
 }

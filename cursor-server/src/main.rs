@@ -68,6 +68,39 @@ enum Command {
         /// A Cursor install, its `extensions` directory, a bundle, or a schema directory.
         path: Option<PathBuf>,
     },
+    /// Manage the people of a shared server ([auth]) in the database. Needs only the database
+    /// setting.
+    Users {
+        #[command(subcommand)]
+        action: UsersCommand,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum UsersCommand {
+    /// Issue a token to EMAIL (recording them if new); the token is printed once.
+    Add { email: String },
+    /// Everyone the database knows, with team, role, state and limits.
+    List,
+    /// Refuse EMAIL's requests from now on.
+    Disable { email: String },
+    /// Let EMAIL in again.
+    Enable { email: String },
+    /// Set EMAIL's limits: a JSON object such as '{"daily_cost_usd": 5, "requests_per_minute": 30}'.
+    SetBudget { email: String, limits: String },
+}
+
+impl From<UsersCommand> for cursor_server::auth::admin::UsersAction {
+    fn from(command: UsersCommand) -> Self {
+        use cursor_server::auth::admin::UsersAction as A;
+        match command {
+            UsersCommand::Add { email } => A::Add { email },
+            UsersCommand::List => A::List,
+            UsersCommand::Disable { email } => A::Disable { email },
+            UsersCommand::Enable { email } => A::Enable { email },
+            UsersCommand::SetBudget { email, limits } => A::SetBudget { email, limits },
+        }
+    }
 }
 
 fn schema_check(path: Option<&std::path::Path>) -> ExitCode {
@@ -206,6 +239,41 @@ fn log_banner(config: &Config) {
     }
 }
 
+async fn manage_users(
+    config_path: &std::path::Path,
+    database_url: Option<&str>,
+    action: cursor_server::auth::admin::UsersAction,
+) -> ExitCode {
+    let database_url = match database_url.map_or_else(
+        || Config::load_database_url(config_path),
+        |url| Ok(url.to_owned()),
+    ) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("cursor-server users: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match Store::open(&database_url).await {
+        Ok(store) => {
+            let result = cursor_server::auth::admin::run(&store, action).await;
+            store.close().await;
+            result.map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match result {
+        Ok(out) => {
+            println!("{}", out.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cursor-server users: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn collect_garbage(config_path: &std::path::Path, database_url: Option<&str>) -> ExitCode {
     let database_url = match database_url.map_or_else(
         || Config::load_database_url(config_path),
@@ -256,6 +324,9 @@ async fn main() -> ExitCode {
         return schema_check(path.as_deref());
     }
 
+    if let Some(Command::Users { action }) = args.command {
+        return manage_users(&args.config, args.database_url.as_deref(), action.into()).await;
+    }
     if let Some(Command::Gc) = args.command {
         return collect_garbage(&args.config, args.database_url.as_deref()).await;
     }

@@ -36,4 +36,6 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// This node among others on the same database (`[cluster]`); `None`: a single node.
     pub cluster: Option<Arc<Cluster>>,
+    /// `[auth]`: who is asking, and whose each run is (`None`: single-user, as before).
+    pub auth: Option<crate::auth::service::Auth>,
 }

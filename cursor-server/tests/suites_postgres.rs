@@ -7,6 +7,8 @@
 // copies share the one cluster (see `Cluster::shared`).
 #![allow(clippy::duplicate_mod)]
 
+#[path = "auth.rs"]
+mod auth;
 #[path = "checkpoint_recovery.rs"]
 mod checkpoint_recovery;
 #[path = "cluster.rs"]

@@ -62,6 +62,11 @@ pub(super) struct FileConfig {
     #[serde(default)]
     subagents: BTreeMap<String, String>,
     cluster: Option<cluster::FileCluster>,
+    auth: Option<auth::FileAuth>,
+    #[serde(default)]
+    teams: Vec<auth::FileTeam>,
+    #[serde(default)]
+    users: Vec<auth::FileUser>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -339,6 +344,11 @@ impl FileConfig {
                 .map(|c| c.validate(env))
                 .transpose()
                 .report(&mut problems),
+            auth: auth::validate_section(
+                (self.auth, self.teams, self.users),
+                self.pass_through != Some(false),
+                &mut problems.0,
+            ),
         };
         if !problems.0.is_empty() {
             return Err(problems.into_error());
@@ -349,7 +359,7 @@ impl FileConfig {
 
 /// Every problem found in the file, so one run of `check` (or one failed start) names them all.
 #[derive(Default)]
-pub(super) struct Problems(Vec<ConfigError>);
+pub(super) struct Problems(pub(super) Vec<ConfigError>);
 
 impl Problems {
     fn push(&mut self, error: ConfigError) {

@@ -99,6 +99,10 @@ pub async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginFor
     let right = expected.is_some_and(|token| {
         super::constant_time_eq(form.token.as_bytes(), token.expose().as_bytes())
     });
+    // `[auth]`: a token issued to an enabled person logs them in (the identity layer reads the
+    // cookie on every later request).
+    let right = right
+        || (state.auth.is_some() && crate::auth::service::issued(&state.store, &form.token).await);
     if !csrf_ok(&form.csrf) || !right {
         tracing::warn!("a console login failed");
         return (StatusCode::UNAUTHORIZED, "wrong token").into_response();
@@ -110,8 +114,15 @@ pub async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginFor
 /// `GET /api/conversations/{id}/markdown`: the stored history as a Markdown document.
 pub async fn markdown(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    if !super::scope::may_read(&state, caller.as_deref(), &id).await? {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("conversation {id} belongs to someone else on this server"),
+        ));
+    }
     let history = messages::load(&state.store, &id).await?;
     if history.is_empty() {
         return Err(ApiError::new(

@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::scope;
+use crate::auth::service::Caller;
 use crate::config::{Config, Pricing};
 use crate::model::message::CanonicalMessage;
 use crate::model::usage::Usage;
@@ -113,6 +115,8 @@ pub struct RunRow {
     pub transport: Option<String>,
     /// The node that ran it (several nodes on one database); `None` for a single node.
     pub node: Option<String>,
+    /// `[auth]`: the person whose conversation it ran on.
+    pub user: Option<String>,
     pub status: &'static str,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
@@ -156,6 +160,7 @@ impl From<&Usage> for Tokens {
 
 pub async fn runs(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Query(query): Query<RunQuery>,
 ) -> Result<Json<RunList>, ApiError> {
     let status = match query.status.as_deref() {
@@ -176,6 +181,7 @@ pub async fn runs(
         since_ms: query.since,
         before_ms: query.before,
         limit,
+        owner: scope::own_only(caller.as_deref()).map(str::to_owned),
     };
     let found = runs::list(&state.store, &filter).await?;
     let next = (found.len() == limit as usize)
@@ -232,6 +238,7 @@ pub struct ToolRow {
 
 pub async fn run(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Path(request_id): Path<String>,
 ) -> Result<Json<RunDetail>, ApiError> {
     let found = runs::list(
@@ -249,6 +256,14 @@ pub async fn run(
             format!("no run {request_id:?}"),
         ));
     };
+    if let Some(email) = scope::own_only(caller.as_deref())
+        && summary.user.as_deref() != Some(email)
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("run {request_id} belongs to someone else on this server"),
+        ));
+    }
     let config = &state.config;
     let provider_calls = runs::provider_calls(&state.store, &request_id)
         .await?
@@ -302,6 +317,7 @@ fn run_row(config: &Config, run: &RunSummary) -> RunRow {
         mode: run.mode.clone(),
         transport: run.transport.clone(),
         node: run.node.clone(),
+        user: run.user.clone(),
         status: record.outcome.status.as_str(),
         started_at_ms: run.started_at_ms,
         finished_at_ms: run.finished_at_ms,
@@ -357,10 +373,12 @@ pub struct ConversationRow {
 
 pub async fn conversations(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<ConversationList>, ApiError> {
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let found = conversations::list(&state.store, query.before, limit).await?;
+    let owner = scope::own_only(caller.as_deref());
+    let found = conversations::list_of(&state.store, owner, query.before, limit).await?;
     let next = (found.len() == limit as usize)
         .then(|| found.last().map(|c| c.last_activity_ms))
         .flatten();
@@ -399,8 +417,15 @@ pub struct Head {
 
 pub async fn conversation(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Path(id): Path<String>,
 ) -> Result<Json<ConversationDetail>, ApiError> {
+    if !scope::may_read(&state, caller.as_deref(), &id).await? {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("conversation {id} belongs to someone else on this server"),
+        ));
+    }
     let history = messages::load(&state.store, &id).await?;
     let head = conversations::head(&state.store, &id).await?;
     let runs = runs::list(
@@ -442,6 +467,17 @@ pub struct UsageQuery {
 pub struct UsageReport {
     pub days: i64,
     pub rows: Vec<UsageLine>,
+    /// `[auth]`: the same per person and team (a member sees only their own); empty without it.
+    pub by_person: Vec<PersonLine>,
+}
+
+/// One day, person, provider and model (`[auth]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PersonLine {
+    pub user: Option<String>,
+    pub team: Option<String>,
+    #[serde(flatten)]
+    pub line: UsageLine,
 }
 
 /// One day, provider and model.
@@ -462,29 +498,53 @@ pub struct UsageLine {
 /// over all input read) and the cost (unknown without a price for every bucket used).
 pub async fn usage(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Json<UsageReport>, ApiError> {
     let days = i64::from(query.days.unwrap_or(30).clamp(1, 3650));
     let since = crate::store::now_ms() - days * 86_400_000;
-    let rows = runs::usage_by_day(&state.store, since)
-        .await?
-        .into_iter()
-        .map(|row| {
-            let input = row.usage.input_tokens.unwrap_or(0);
-            let cached = row.usage.cache_read_tokens.unwrap_or(0);
-            let read = input + cached;
-            UsageLine {
-                cache_hit_rate: (read > 0).then(|| cached as f64 / read as f64),
-                cost_usd: pricing(&state.config, &row.model_id).and_then(|p| p.cost(&row.usage)),
-                usage: Tokens::from(&row.usage),
-                day: row.day,
-                provider: row.provider,
-                model: row.model_id,
-                calls: row.calls,
-            }
-        })
-        .collect();
-    Ok(Json(UsageReport { days, rows }))
+    let line = |day: String, (provider, model): (String, String), calls: u64, usage: &Usage| {
+        let input = usage.input_tokens.unwrap_or(0);
+        let cached = usage.cache_read_tokens.unwrap_or(0);
+        let read = input + cached;
+        UsageLine {
+            cache_hit_rate: (read > 0).then(|| cached as f64 / read as f64),
+            cost_usd: pricing(&state.config, &model).and_then(|p| p.cost(usage)),
+            usage: Tokens::from(usage),
+            day,
+            provider,
+            model,
+            calls,
+        }
+    };
+    let owner = scope::own_only(caller.as_deref());
+    let by_person: Vec<PersonLine> = match &state.auth {
+        None => Vec::new(),
+        Some(_) => crate::store::budgets::usage_by_person(&state.store, since, owner)
+            .await?
+            .into_iter()
+            .map(|row| PersonLine {
+                line: line(row.day, (row.provider, row.model_id), row.calls, &row.usage),
+                user: row.user,
+                team: row.team,
+            })
+            .collect(),
+    };
+    // A member's rows are their own (one person: the same grouping as by day, provider, model).
+    let rows = if owner.is_some() {
+        by_person.iter().map(|p| p.line.clone()).collect()
+    } else {
+        runs::usage_by_day(&state.store, since)
+            .await?
+            .into_iter()
+            .map(|row| line(row.day, (row.provider, row.model_id), row.calls, &row.usage))
+            .collect()
+    };
+    Ok(Json(UsageReport {
+        days,
+        rows,
+        by_person,
+    }))
 }
 
 /// `GET /api/logs`: the last warnings and errors, newest first.

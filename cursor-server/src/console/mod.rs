@@ -10,6 +10,8 @@ pub mod assets;
 pub mod charts;
 pub mod logs;
 pub mod pages;
+pub mod people;
+pub mod scope;
 
 use std::sync::Arc;
 
@@ -40,6 +42,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/conversations", get(api::conversations))
         .route("/api/conversations/{id}", get(api::conversation))
         .route("/api/usage", get(api::usage))
+        .route("/api/usage.csv", get(people::usage_csv))
+        .route("/api/audit", get(people::audit))
         .route("/api/providers", get(api::providers))
         .route("/api/live", get(api::live))
         .route("/api/conversations/{id}/markdown", get(actions::markdown))
@@ -57,6 +61,22 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Lets a request through when the console is open to it (see the module's header).
 async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    // `[auth]`: the identity layer in front already verified the person (or refused them); a
+    // member may not use the admin's pages.
+    if state.auth.is_some() {
+        let member = request
+            .extensions()
+            .get::<crate::auth::service::Caller>()
+            .is_none_or(|c| !c.admin);
+        if member && scope::admin_only(request.uri().path()) {
+            return (
+                StatusCode::FORBIDDEN,
+                "this page is for the server's admins ([auth] admins)",
+            )
+                .into_response();
+        }
+        return next.run(request).await;
+    }
     match access(&state, request.headers()) {
         Access::Granted => next.run(request).await,
         Access::Denied(why) => (

@@ -175,8 +175,14 @@ struct RunsPage {
     list: RunList,
 }
 
-pub async fn runs(State(state): State<Arc<AppState>>, Query(query): Query<RunQuery>) -> PageResult {
-    let list = api::runs(State(state), Query(query.clone())).await?.0;
+pub async fn runs(
+    State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
+    Query(query): Query<RunQuery>,
+) -> PageResult {
+    let list = api::runs(State(state), caller, Query(query.clone()))
+        .await?
+        .0;
     let statuses = ["", "running", "succeeded", "failed", "canceled"]
         .into_iter()
         .map(|status| Choice {
@@ -230,8 +236,14 @@ struct RunPage {
     detail: RunDetail,
 }
 
-pub async fn run(State(state): State<Arc<AppState>>, Path(request_id): Path<String>) -> PageResult {
-    let detail = api::run(State(state), Path(request_id.clone())).await?.0;
+pub async fn run(
+    State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
+    Path(request_id): Path<String>,
+) -> PageResult {
+    let detail = api::run(State(state), caller, Path(request_id.clone()))
+        .await?
+        .0;
     ok(&RunPage {
         title: format!("Run {request_id}"),
         detail,
@@ -247,9 +259,12 @@ struct ConversationsPage {
 
 pub async fn conversations(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Query(query): Query<PageQuery>,
 ) -> PageResult {
-    let list = api::conversations(State(state), Query(query)).await?.0;
+    let list = api::conversations(State(state), caller, Query(query))
+        .await?
+        .0;
     ok(&ConversationsPage {
         title: "Conversations",
         list,
@@ -317,9 +332,10 @@ impl From<&CanonicalMessage> for MessageView {
 /// The stored history as the model is shown it, message by message, and the runs.
 pub async fn conversation(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Path(id): Path<String>,
 ) -> PageResult {
-    let detail = api::conversation(State(Arc::clone(&state)), Path(id.clone()))
+    let detail = api::conversation(State(Arc::clone(&state)), caller, Path(id.clone()))
         .await?
         .0;
     // Every request starts with the system prompt of the mode it runs in (then the tools).
@@ -358,9 +374,10 @@ struct UsagePage {
 
 pub async fn usage(
     State(state): State<Arc<AppState>>,
+    caller: Option<axum::Extension<crate::auth::service::Caller>>,
     Query(query): Query<UsageQuery>,
 ) -> PageResult {
-    let report = api::usage(State(state), Query(query)).await?.0;
+    let report = api::usage(State(state), caller, Query(query)).await?.0;
     ok(&UsagePage {
         title: "Usage and cost",
         chart: super::charts::tokens_per_day(&report.rows),

@@ -33,6 +33,12 @@ pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
 /// the target's identity (`instance`), and a query that wants the node's name joins it on
 /// (`… * on(instance) group_left(node) cursor_byok_node_info`), so no series changes its labels
 /// when a node is renamed and a single node's series stay as they were.
+/// `[auth]`: requests refused by the identity layer, by Connect code (no user label: the series
+/// stay bounded however many people use the server).
+pub const AUTH_REFUSED: &str = "cursor_byok_auth_refused_total";
+/// `[auth]` budgets: a limit refused a call or warned (soft), by team, kind (`refused`, `warned`)
+/// and limit; no user label.
+pub const BUDGET_EVENTS: &str = "cursor_byok_budget_events_total";
 pub const NODE_INFO: &str = "cursor_byok_node_info";
 
 /// Seconds: from a few milliseconds (a local model's first token) to ten minutes (a long
@@ -107,6 +113,17 @@ pub fn run_ended(transport: Transport, status: &'static str) {
 /// A new run was refused because a limit on open runs was reached (`limit` names which).
 pub fn run_refused(limit: &'static str) {
     counter!(RUNS_REFUSED, "limit" => limit).increment(1);
+}
+
+/// A request was refused by the identity layer with Connect code `code`.
+pub fn auth_refused(code: &'static str) {
+    counter!(AUTH_REFUSED, "code" => code).increment(1);
+}
+
+/// A budget limit refused a call or warned (`kind`), for a member of `team` (`none`: no team).
+pub fn budget_event(team: &str, kind: &'static str, limit: &'static str) {
+    counter!(BUDGET_EVENTS, "team" => team.to_owned(), "kind" => kind, "limit" => limit)
+        .increment(1);
 }
 
 /// A call on model `from` failed before streaming and went to its fallback `to` (both configured

@@ -81,6 +81,10 @@ pub enum ProviderError {
         retry_in_secs: u64,
         retry_at: String,
     },
+    /// `[auth]`: the person (or their model choice) is over a limit; the call was never sent. The
+    /// message names the limit, when it resets and whom to ask.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// The one retry policy: which failures are tried again, by whom. Two questions, answered here
@@ -103,7 +107,7 @@ pub mod retry {
             ProviderError::Http { status, .. } => {
                 matches!(status, 408 | 409 | 425 | 429) || *status >= 500
             }
-            ProviderError::Unsupported(_) => false,
+            ProviderError::Unsupported(_) | ProviderError::OverBudget(_) => false,
             _ => true,
         }
     }
@@ -125,6 +129,7 @@ impl ProviderError {
             ProviderError::InBand { .. } => "in_band",
             ProviderError::Unsupported(_) => "unsupported",
             ProviderError::KeysCoolingDown { .. } => "keys_cooling_down",
+            ProviderError::OverBudget(_) => "over_budget",
         }
     }
 
@@ -145,7 +150,8 @@ impl ProviderError {
             | ProviderError::Truncated { .. }
             | ProviderError::Decode { .. }
             | ProviderError::InBand { .. }
-            | ProviderError::Unsupported(_) => false,
+            | ProviderError::Unsupported(_)
+            | ProviderError::OverBudget(_) => false,
         }
     }
 
@@ -166,6 +172,7 @@ impl ProviderError {
             | ProviderError::InBand { .. } => "Provider error",
             ProviderError::Unsupported(_) => "Unsupported model output",
             ProviderError::KeysCoolingDown { .. } => "Provider rate limit",
+            ProviderError::OverBudget(_) => "Budget reached",
         }
     }
 }
@@ -362,6 +369,22 @@ pub fn call(
     limits: CallLimits,
     cancel: CancellationToken,
 ) -> EventReceiver {
+    call_gated(http, provider, (keys, None), body, limits, cancel)
+}
+
+/// What must pass before a call is sent (`[auth]` budgets): its error ends the call unsent.
+pub type Gate =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ProviderError>> + Send>>;
+
+/// `call`, sent only once `gate` (if any) passes; a refused gate is the call's one event.
+pub fn call_gated(
+    http: &reqwest::Client,
+    provider: &ProviderConfig,
+    (keys, gate): (&Arc<KeyPool>, Option<Gate>),
+    body: RequestBody,
+    limits: CallLimits,
+    cancel: CancellationToken,
+) -> EventReceiver {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let family = provider.kind.family();
     let path = family.endpoint_path();
@@ -380,6 +403,12 @@ pub fn call(
     let log = Arc::clone(&call.log);
     // The task's lines (retries) carry the caller's span: the run's ids and the call's.
     let task = async move {
+        if let Some(gate) = gate
+            && let Err(refused) = gate.await
+        {
+            let _ = tx.send(Err(refused)).await;
+            return;
+        }
         tokio::select! {
             _ = cancel.cancelled() => {}
             _ = call.run(parser, &tx) => {}

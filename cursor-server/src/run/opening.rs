@@ -266,6 +266,7 @@ pub(super) async fn open(
         .record("provider", tracing::field::display(&provider.name))
         .record("model", tracing::field::display(&model.id));
     let model_id = model.id.clone();
+    crate::auth::runs::claim_conversation(&app, request_id, &input.conversation_id).await?;
     let start = RunStart {
         request_id,
         conversation_id: &input.conversation_id,

@@ -300,11 +300,13 @@ impl Turn {
         let cancel = CancellationToken::new();
         // The call's own lines (its retries) carry its model_call_id; the run's lines do not.
         let span = tracing::info_span!("call", model_call_id = %self.model_call_id);
+        // `[auth]`: the person's budget and limits are checked before the call is sent.
+        let gate = crate::auth::budget::gate(&self.app, &self.request_id, &self.model.id);
         let events = span.in_scope(|| {
-            provider::call(
+            provider::call_gated(
                 &self.app.http,
                 &self.provider,
-                &self.app.keys.get(&self.provider),
+                (&self.app.keys.get(&self.provider), gate),
                 body,
                 CallLimits {
                     headers_timeout: config.provider_connect_timeout,
@@ -384,6 +386,7 @@ impl Turn {
         if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {
             tracing::warn!("recording a provider call: {e}");
         }
+        crate::auth::budget::charge(&self.app, &self.request_id, &self.model, &record.usage).await;
     }
 
     pub async fn append(&self, messages_to_add: &[CanonicalMessage]) -> Result<(), ServerError> {

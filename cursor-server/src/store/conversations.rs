@@ -180,6 +180,16 @@ pub async fn list(
     before_ms: Option<i64>,
     limit: u32,
 ) -> Result<Vec<ConversationSummary>, StoreError> {
+    list_of(store, None, before_ms, limit).await
+}
+
+/// `list`, only the conversations of `owner` when one is given (`[auth]`: a member's own).
+pub async fn list_of(
+    store: &Store,
+    owner: Option<&str>,
+    before_ms: Option<i64>,
+    limit: u32,
+) -> Result<Vec<ConversationSummary>, StoreError> {
     // The latest of the conversation's creation and its runs' starts (written as a CASE: SQLite's
     // two-argument MAX is PostgreSQL's GREATEST).
     const SQL: &str = "SELECT * FROM (
@@ -191,13 +201,14 @@ pub async fn list(
             (SELECT CASE WHEN MAX(r.started_at_ms) > c.created_at_ms THEN MAX(r.started_at_ms)
                          ELSE c.created_at_ms END
                FROM runs r WHERE r.conversation_id = c.id) AS last_activity_ms
-        FROM conversations c) s
+        FROM conversations c WHERE ($3 IS NULL OR c.owner_user = $3)) s
      WHERE ($1 IS NULL OR last_activity_ms < $1)
      ORDER BY last_activity_ms DESC, id LIMIT $2";
     on_readers!(store, |p| {
         let rows = sqlx::query(SQL)
             .bind(before_ms)
             .bind(i64::from(limit))
+            .bind(owner)
             .fetch_all(p)
             .await
             .context("listing conversations")?;

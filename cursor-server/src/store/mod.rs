@@ -88,6 +88,7 @@ macro_rules! write_tx {
 }
 
 pub mod blobs;
+pub mod budgets;
 pub mod commit;
 pub mod conversations;
 pub mod messages;
@@ -96,6 +97,7 @@ pub mod outbox;
 pub mod postgres;
 pub mod runs;
 pub mod sqlite;
+pub mod users;
 
 use std::time::Duration;
 

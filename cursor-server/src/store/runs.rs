@@ -376,7 +376,7 @@ fn provider_call_of(
 }
 
 /// The five token counts of a `runs` or `provider_calls` row (or a sum over them).
-fn usage_of(row: &impl Columns) -> Usage {
+pub(super) fn usage_of(row: &impl Columns) -> Usage {
     let tokens = |name: &str| row.opt_int(name).map(|v| v.max(0) as u64);
     Usage {
         input_tokens: tokens("input_tokens"),
@@ -400,6 +400,8 @@ pub struct RunFilter {
     /// Only runs started before this time: the previous page's last `started_at_ms`.
     pub before_ms: Option<i64>,
     pub limit: u32,
+    /// `[auth]`: only runs on conversations of this person.
+    pub owner: Option<String>,
 }
 
 /// A run as a listing shows it: its record, when it started and ended, and its time to first token
@@ -415,6 +417,8 @@ pub struct RunSummary {
     pub transport: Option<String>,
     /// The node that ran it (`[cluster]`; `None` for a single node).
     pub node: Option<String>,
+    /// `[auth]`: the person whose conversation it ran on.
+    pub user: Option<String>,
 }
 
 /// Runs matching `filter`, newest first (`filter.limit` of them at most).
@@ -423,14 +427,16 @@ pub async fn list(store: &Store, filter: &RunFilter) -> Result<Vec<RunSummary>, 
         "SELECT r.*,
             (SELECT c.started_at_ms + c.first_event_ms - r.started_at_ms FROM provider_calls c
               WHERE c.request_id = r.request_id AND c.first_event_ms IS NOT NULL
-              ORDER BY c.started_at_ms, c.rowid LIMIT 1) AS first_token_ms
-         FROM runs r
+              ORDER BY c.started_at_ms, c.rowid LIMIT 1) AS first_token_ms,
+            cv.owner_user
+         FROM runs r LEFT JOIN conversations cv ON cv.id = r.conversation_id
          WHERE ($1 IS NULL OR r.status = $1)
            AND ($2 IS NULL OR r.model_id = $2)
            AND ($3 IS NULL OR r.conversation_id = $3)
            AND ($4 IS NULL OR r.started_at_ms >= $4)
            AND ($5 IS NULL OR r.started_at_ms < $5)
            AND ($7 IS NULL OR r.request_id = $7)
+           AND ($8 IS NULL OR cv.owner_user = $8)
          ORDER BY r.started_at_ms DESC, r.request_id DESC
          LIMIT $6",
     )
@@ -441,6 +447,7 @@ pub async fn list(store: &Store, filter: &RunFilter) -> Result<Vec<RunSummary>, 
     .bind(filter.before_ms)
     .bind(i64::from(filter.limit))
     .bind(filter.request_id.as_deref())
+    .bind(filter.owner.as_deref())
     .fetch_all(p)
     .await
     .context("listing runs")?
@@ -477,6 +484,7 @@ fn summary_of(row: &impl Columns) -> Result<RunSummary, StoreError> {
         mode: row.opt_text("mode"),
         transport: row.opt_text("transport"),
         node: row.opt_text("node"),
+        user: row.opt_text("owner_user"),
     })
 }
 

@@ -105,9 +105,11 @@ async fn unknown_route(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let mut headers = connect::end_to_end_headers(&parts.headers);
+    crate::auth::service::strip_own_headers(&mut headers);
     let outbound = client
         .request(parts.method.clone(), format!("{}{path}", upstream.url))
-        .headers(connect::end_to_end_headers(&parts.headers))
+        .headers(headers)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
     let response = outbound.send().await.map_err(|e| {
         let e = e.without_url();
@@ -211,6 +213,7 @@ async fn bidi_append(
     {
         return Ok(forwarded);
     }
+    crate::auth::runs::admit_run(state, headers, &append.request_id).await?;
     // From here on the append takes its seqno: a message the run cannot use is the run's to
     // answer (ignore or end with invalid_argument), never a 400 that leaves a gap.
     let mut input = bidi_append::input(append.message);
@@ -288,6 +291,9 @@ async fn run_sse(
         // Once the request is understood, a stream route answers with an end-of-stream frame.
         Err(error) => return Ok(StreamError(error).into_response()),
     }
+    if let Err(refused) = crate::auth::runs::admit_run(state, headers, &request.request_id).await {
+        return Ok(StreamError(refused).into_response());
+    }
     Ok(attach_run_sse(state, request.request_id)
         .await
         .into_response())
@@ -344,6 +350,9 @@ async fn run_bidi(
         .filter(|id| !id.trim().is_empty())
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    if let Err(refused) = crate::auth::runs::admit_run(&state, headers, &request_id).await {
+        return Ok(StreamError(refused).into_response());
+    }
     Ok(start_run_bidi(state, request, encoding, &request_id)
         .await
         .into_response())

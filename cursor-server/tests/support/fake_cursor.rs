@@ -175,6 +175,34 @@ impl FakeCursor {
         }
     }
 
+    /// A client that sends `headers` on every request (a person's token or sign-in, `[auth]`).
+    pub fn with_headers(addr: SocketAddr, headers: &[(&str, &str)]) -> FakeCursor {
+        FakeCursor::alternating_with_headers(&[addr], headers)
+    }
+
+    /// `alternating`, sending `headers` on every request.
+    pub fn alternating_with_headers(addrs: &[SocketAddr], headers: &[(&str, &str)]) -> FakeCursor {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+                reqwest::header::HeaderValue::from_str(value).expect("header value"),
+            );
+        }
+        let mut cursor = FakeCursor::alternating(addrs);
+        cursor.http1 = reqwest::Client::builder()
+            .http1_only()
+            .default_headers(map.clone())
+            .build()
+            .expect("client");
+        cursor.h2 = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .default_headers(map)
+            .build()
+            .expect("client");
+        cursor
+    }
+
     /// Opens RunSSE for `request_id` (the response is streaming; read it with `read_transcript`).
     pub async fn open_run_sse(&self, request_id: &str) -> reqwest::Response {
         let body = connect::encode_message(&BidiRequestId {

@@ -1,0 +1,352 @@
+//! Budgets and limits per person (`[auth]`): before each provider call, the run's person must be
+//! allowed the model, under their cost and token limits for the day and the month, under their
+//! requests per minute and concurrent runs; after each call its cost and tokens are charged to the
+//! person and their team. Counters live in the store (`store/budgets.rs`), so every node enforces
+//! the same budget; a call in flight always finishes, the next one is refused.
+//!
+//! A person's limits are their own (`[[users]]`, `users set-budget`) over their team's; a team's
+//! limits are thus each member's unless the member has their own.
+
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::config::auth::Limits;
+use crate::model::usage::Usage;
+use crate::ops::metrics;
+use crate::provider::{Gate, ProviderError};
+use crate::state::AppState;
+use crate::store::budgets::{self, Spent};
+use crate::store::{now_ms, users};
+
+/// The check before a call on `model_id` by run `request_id`; `None` without `[auth]`.
+pub fn gate(app: &Arc<AppState>, request_id: &str, model_id: &str) -> Option<Gate> {
+    let email = app.auth.as_ref()?.owner_of_run(request_id)?;
+    let app = Arc::clone(app);
+    let model = model_id.to_owned();
+    Some(Box::pin(async move { check(&app, &email, &model).await }))
+}
+
+/// The person's limits in force and their team.
+async fn limits_of(app: &AppState, email: &str) -> Result<(Limits, Option<String>), ProviderError> {
+    let auth = app
+        .auth
+        .as_ref()
+        .ok_or_else(|| refused("no [auth]".to_owned()))?;
+    let record = users::get(&app.store, email)
+        .await
+        .map_err(|e| refused(format!("the budget could not be read: {e}")))?;
+    let team = record.as_ref().and_then(|r| r.team.clone());
+    let team_limits = team
+        .as_deref()
+        .and_then(|name| auth.config.teams.iter().find(|t| t.name == name))
+        .map(|t| t.limits.clone())
+        .unwrap_or_default();
+    let own: Limits = record
+        .and_then(|r| r.limits)
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default();
+    Ok((own.over(&team_limits), team))
+}
+
+fn refused(message: String) -> ProviderError {
+    ProviderError::OverBudget(message)
+}
+
+async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderError> {
+    let (limits, team) = limits_of(app, email).await?;
+    let team_label = team.clone().unwrap_or_else(|| "none".to_owned());
+    let ask = app
+        .auth
+        .as_ref()
+        .map(|a| a.config.admins.join(", "))
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "the server's operator".to_owned());
+    let refuse = |limit: &'static str, what: String, resets: Option<String>| {
+        metrics::budget_event(&team_label, "refused", limit);
+        let resets = resets
+            .map(|r| format!("; it resets at {r}"))
+            .unwrap_or_default();
+        let message =
+            format!("{email} reached the {limit} limit ({what}){resets}; ask {ask} to raise it");
+        if let Some(auth) = &app.auth {
+            let what = format!("a provider call on {model}");
+            auth.audit_refusal(&app.store, Some(email.to_owned()), what, message.clone());
+        }
+        refused(message)
+    };
+    if let Some(models) = &limits.models
+        && !models.iter().any(|pattern| matches(pattern, model))
+    {
+        return Err(refuse(
+            "models",
+            format!("{model} is not among {}", models.join(", ")),
+            None,
+        ));
+    }
+    let now = now_ms();
+    let periods = Periods::at(now);
+    let scope = format!("user:{email}");
+    let store_failed = |e| refused(format!("the budget could not be read: {e}"));
+    let [day, month, minute] = budgets::read(&app.store, &scope, &periods.keys())
+        .await
+        .map_err(store_failed)?;
+    let hard = [
+        (
+            "daily_cost_usd",
+            limits.daily_cost_usd.map(usd),
+            day.cost_micro_usd,
+            &periods.day_reset,
+        ),
+        (
+            "monthly_cost_usd",
+            limits.monthly_cost_usd.map(usd),
+            month.cost_micro_usd,
+            &periods.month_reset,
+        ),
+        (
+            "daily_tokens",
+            limits.daily_tokens.map(as_i64),
+            day.tokens,
+            &periods.day_reset,
+        ),
+        (
+            "monthly_tokens",
+            limits.monthly_tokens.map(as_i64),
+            month.tokens,
+            &periods.month_reset,
+        ),
+    ];
+    for (limit, cap, spent, reset) in hard {
+        if let Some(cap) = cap
+            && spent >= cap
+        {
+            return Err(refuse(limit, shown(limit, spent, cap), Some(reset.clone())));
+        }
+    }
+    let soft = [
+        (
+            "soft_daily_cost_usd",
+            limits.soft_daily_cost_usd.map(usd),
+            day.cost_micro_usd,
+        ),
+        (
+            "soft_monthly_cost_usd",
+            limits.soft_monthly_cost_usd.map(usd),
+            month.cost_micro_usd,
+        ),
+        (
+            "soft_daily_tokens",
+            limits.soft_daily_tokens.map(as_i64),
+            day.tokens,
+        ),
+        (
+            "soft_monthly_tokens",
+            limits.soft_monthly_tokens.map(as_i64),
+            month.tokens,
+        ),
+    ];
+    for (limit, cap, spent) in soft {
+        if let Some(cap) = cap
+            && spent >= cap
+        {
+            metrics::budget_event(&team_label, "warned", limit);
+            tracing::warn!(user = email, limit, "{}", shown(limit, spent, cap));
+        }
+    }
+    if let Some(rpm) = limits.requests_per_minute
+        && minute.calls >= i64::from(rpm)
+    {
+        return Err(refuse(
+            "requests_per_minute",
+            format!("{} calls this minute of {rpm}", minute.calls),
+            Some(periods.minute_reset.clone()),
+        ));
+    }
+    if let Some(most) = limits.concurrent_runs {
+        let running = budgets::running_runs(&app.store, email)
+            .await
+            .map_err(store_failed)?;
+        if running > i64::from(most) {
+            return Err(refuse(
+                "concurrent_runs",
+                format!("{running} runs at once of {most}"),
+                None,
+            ));
+        }
+    }
+    if limits.requests_per_minute.is_some() {
+        let one_call = Spent {
+            calls: 1,
+            ..Spent::default()
+        };
+        budgets::charge(&app.store, &[scope], &[periods.minute], one_call)
+            .await
+            .map_err(|e| refused(format!("the budget could not be written: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Charges what a call used to its person and their team, for the day and the month.
+pub async fn charge(app: &Arc<AppState>, request_id: &str, model: &ModelConfig, usage: &Usage) {
+    let Some(email) = app.auth.as_ref().and_then(|a| a.owner_of_run(request_id)) else {
+        return;
+    };
+    let cost = model
+        .pricing
+        .and_then(|p| p.cost(usage))
+        .map_or(0, |usd| (usd * 1_000_000.0).round() as i64);
+    let spent = Spent {
+        cost_micro_usd: cost,
+        tokens: as_i64(tokens_of(usage)),
+        calls: 1,
+    };
+    let team = users::get(&app.store, &email)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.team);
+    let mut scopes = vec![format!("user:{email}")];
+    scopes.extend(team.map(|t| format!("team:{t}")));
+    let periods = Periods::at(now_ms());
+    if let Err(e) = budgets::charge(&app.store, &scopes, &[periods.day, periods.month], spent).await
+    {
+        tracing::warn!(user = %email, "charging a provider call to the budget: {e}");
+    }
+}
+
+/// The tokens a call counts against token limits: input (with cache reads and writes) and output.
+pub fn tokens_of(usage: &Usage) -> u64 {
+    [
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_tokens,
+        usage.cache_write_tokens,
+    ]
+    .iter()
+    .map(|t| t.unwrap_or(0))
+    .sum()
+}
+
+fn usd(dollars: f64) -> i64 {
+    (dollars * 1_000_000.0).round() as i64
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn shown(limit: &str, spent: i64, cap: i64) -> String {
+    if limit.contains("cost") {
+        format!(
+            "${:.4} spent of ${:.4}",
+            spent as f64 / 1e6,
+            cap as f64 / 1e6
+        )
+    } else {
+        format!("{spent} tokens used of {cap}")
+    }
+}
+
+/// A model name against a pattern with `*` wildcards.
+fn matches(pattern: &str, model: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == model;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !model.starts_with(first) || !model[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &model[first.len()..model.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The counter keys of a moment (UTC) and when each period ends.
+struct Periods {
+    day: String,
+    month: String,
+    minute: String,
+    day_reset: String,
+    month_reset: String,
+    minute_reset: String,
+}
+
+impl Periods {
+    fn at(now_ms: i64) -> Periods {
+        let days = now_ms.div_euclid(86_400_000);
+        let (y, m, d) = civil(days);
+        let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+        let (ty, tm, td) = civil(days + 1);
+        let minute = now_ms.div_euclid(60_000);
+        let minute_of_day = minute.rem_euclid(1440) + 1;
+        Periods {
+            day: format!("day:{y:04}-{m:02}-{d:02}"),
+            month: format!("month:{y:04}-{m:02}"),
+            minute: format!("minute:{minute}"),
+            day_reset: format!("{ty:04}-{tm:02}-{td:02} 00:00 UTC"),
+            month_reset: format!("{ny:04}-{nm:02}-01 00:00 UTC"),
+            minute_reset: if minute_of_day == 1440 {
+                format!("{ty:04}-{tm:02}-{td:02} 00:00 UTC")
+            } else {
+                format!(
+                    "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+                    minute_of_day / 60,
+                    minute_of_day % 60
+                )
+            },
+        }
+    }
+
+    fn keys(&self) -> [String; 3] {
+        [self.day.clone(), self.month.clone(), self.minute.clone()]
+    }
+}
+
+/// Year, month, day of a count of days since 1970-01-01 (Howard Hinnant's civil_from_days).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_name_the_utc_day_and_month_and_when_they_reset() {
+        // 2026-12-31 23:59:30 UTC.
+        let p = Periods::at(1_798_761_570_000);
+        assert_eq!(p.day, "day:2026-12-31");
+        assert_eq!(p.month, "month:2026-12");
+        assert_eq!(p.day_reset, "2027-01-01 00:00 UTC");
+        assert_eq!(p.month_reset, "2027-01-01 00:00 UTC");
+        assert_eq!(p.minute_reset, "2027-01-01 00:00 UTC");
+        let p = Periods::at(0);
+        assert_eq!(p.day, "day:1970-01-01");
+        assert_eq!(p.minute_reset, "1970-01-01 00:01 UTC");
+    }
+
+    #[test]
+    fn model_patterns_match_with_wildcards() {
+        assert!(matches("*", "gpt-5"));
+        assert!(matches("claude-*", "claude-sonnet-4"));
+        assert!(matches("*-mini", "gpt-5-mini"));
+        assert!(matches("a*b*c", "axxbyyc"));
+        assert!(!matches("claude-*", "gpt-5"));
+        assert!(!matches("gpt-5", "gpt-5-mini"));
+    }
+}

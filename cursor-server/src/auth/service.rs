@@ -1,0 +1,197 @@
+//! The identity state `AppState` holds for `[auth]`: the configuration in force, the Cursor
+//! tokens verified lately, which person each run of this node belongs to; the `Caller` type, the
+//! headers and token format. A leaf of `auth/` (it imports no route or run code), so the state can
+//! hold it and every part of `auth/` can read it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::Digest as _;
+
+use crate::config::auth::{AuthConfig, Limits};
+use crate::store::{Store, StoreError, users};
+
+/// The header carrying the verified person on a request inside this server and between nodes of
+/// a cluster (set by the identity layer, never taken from a client; believed from a peer node only
+/// with the cluster secret).
+pub const USER_HEADER: &str = "x-cursor-byok-user";
+/// The header a client that can send one carries its issued token in (`tokens` mode); a bearer
+/// `Authorization: Bearer cbk_…` works too.
+pub const TOKEN_HEADER: &str = "x-cursor-byok-token";
+/// Every issued token starts with this (so a token is recognised beside Cursor's own bearer).
+pub const TOKEN_PREFIX: &str = "cbk_";
+
+/// A verified person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Lower case.
+    pub email: String,
+    pub team: Option<String>,
+    pub admin: bool,
+}
+
+/// How long a run's person is remembered in memory (the store answers after that).
+pub(super) const RUN_OWNER_TTL: Duration = Duration::from_secs(3600);
+/// Past this many remembered runs, the ones older than `RUN_OWNER_TTL` are forgotten.
+pub(super) const RUN_OWNERS_PRUNE_AT: usize = 4096;
+
+/// `[auth]` in force: the configuration, the verified Cursor tokens and the runs' people.
+pub struct Auth {
+    pub config: AuthConfig,
+    /// Cursor access tokens verified lately, by SHA-256 (`cursor_account`).
+    pub(crate) cursor_tokens: TokenCache,
+    /// Which person each run of this node belongs to, by request id.
+    pub(super) run_owners: Mutex<HashMap<String, (String, Instant)>>,
+    /// Refusals written to the audit log in the current minute (a flood cannot fill the table).
+    audited: Mutex<(Instant, u32)>,
+}
+
+/// Refusals written to the audit log per minute at most; the rest are only logged and counted.
+const AUDITED_REFUSALS_PER_MINUTE: u32 = 30;
+
+impl Auth {
+    pub fn new(config: AuthConfig) -> Auth {
+        Auth {
+            config,
+            cursor_tokens: TokenCache::default(),
+            run_owners: Mutex::new(HashMap::new()),
+            audited: Mutex::new((Instant::now(), 0)),
+        }
+    }
+
+    /// The person run `request_id` was admitted for, if this node admitted it.
+    pub fn owner_of_run(&self, request_id: &str) -> Option<String> {
+        self.run_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(request_id)
+            .map(|(email, _)| email.clone())
+    }
+
+    /// Writes a refusal to the audit log, unless this minute's share is used up (then it is only
+    /// in the log and the metric). Never waits for the write.
+    pub fn audit_refusal(&self, store: &Store, actor: Option<String>, what: String, why: String) {
+        {
+            let mut audited = self.audited.lock().unwrap_or_else(|e| e.into_inner());
+            if audited.0.elapsed() >= Duration::from_secs(60) {
+                *audited = (Instant::now(), 0);
+            }
+            if audited.1 >= AUDITED_REFUSALS_PER_MINUTE {
+                return;
+            }
+            audited.1 += 1;
+        }
+        let store = store.clone();
+        let entry = users::AuditEntry {
+            at_ms: users::now(),
+            actor,
+            action: "refused".to_owned(),
+            subject: Some(what),
+            detail: Some(why),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = users::audit(&store, &entry).await {
+                tracing::warn!("writing a refusal to the audit log: {e}");
+            }
+        });
+    }
+
+    /// Records the file's people and teams in the store (the file seeds them; `users` commands
+    /// change them at run time).
+    pub async fn seed(&self, store: &Store) -> Result<(), StoreError> {
+        for team in &self.config.teams {
+            let limits = serde_json::to_string(&team.limits).unwrap_or_default();
+            users::upsert_team(store, &team.name, &limits).await?;
+            for member in &team.members {
+                let admin = self.config.admins.contains(member);
+                users::upsert(store, member, Some(&team.name), admin).await?;
+            }
+        }
+        for admin in &self.config.admins {
+            users::upsert(store, admin, None, true).await?;
+        }
+        for user in &self.config.users {
+            let admin = self.config.admins.contains(&user.email);
+            users::upsert(store, &user.email, None, admin).await?;
+            if user.limits != Limits::default() {
+                let limits = serde_json::to_string(&user.limits).unwrap_or_default();
+                users::set_limits(store, &user.email, &limits).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes this server's own identity headers from a request going to Cursor's backend (the
+/// pass-through): an issued token or a verified user is never sent on.
+pub fn strip_own_headers(headers: &mut axum::http::HeaderMap) {
+    headers.remove(TOKEN_HEADER);
+    headers.remove(USER_HEADER);
+    let ours = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(&format!("Bearer {TOKEN_PREFIX}")));
+    if ours {
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
+}
+
+/// Whether `token` is one this server issued to a person who is not disabled.
+pub async fn issued(store: &Store, token: &str) -> bool {
+    token.starts_with(TOKEN_PREFIX)
+        && matches!(
+            users::by_token(store, &token_hash(token)).await,
+            Ok(Some(record)) if !record.disabled
+        )
+}
+
+/// The SHA-256 of a token: all that is stored or cached of it.
+pub fn token_hash(token: &str) -> [u8; 32] {
+    sha2::Sha256::digest(token.as_bytes()).into()
+}
+
+/// A new token to issue: the prefix and 244 random bits in hex.
+pub fn new_token() -> String {
+    format!(
+        "{TOKEN_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Past this many cached tokens, expired ones are dropped.
+const PRUNE_AT: usize = 10_000;
+
+/// Verified tokens by SHA-256: the account's e-mail and when the answer expires.
+#[derive(Default)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<[u8; 32], (String, Instant)>>,
+    /// Verifications asked of Cursor's backend (for the metrics and tests).
+    pub(super) asked: AtomicU64,
+}
+
+impl TokenCache {
+    pub(super) fn get(&self, hash: &[u8; 32]) -> Option<String> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(hash)
+            .filter(|(_, expires)| *expires > Instant::now())
+            .map(|(email, _)| email.clone())
+    }
+
+    pub(super) fn put(&self, hash: [u8; 32], email: String, ttl: Duration) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= PRUNE_AT {
+            let now = Instant::now();
+            entries.retain(|_, (_, expires)| *expires > now);
+        }
+        entries.insert(hash, (email, Instant::now() + ttl));
+    }
+
+    /// How many times Cursor's backend was asked.
+    pub fn asked(&self) -> u64 {
+        self.asked.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,181 @@
+//! Spend counters (`[auth]` budgets): cost in micro-dollars, tokens and provider calls per scope
+//! (`user:EMAIL`, `team:NAME`) and period (`day:…`, `month:…`, `minute:…`), in the store so every
+//! node on the database enforces the same budget. One upsert per scope and period per call.
+
+use super::{Columns, QueryContext, Store, StoreError};
+
+/// What one scope spent in one period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spent {
+    pub cost_micro_usd: i64,
+    pub tokens: i64,
+    pub calls: i64,
+}
+
+/// Adds `spent` to every scope in every period, in one transaction.
+pub async fn charge(
+    store: &Store,
+    scopes: &[String],
+    periods: &[String],
+    spent: Spent,
+) -> Result<(), StoreError> {
+    write_tx!(store, "charging a budget", |tx| {
+        for scope in scopes {
+            for period in periods {
+                on_tx!(&mut tx, |c| sqlx::query(
+                    "INSERT INTO budget_counters (scope, period, cost_micro_usd, tokens, calls)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (scope, period) DO UPDATE SET
+                         cost_micro_usd = budget_counters.cost_micro_usd + excluded.cost_micro_usd,
+                         tokens = budget_counters.tokens + excluded.tokens,
+                         calls = budget_counters.calls + excluded.calls"
+                )
+                .bind(scope)
+                .bind(period)
+                .bind(spent.cost_micro_usd)
+                .bind(spent.tokens)
+                .bind(spent.calls)
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .context("charging a budget"))?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// What `scope` spent in each of `periods` (zero where nothing was counted), in one query.
+pub async fn read(
+    store: &Store,
+    scope: &str,
+    periods: &[String; 3],
+) -> Result<[Spent; 3], StoreError> {
+    const SQL: &str = "SELECT period, cost_micro_usd, tokens, calls FROM budget_counters
+         WHERE scope = $1 AND period IN ($2, $3, $4)";
+    let rows: Vec<(String, Spent)> = on_readers!(store, |p| Ok::<_, StoreError>(
+        sqlx::query(SQL)
+            .bind(scope)
+            .bind(&periods[0])
+            .bind(&periods[1])
+            .bind(&periods[2])
+            .fetch_all(p)
+            .await
+            .context("reading a budget")?
+            .iter()
+            .map(|row| {
+                (
+                    row.text("period"),
+                    Spent {
+                        cost_micro_usd: row.int("cost_micro_usd"),
+                        tokens: row.int("tokens"),
+                        calls: row.int("calls"),
+                    },
+                )
+            })
+            .collect()
+    ))?;
+    let mut out = [Spent::default(); 3];
+    for (period, spent) in rows {
+        if let Some(i) = periods.iter().position(|p| *p == period) {
+            out[i] = spent;
+        }
+    }
+    Ok(out)
+}
+
+/// Runs in progress on conversations of `email` (every node's).
+pub async fn running_runs(store: &Store, email: &str) -> Result<i64, StoreError> {
+    on_readers!(store, |p| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM runs r JOIN conversations c ON c.id = r.conversation_id
+         WHERE r.status = 'running' AND c.owner_user = $1"
+    )
+    .bind(email)
+    .fetch_one(p)
+    .await
+    .context("counting a person's runs"))
+}
+
+/// Everything `scope` spent in the periods whose key starts with `kind` (`day:`, `month:`).
+pub async fn total(store: &Store, scope: &str, kind: &str) -> Result<Spent, StoreError> {
+    // PostgreSQL's SUM of BIGINT is NUMERIC: cast back.
+    const SQL: &str = "SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT) AS cost_micro_usd,
+             CAST(COALESCE(SUM(tokens), 0) AS BIGINT) AS tokens,
+             CAST(COALESCE(SUM(calls), 0) AS BIGINT) AS calls
+         FROM budget_counters WHERE scope = $1 AND period LIKE $2";
+    let pattern = format!("{kind}%");
+    on_readers!(store, |p| {
+        let row = sqlx::query(SQL)
+            .bind(scope)
+            .bind(&pattern)
+            .fetch_one(p)
+            .await
+            .context("totalling a budget")?;
+        Ok(Spent {
+            cost_micro_usd: row.int("cost_micro_usd"),
+            tokens: row.int("tokens"),
+            calls: row.int("calls"),
+        })
+    })
+}
+
+/// Tokens of the provider calls of one day, person, provider and model (`[auth]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PersonUsage {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// `None`: calls on conversations of nobody (before `[auth]`).
+    pub user: Option<String>,
+    pub team: Option<String>,
+    pub provider: String,
+    pub model_id: String,
+    pub calls: u64,
+    pub usage: crate::model::usage::Usage,
+}
+
+/// Usage per day, person (with their team), provider and model since `since_ms`; only `owner`'s
+/// when given.
+pub async fn usage_by_person(
+    store: &Store,
+    since_ms: i64,
+    owner: Option<&str>,
+) -> Result<Vec<PersonUsage>, StoreError> {
+    let day = match store.kind() {
+        super::DatabaseKind::Sqlite => "date(p.started_at_ms / 1000, 'unixepoch')",
+        super::DatabaseKind::Postgres => {
+            "to_char(to_timestamp(p.started_at_ms / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+        }
+    };
+    let sql = format!(
+        "SELECT {day} AS day, c.owner_user AS user_email, u.team AS team, p.provider, p.model_id,
+                COUNT(*) AS calls,
+                CAST(SUM(p.input_tokens) AS BIGINT) AS input_tokens,
+                CAST(SUM(p.output_tokens) AS BIGINT) AS output_tokens,
+                CAST(SUM(p.cache_read_tokens) AS BIGINT) AS cache_read_tokens,
+                CAST(SUM(p.cache_write_tokens) AS BIGINT) AS cache_write_tokens,
+                CAST(SUM(p.reasoning_tokens) AS BIGINT) AS reasoning_tokens
+         FROM provider_calls p
+         LEFT JOIN conversations c ON c.id = p.conversation_id
+         LEFT JOIN users u ON u.email = c.owner_user
+         WHERE p.started_at_ms >= $1 AND ($2 IS NULL OR c.owner_user = $2)
+         GROUP BY day, c.owner_user, u.team, p.provider, p.model_id
+         ORDER BY day, c.owner_user, p.provider, p.model_id"
+    );
+    on_readers!(store, |p| Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(since_ms)
+        .bind(owner)
+        .fetch_all(p)
+        .await
+        .context("summing usage per person")?
+        .iter()
+        .map(|row| PersonUsage {
+            day: row.text("day"),
+            user: row.opt_text("user_email"),
+            team: row.opt_text("team"),
+            provider: row.text("provider"),
+            model_id: row.text("model_id"),
+            calls: row.int("calls").max(0) as u64,
+            usage: super::runs::usage_of(row),
+        })
+        .collect()))
+}
