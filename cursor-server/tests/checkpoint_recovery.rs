@@ -1886,10 +1886,26 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
         conversations::base(&store, "conv-atomic").await.unwrap(),
         None
     );
-    let run = cursor_server::store::runs::get(&store, "req-atomic-1")
-        .await
-        .unwrap()
-        .expect("the failed run is recorded");
+    // The run's ending is recorded after its stream ends: wait for it (bounded).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let run = loop {
+        let run = cursor_server::store::runs::get(&store, "req-atomic-1")
+            .await
+            .unwrap()
+            .expect("the failed run is recorded");
+        if run.outcome.status != cursor_server::store::runs::RunStatus::Running {
+            break run;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{run:?} never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        run.outcome.status,
+        cursor_server::store::runs::RunStatus::Failed
+    );
     assert!(run.outcome.error.is_some(), "{run:?}");
 
     // The disk is back: the same message starts the conversation as if the first try never was.
