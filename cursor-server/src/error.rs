@@ -57,7 +57,10 @@ impl ServerError {
                 ConnectCode::InvalidArgument
             }
             ServerError::NotFound(_) => ConnectCode::NotFound,
-            ServerError::PermissionDenied(_) => ConnectCode::PermissionDenied,
+            ServerError::PermissionDenied(_)
+            | ServerError::Store(crate::store::StoreError::NotYours { .. }) => {
+                ConnectCode::PermissionDenied
+            }
             // A database that is down or restarting: the client may try again once it is back.
             ServerError::Store(store) if store.is_unavailable() => ConnectCode::Unavailable,
             ServerError::Config(_)

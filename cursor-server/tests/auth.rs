@@ -2,7 +2,11 @@
 //! tokens each run in their own conversation; one cannot continue or append to the other's; a
 //! forged trusted header from a non-proxy address is refused; a Cursor sign-in is verified once
 //! against a fake Cursor backend (a real HTTP server speaking GetMe) and cached, an invalid one is
-//! refused, and a cached one keeps working while that backend is down.
+//! refused, and a cached one keeps working while that backend is down. Budgets: a person's daily
+//! cost, a team's total (`[teams.total]`) over what its members spend together, requests per
+//! minute, concurrent runs and allowed models, each refused before the call with the limit named.
+//! Admin: the people page shows each person's and team's spending and changes a person's limits
+//! or disables them (audited under the admin's name); a member cannot use it.
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -590,6 +594,90 @@ async fn a_person_over_their_daily_cost_is_refused_the_next_call_and_the_counter
 }
 
 #[tokio::test]
+async fn a_teams_total_limits_what_its_members_spend_together() {
+    let provider = FakeProvider::start().await;
+    let auth = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]\n\n\
+                [[teams]]\nname = \"platform\"\nmembers = [\"a@example.com\", \"b@example.com\"]\n\
+                daily_cost_usd = 50.0\n\n[teams.total]\ndaily_cost_usd = 0.02\n";
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", priced(auth)).await;
+    let token_a = issue_token(&server, "a@example.com").await;
+    let token_b = issue_token(&server, "b@example.com").await;
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_a)]);
+    let b = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_b)]);
+
+    // $0.012 each, far under each person's $50, but together past the team's $0.02.
+    provider.push(Reply::sse(text_events(&["for A"], (10, 2, 0))));
+    let turn = cli_turn(&a, "req-a1", "conv-a").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    provider.push(Reply::sse(text_events(&["for B"], (10, 2, 0))));
+    let turn = sse_turn(&b, "req-b1", "conv-b").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+    let sent = provider.requests().len();
+    let turn = cli_turn(&a, "req-a2", "conv-a").await;
+    assert_eq!(turn.error_code(), Some("resource_exhausted"));
+    let message = turn.error_message().unwrap_or_default().to_owned();
+    assert!(
+        message.contains("team platform") && message.contains("daily_cost_usd"),
+        "{message}"
+    );
+    assert!(message.contains("$0.0240 spent of $0.0200"), "{message}");
+    assert!(message.contains("resets at"), "{message}");
+    assert_eq!(
+        provider.requests().len(),
+        sent,
+        "the refused call was never sent"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_call_in_the_same_minute_past_requests_per_minute_is_refused() {
+    let provider = FakeProvider::start().await;
+    let auth = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]\n\n\
+                [[users]]\nemail = \"a@example.com\"\nrequests_per_minute = 1\n";
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", priced(auth)).await;
+    let token = issue_token(&server, "a@example.com").await;
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token)]);
+    let minute = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs()
+            / 60
+    };
+    // Two turns inside one minute (tried again in the rare case a minute ends between them).
+    for attempt in 0.. {
+        let started = minute();
+        provider.push(Reply::sse(text_events(&["one"], (1, 1, 0))));
+        let first = cli_turn(&a, &format!("req-{attempt}-1"), &format!("conv-{attempt}")).await;
+        assert!(
+            attempt > 0 || first.is_success(),
+            "{:?}",
+            first.error_message()
+        );
+        let sent = provider.requests().len();
+        let second = cli_turn(&a, &format!("req-{attempt}-2"), &format!("conv-{attempt}")).await;
+        if minute() != started {
+            assert!(attempt < 3, "four minutes ended during two turns each");
+            continue;
+        }
+        assert_eq!(second.error_code(), Some("resource_exhausted"));
+        let message = second.error_message().unwrap_or_default();
+        assert!(
+            message.contains("requests_per_minute") && message.contains("resets at"),
+            "{message}"
+        );
+        assert_eq!(
+            provider.requests().len(),
+            sent,
+            "the refused call was never sent"
+        );
+        break;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn between_nodes_a_forwarded_request_carries_its_verified_person() {
     let provider = FakeProvider::start().await;
     let db_dir = tempfile::tempdir().expect("tempdir");
@@ -681,4 +769,156 @@ async fn concurrent_runs_and_allowed_models_are_limits_too() {
     assert_eq!(provider.requests().len(), sent);
     drop(session);
     server.stop().await;
+}
+
+/// The admins' page of people: what each person and team spent, and the form that changes a
+/// person's limits or disables them, audited under the admin's name; a member cannot use it.
+#[tokio::test]
+async fn an_admin_sets_a_persons_limits_and_disables_them_on_the_people_page() {
+    let provider = FakeProvider::start().await;
+    let auth = "[auth]\nmode = \"tokens\"\nadmins = [\"lead@example.com\"]\n\n\
+                [[teams]]\nname = \"platform\"\nmembers = [\"a@example.com\"]\n\
+                daily_cost_usd = 50.0\n\n[teams.total]\nmonthly_cost_usd = 900.0\n";
+    let server = TestServer::start_edited(&provider.base_url(), "openai-chat", priced(auth)).await;
+    let lead = issue_token(&server, "lead@example.com").await;
+    let token_a = issue_token(&server, "a@example.com").await;
+    let a = FakeCursor::with_headers(server.addr, &[("x-cursor-byok-token", &token_a)]);
+    provider.push(Reply::sse(text_events(&["first"], (10, 2, 0))));
+    let turn = cli_turn(&a, "req-a1", "conv-a").await;
+    assert!(turn.is_success(), "{:?}", turn.error_message());
+
+    let (status, people) = api_get(&server, "/api/people", &lead).await;
+    assert_eq!(status, StatusCode::OK, "{people}");
+    let person = people["people"]
+        .as_array()
+        .expect("people")
+        .iter()
+        .find(|p| p["email"] == "a@example.com")
+        .expect("a is listed")
+        .clone();
+    assert_eq!(person["team"], "platform");
+    assert_eq!(person["in_force"]["daily_cost_usd"], 50.0);
+    assert_eq!(person["today"]["tokens"], 12);
+    let team = &people["teams"][0];
+    assert_eq!(team["name"], "platform");
+    assert_eq!(team["total"]["monthly_cost_usd"], 900.0);
+    assert_eq!(team["month"]["tokens"], 12);
+    let (status, _) = api_get(&server, "/api/people", &token_a).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "a member cannot list people");
+
+    // The page holds the form's CSRF token; a POST without it is refused.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let url = format!("http://{}/console/people", server.addr);
+    let page = client
+        .get(&url)
+        .bearer_auth(&lead)
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains("a@example.com") && html.contains("platform"),
+        "{html}"
+    );
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the form's CSRF token")
+        .to_owned();
+    let post = |token: &str, form: Vec<(&'static str, String)>| {
+        let body: Vec<String> = form
+            .iter()
+            .map(|(k, v)| format!("{k}={}", form_encoded(v)))
+            .collect();
+        client
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.join("&"))
+            .send()
+    };
+    let set = |limits: &str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("email", "a@example.com".to_owned()),
+            ("action", "set-budget".to_owned()),
+            ("limits", limits.to_owned()),
+        ]
+    };
+    let forged = post(
+        &lead,
+        vec![
+            ("csrf", "stale".to_owned()),
+            ("email", "a@example.com".to_owned()),
+            ("action", "disable".to_owned()),
+        ],
+    );
+    assert_eq!(forged.await.expect("post").status(), StatusCode::FORBIDDEN);
+    let by_member = post(&token_a, set("{}")).await.expect("post");
+    assert_eq!(by_member.status(), StatusCode::FORBIDDEN);
+    let bad = post(&lead, set(r#"{"daily_cost_usd": -1}"#))
+        .await
+        .expect("post");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    assert!(bad.text().await.expect("body").contains("daily_cost_usd"));
+
+    // $0.001 a day for A: the next call is refused.
+    let done = post(&lead, set(r#"{"daily_cost_usd": 0.001}"#))
+        .await
+        .expect("post");
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let sent = provider.requests().len();
+    let turn = cli_turn(&a, "req-a2", "conv-a").await;
+    assert_eq!(turn.error_code(), Some("resource_exhausted"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("daily_cost_usd")
+    );
+    assert_eq!(provider.requests().len(), sent);
+
+    // Disabled, A is refused whatever they send.
+    let disable = vec![
+        ("csrf", csrf.clone()),
+        ("email", "a@example.com".to_owned()),
+        ("action", "disable".to_owned()),
+    ];
+    let done = post(&lead, disable).await.expect("post");
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let turn = cli_turn(&a, "req-a3", "conv-a").await;
+    assert_eq!(turn.error_code(), Some("permission_denied"));
+    assert!(turn.error_message().unwrap_or_default().contains("disabled"));
+
+    // Both actions are in the audit log under the admin's name.
+    let (_, log) = api_get(&server, "/api/audit", &lead).await;
+    let by_lead: Vec<&str> = log["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["actor"] == "lead@example.com")
+        .map(|e| e["action"].as_str().expect("action"))
+        .collect();
+    assert!(
+        by_lead.contains(&"users set-budget") && by_lead.contains(&"users disable"),
+        "{log}"
+    );
+    server.stop().await;
+}
+
+/// `text` as an HTML form sends it (application/x-www-form-urlencoded).
+fn form_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => {
+                (b as char).to_string()
+            }
+            b' ' => "+".to_owned(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }

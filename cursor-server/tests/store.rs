@@ -2,7 +2,9 @@
 //! PostgreSQL (`support/postgres.rs`): one writer per conversation (NotOwner), a gap-free sequence
 //! under concurrent writers, runtime events consumed once, content-addressed and deduplicated
 //! blobs and their collection, the outbox, a tool result's commit whole or not at all, and a database newer than the binary or left
-//! half-migrated refused with a message; the cluster's node registry (a run claimed once, a silent
+//! half-migrated refused with a message; `[auth]`: a run's start claims its conversation for its
+//! person in the same transaction (another person's refused), a per-minute call limit counts
+//! concurrent calls exactly up to it; the cluster's node registry (a run claimed once, a silent
 //! node taken over by one node, its runs ended and its conversations refused to it; a run
 //! superseded on another node without being told has every late write refused). On
 //! PostgreSQL also: the database restarted under several running turns ends each with
@@ -22,7 +24,9 @@ use cursor_server::model::conversation::{BlobId, Mode};
 use cursor_server::model::message::{CanonicalMessage, Origin, UserMessage};
 use cursor_server::model::runtime_tag::{RuntimeEvent, RuntimeTag};
 use cursor_server::store::blobs::{self, Edge};
-use cursor_server::store::{Store, StoreError, commit, messages, nodes, outbox, runs};
+use cursor_server::store::{
+    Store, StoreError, budgets, commit, messages, nodes, outbox, runs, users,
+};
 use fixtures::postgres::Cluster;
 
 /// A store on a fresh database of one backend, and what keeps that database alive.
@@ -89,6 +93,8 @@ on_both_backends!(
     nodes_claim_a_run_once_and_one_node_takes_a_silent_one_over,
     a_run_its_node_was_not_told_to_stop_has_its_late_writes_refused,
     a_nodes_name_is_taken_only_once_its_lease_ran_out,
+    a_run_start_claims_a_new_conversation_for_its_person_and_refuses_anothers,
+    concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_further,
 );
 
 /// A user message typed in `mode`.
@@ -1131,4 +1137,91 @@ async fn a_nodes_name_is_taken_only_once_its_lease_ran_out(db: TestDb) {
             .unwrap(),
         nodes::Joined::Registered { .. }
     ));
+}
+
+/// `[auth]`: the run's start claims a conversation nobody has for its person, in its own
+/// transaction; a start for another person on it is refused and leaves no run behind, while
+/// the owner's next run takes it over as before.
+async fn a_run_start_claims_a_new_conversation_for_its_person_and_refuses_anothers(db: TestDb) {
+    let store = &db.store;
+    let start = |request_id, person| runs::RunStart {
+        request_id,
+        conversation_id: "c",
+        model_id: "m",
+        requested_model: "m",
+        node: None,
+        person,
+    };
+    runs::start_as(store, &start("r-a1", Some("a@example.com")))
+        .await
+        .unwrap();
+    assert_eq!(
+        users::conversation_owner(store, "c")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a@example.com")
+    );
+    let refused = runs::start_as(store, &start("r-b1", Some("b@example.com"))).await;
+    assert!(
+        matches!(&refused, Err(StoreError::NotYours { conversation_id }) if conversation_id == "c"),
+        "{refused:?}"
+    );
+    assert!(
+        runs::get(store, "r-b1").await.unwrap().is_none(),
+        "the refused start recorded nothing"
+    );
+    // The first run still owns the conversation's history; the owner's next run takes it.
+    messages::append(store, "c", "r-a1", &[user_in(None, "first")])
+        .await
+        .unwrap();
+    runs::start_as(store, &start("r-a2", Some("a@example.com")))
+        .await
+        .unwrap();
+    messages::append(store, "c", "r-a2", &[user_in(None, "second")])
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&messages::load(store, "c").await.unwrap()),
+        ["first", "second"]
+    );
+    assert_eq!(
+        users::conversation_owner(store, "c")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a@example.com")
+    );
+}
+
+/// Twenty calls racing on a limit of five a minute (as on several nodes): exactly five are
+/// counted, the rest refused, and the counter says five.
+async fn concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_further(db: TestDb) {
+    let store = &db.store;
+    let calls = (0..20).map(|_| budgets::count_call(store, "user:a@example.com", "minute:7", 5));
+    let counted = futures_util::future::join_all(calls).await;
+    let passed = counted
+        .into_iter()
+        .map(|c| c.expect("counting"))
+        .filter(|counted| *counted)
+        .count();
+    assert_eq!(passed, 5);
+    let [_, _, minute] = budgets::read(
+        store,
+        "user:a@example.com",
+        &[
+            "day:x".to_owned(),
+            "month:x".to_owned(),
+            "minute:7".to_owned(),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(minute.calls, 5);
+    // Another minute starts from nothing.
+    assert!(
+        budgets::count_call(store, "user:a@example.com", "minute:8", 5)
+            .await
+            .unwrap()
+    );
 }

@@ -1,5 +1,6 @@
 //! `cursor-server users add|list|disable|enable|set-budget`: managing people on the database at
-//! run time (the file seeds them; these change them). Each action is written to the audit log.
+//! run time (the file seeds them; these change them), from the command line or the console's
+//! people page (`console/people.rs`). Each action is written to the audit log with who did it.
 //! `add` prints the new token once: only its SHA-256 is stored.
 
 use crate::config::auth::{Limits, normalize_email};
@@ -40,13 +41,18 @@ pub enum AdminError {
     Store(#[from] StoreError),
 }
 
-/// Does `action` and returns what to print.
+/// Does `action` from the command line and returns what to print.
 pub async fn run(store: &Store, action: UsersAction) -> Result<String, AdminError> {
+    run_by(store, "command line", action).await
+}
+
+/// Does `action` for `actor` (an admin's e-mail, or "command line"), audited under that name.
+pub async fn run_by(store: &Store, actor: &str, action: UsersAction) -> Result<String, AdminError> {
     let email_of =
         |text: &str| normalize_email(text).ok_or_else(|| AdminError::Email(text.to_owned()));
     let audit = |action: &str, subject: &str, detail: Option<String>| users::AuditEntry {
         at_ms: users::now(),
-        actor: Some("command line".to_owned()),
+        actor: Some(actor.to_owned()),
         action: action.to_owned(),
         subject: Some(subject.to_owned()),
         detail,
@@ -75,8 +81,12 @@ pub async fn run(store: &Store, action: UsersAction) -> Result<String, AdminErro
             }
             Ok(out)
         }
-        UsersAction::Disable { email } => set_disabled(store, &email_of(&email)?, true).await,
-        UsersAction::Enable { email } => set_disabled(store, &email_of(&email)?, false).await,
+        UsersAction::Disable { email } => {
+            set_disabled(store, actor, &email_of(&email)?, true).await
+        }
+        UsersAction::Enable { email } => {
+            set_disabled(store, actor, &email_of(&email)?, false).await
+        }
         UsersAction::SetBudget { email, limits } => {
             let email = email_of(&email)?;
             let parsed: Limits =
@@ -99,7 +109,12 @@ pub async fn run(store: &Store, action: UsersAction) -> Result<String, AdminErro
     }
 }
 
-async fn set_disabled(store: &Store, email: &str, disabled: bool) -> Result<String, AdminError> {
+async fn set_disabled(
+    store: &Store,
+    actor: &str,
+    email: &str,
+    disabled: bool,
+) -> Result<String, AdminError> {
     if !users::set_disabled(store, email, disabled).await? {
         return Err(AdminError::NoSuchUser(email.to_owned()));
     }
@@ -110,7 +125,7 @@ async fn set_disabled(store: &Store, email: &str, disabled: bool) -> Result<Stri
     };
     let entry = users::AuditEntry {
         at_ms: users::now(),
-        actor: Some("command line".to_owned()),
+        actor: Some(actor.to_owned()),
         action: action.to_owned(),
         subject: Some(email.to_owned()),
         detail: None,

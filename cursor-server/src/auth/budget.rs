@@ -5,7 +5,8 @@
 //! the same budget; a call in flight always finishes, the next one is refused.
 //!
 //! A person's limits are their own (`[[users]]`, `users set-budget`) over their team's; a team's
-//! limits are thus each member's unless the member has their own.
+//! limits are thus each member's unless the member has their own. A team's `[teams.total]` limits
+//! the sum of its members' spending, from the same counters (every call is charged to both).
 
 use std::sync::Arc;
 
@@ -61,13 +62,13 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
         .map(|a| a.config.admins.join(", "))
         .filter(|a| !a.is_empty())
         .unwrap_or_else(|| "the server's operator".to_owned());
-    let refuse = |limit: &'static str, what: String, resets: Option<String>| {
+    let refuse = |who: &str, limit: &'static str, what: String, resets: Option<String>| {
         metrics::budget_event(&team_label, "refused", limit);
         let resets = resets
             .map(|r| format!("; it resets at {r}"))
             .unwrap_or_default();
         let message =
-            format!("{email} reached the {limit} limit ({what}){resets}; ask {ask} to raise it");
+            format!("{who} reached the {limit} limit ({what}){resets}; ask {ask} to raise it");
         if let Some(auth) = &app.auth {
             let what = format!("a provider call on {model}");
             auth.audit_refusal(&app.store, Some(email.to_owned()), what, message.clone());
@@ -78,18 +79,86 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
         && !models.iter().any(|pattern| matches(pattern, model))
     {
         return Err(refuse(
+            email,
             "models",
             format!("{model} is not among {}", models.join(", ")),
             None,
         ));
     }
-    let now = now_ms();
-    let periods = Periods::at(now);
-    let scope = format!("user:{email}");
+    let periods = Periods::at(now_ms());
     let store_failed = |e| refused(format!("the budget could not be read: {e}"));
-    let [day, month, minute] = budgets::read(&app.store, &scope, &periods.keys())
+    let [day, month, _] = budgets::read(&app.store, &format!("user:{email}"), &periods.keys())
         .await
         .map_err(store_failed)?;
+    if let Some((limit, what, reset)) = spending(&limits, [day, month], &periods, |limit, what| {
+        metrics::budget_event(&team_label, "warned", limit);
+        tracing::warn!(user = email, limit, "{what}");
+    }) {
+        return Err(refuse(email, limit, what, Some(reset)));
+    }
+    let total = team.as_deref().and_then(|name| {
+        let auth = app.auth.as_ref()?;
+        let team = auth.config.teams.iter().find(|t| t.name == name)?;
+        Some((name, team.total.as_ref()?.as_limits()))
+    });
+    if let Some((name, total)) = total {
+        let [day, month, _] = budgets::read(&app.store, &format!("team:{name}"), &periods.keys())
+            .await
+            .map_err(store_failed)?;
+        if let Some((limit, what, reset)) =
+            spending(&total, [day, month], &periods, |limit, what| {
+                metrics::budget_event(&team_label, "warned", limit);
+                tracing::warn!(team = name, limit, "the team's total: {what}");
+            })
+        {
+            let who = format!("team {name} (all its members together)");
+            return Err(refuse(&who, limit, what, Some(reset)));
+        }
+    }
+    if let Some(most) = limits.concurrent_runs {
+        let running = budgets::running_runs(&app.store, email)
+            .await
+            .map_err(store_failed)?;
+        if running > i64::from(most) {
+            return Err(refuse(
+                email,
+                "concurrent_runs",
+                format!("{running} runs at once of {most}"),
+                None,
+            ));
+        }
+    }
+    // Last, as it counts the call: one conditional increment, so calls racing on several nodes
+    // cannot all pass a count they read before any of them wrote.
+    if let Some(rpm) = limits.requests_per_minute {
+        let counted = budgets::count_call(
+            &app.store,
+            &format!("user:{email}"),
+            &periods.minute,
+            i64::from(rpm),
+        )
+        .await
+        .map_err(|e| refused(format!("the budget could not be written: {e}")))?;
+        if !counted {
+            return Err(refuse(
+                email,
+                "requests_per_minute",
+                format!("{rpm} calls this minute of {rpm}"),
+                Some(periods.minute_reset.clone()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The first hard limit on cost or tokens that `[day, month]` reached, as (limit, what was
+/// spent of what, when it resets); each soft limit reached is passed to `warn` (limit, text).
+fn spending(
+    limits: &Limits,
+    [day, month]: [Spent; 2],
+    periods: &Periods,
+    mut warn: impl FnMut(&'static str, String),
+) -> Option<(&'static str, String, String)> {
     let hard = [
         (
             "daily_cost_usd",
@@ -120,7 +189,7 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
         if let Some(cap) = cap
             && spent >= cap
         {
-            return Err(refuse(limit, shown(limit, spent, cap), Some(reset.clone())));
+            return Some((limit, shown(limit, spent, cap), reset.clone()));
         }
     }
     let soft = [
@@ -149,41 +218,10 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
         if let Some(cap) = cap
             && spent >= cap
         {
-            metrics::budget_event(&team_label, "warned", limit);
-            tracing::warn!(user = email, limit, "{}", shown(limit, spent, cap));
+            warn(limit, shown(limit, spent, cap));
         }
     }
-    if let Some(rpm) = limits.requests_per_minute
-        && minute.calls >= i64::from(rpm)
-    {
-        return Err(refuse(
-            "requests_per_minute",
-            format!("{} calls this minute of {rpm}", minute.calls),
-            Some(periods.minute_reset.clone()),
-        ));
-    }
-    if let Some(most) = limits.concurrent_runs {
-        let running = budgets::running_runs(&app.store, email)
-            .await
-            .map_err(store_failed)?;
-        if running > i64::from(most) {
-            return Err(refuse(
-                "concurrent_runs",
-                format!("{running} runs at once of {most}"),
-                None,
-            ));
-        }
-    }
-    if limits.requests_per_minute.is_some() {
-        let one_call = Spent {
-            calls: 1,
-            ..Spent::default()
-        };
-        budgets::charge(&app.store, &[scope], &[periods.minute], one_call)
-            .await
-            .map_err(|e| refused(format!("the budget could not be written: {e}")))?;
-    }
-    Ok(())
+    None
 }
 
 /// Charges what a call used to its person and their team, for the day and the month.
@@ -212,6 +250,16 @@ pub async fn charge(app: &Arc<AppState>, request_id: &str, model: &ModelConfig, 
     {
         tracing::warn!(user = %email, "charging a provider call to the budget: {e}");
     }
+}
+
+/// What `scope` (`user:EMAIL`, `team:NAME`) spent today and this month (UTC), for the console.
+pub async fn spent_now(
+    store: &crate::store::Store,
+    scope: &str,
+) -> Result<[Spent; 2], crate::store::StoreError> {
+    let periods = Periods::at(now_ms());
+    let [day, month, _] = budgets::read(store, scope, &periods.keys()).await?;
+    Ok([day, month])
 }
 
 /// The tokens a call counts against token limits: input (with cache reads and writes) and output.

@@ -1,6 +1,6 @@
 //! Whose each run and conversation is (`[auth]`): a run is admitted for the person who opened it
-//! (RunSSE, BidiAppend or `Run`), and the conversation it opens is claimed for that person; another
-//! person's run or conversation is refused `permission_denied`.
+//! (RunSSE, BidiAppend or `Run`), and the conversation it opens is claimed for that person (in the
+//! run's start transaction); another person's run or conversation is refused `permission_denied`.
 
 use std::time::Instant;
 
@@ -78,23 +78,28 @@ pub fn refused_not_yours(what: &str, id: &str) -> ConnectError {
     )
 }
 
-/// Claims the conversation a run opens for the run's person (`[auth]` only): a conversation of
-/// someone else is refused, whatever its id or blobs say.
-pub async fn claim_conversation(
+/// The person a run on `conversation_id` is for (`[auth]` only; `None` without it), once the
+/// conversation is known not to be someone else's: the run's start claims it for them in its own
+/// write transaction (`store::runs::RunStart::person`), which also refuses it if another person
+/// claimed it in between. A conversation of someone else is refused here, before the run reads
+/// anything of it, whatever its id or blobs say.
+pub async fn person_for_conversation(
     state: &AppState,
     request_id: &str,
     conversation_id: &str,
-) -> Result<(), ServerError> {
+) -> Result<Option<String>, ServerError> {
     let Some(auth) = &state.auth else {
-        return Ok(());
+        return Ok(None);
     };
     let Some(user) = auth.owner_of_run(request_id) else {
         return Err(ServerError::PermissionDenied(format!(
             "run {request_id} was not admitted for anyone; sign in as this server's [auth] section says"
         )));
     };
-    let owner = users::claim_conversation(&state.store, conversation_id, &user).await?;
-    if owner != user {
+    let owner = users::conversation_owner(&state.store, conversation_id).await?;
+    if let Some(owner) = owner
+        && owner != user
+    {
         tracing::warn!(
             request_id,
             conversation_id,
@@ -105,5 +110,5 @@ pub async fn claim_conversation(
         auth.audit_refusal(&state.store, Some(user), what, message.clone());
         return Err(ServerError::PermissionDenied(message));
     }
-    Ok(())
+    Ok(Some(user))
 }

@@ -117,8 +117,51 @@ pub(super) struct FileTeam {
     members: Vec<String>,
     #[serde(flatten)]
     limits: Limits,
+    /// `[teams.total]`: what the whole team may spend together.
+    #[serde(default)]
+    total: Option<TeamTotal>,
     #[serde(flatten)]
     unknown: std::collections::BTreeMap<String, toml::Value>,
+}
+
+/// `[teams.total]`: spend limits on the sum of every member's calls (the team's own limits above
+/// it apply to each member alone). Requests per minute and concurrent runs stay per person.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamTotal {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daily_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monthly_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daily_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monthly_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soft_daily_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soft_monthly_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soft_daily_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soft_monthly_tokens: Option<u64>,
+}
+
+impl TeamTotal {
+    /// The same limits as a person's, to share their checks.
+    pub fn as_limits(&self) -> Limits {
+        Limits {
+            daily_cost_usd: self.daily_cost_usd,
+            monthly_cost_usd: self.monthly_cost_usd,
+            daily_tokens: self.daily_tokens,
+            monthly_tokens: self.monthly_tokens,
+            soft_daily_cost_usd: self.soft_daily_cost_usd,
+            soft_monthly_cost_usd: self.soft_monthly_cost_usd,
+            soft_daily_tokens: self.soft_daily_tokens,
+            soft_monthly_tokens: self.soft_monthly_tokens,
+            ..Limits::default()
+        }
+    }
 }
 
 /// `[[users]]` as written (unknown keys refused as in `FileTeam`).
@@ -183,7 +226,10 @@ pub struct AuthConfig {
 pub struct TeamConfig {
     pub name: String,
     pub members: Vec<String>,
+    /// Each member's limits (unless the member has their own).
     pub limits: Limits,
+    /// The whole team's spend limits (`[teams.total]`).
+    pub total: Option<TeamTotal>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -373,6 +419,7 @@ impl FileAuth {
                 name: team.name.trim().to_owned(),
                 members,
                 limits: team.limits,
+                total: team.total,
             });
         }
         let user_configs: Vec<UserConfig> = users
@@ -463,6 +510,9 @@ fn check_teams(teams: &[TeamConfig], users: &[UserConfig]) -> Vec<ConfigError> {
         }
         if let Some(why) = team.limits.problem() {
             problem(format!("team {:?}: {why}", team.name));
+        }
+        if let Some(why) = team.total.as_ref().and_then(|t| t.as_limits().problem()) {
+            problem(format!("team {:?} total: {why}", team.name));
         }
     }
     for (i, user) in users.iter().enumerate() {

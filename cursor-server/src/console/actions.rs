@@ -27,7 +27,7 @@ pub fn csrf_token() -> &'static str {
     TOKEN.get_or_init(|| uuid::Uuid::new_v4().simple().to_string())
 }
 
-fn csrf_ok(presented: &str) -> bool {
+pub(super) fn csrf_ok(presented: &str) -> bool {
     super::constant_time_eq(presented.as_bytes(), csrf_token().as_bytes())
 }
 

@@ -44,6 +44,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/usage", get(api::usage))
         .route("/api/usage.csv", get(people::usage_csv))
         .route("/api/audit", get(people::audit))
+        .route("/api/people", get(people::people))
+        .route(
+            "/console/people",
+            get(people::people_page).post(people::person_action),
+        )
         .route("/api/providers", get(api::providers))
         .route("/api/live", get(api::live))
         .route("/api/conversations/{id}/markdown", get(actions::markdown))

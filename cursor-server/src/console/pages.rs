@@ -92,7 +92,7 @@ fn requested(run: &RunRow) -> String {
 }
 
 /// `YYYY-MM-DD HH:MM:SS` UTC of a millisecond timestamp.
-fn utc(ms: i64) -> String {
+pub(super) fn utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

@@ -6,7 +6,7 @@ use crate::state::AppState;
 use crate::store::{StoreError, users};
 
 /// Pages and API routes only admins may use: the server's logs, providers and keys, the live
-/// runs of everyone, probes, the audit log.
+/// runs of everyone, probes, the audit log, the people page and its form.
 pub fn admin_only(path: &str) -> bool {
     matches!(
         path,
@@ -16,6 +16,8 @@ pub fn admin_only(path: &str) -> bool {
             | "/api/live"
             | "/console/probe"
             | "/api/audit"
+            | "/api/people"
+            | "/console/people"
     )
 }
 

@@ -121,15 +121,7 @@ impl<'a> Request<'a> {
     /// appended (an import, or a run that fails before its message is stored).
     async fn start_alone(&self) -> Result<(), ServerError> {
         if let Some(start) = self.start.filter(|_| !self.started.load(Ordering::Relaxed)) {
-            let model = (start.model_id, start.requested_model);
-            runs::start_on(
-                &self.app.store,
-                self.request_id,
-                self.conversation_id,
-                model,
-                start.node,
-            )
-            .await?;
+            runs::start_as(&self.app.store, &start).await?;
             self.started.store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -266,13 +258,16 @@ pub(super) async fn open(
         .record("provider", tracing::field::display(&provider.name))
         .record("model", tracing::field::display(&model.id));
     let model_id = model.id.clone();
-    crate::auth::runs::claim_conversation(&app, request_id, &input.conversation_id).await?;
+    let person =
+        crate::auth::runs::person_for_conversation(&app, request_id, &input.conversation_id)
+            .await?;
     let start = RunStart {
         request_id,
         conversation_id: &input.conversation_id,
         model_id: &model_id,
         requested_model: &requested,
         node: app.cluster.as_ref().map(|c| c.node_name()),
+        person: person.as_deref(),
     };
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
@@ -337,16 +332,7 @@ async fn start_unless_with_message<'a>(
     if matches!(action, RunAction::UserMessage { .. }) {
         return Ok(Some(start));
     }
-    let model = (start.model_id, start.requested_model);
-    let conversation_id = start.conversation_id;
-    runs::start_on(
-        &app.store,
-        start.request_id,
-        conversation_id,
-        model,
-        start.node,
-    )
-    .await?;
+    runs::start_as(&app.store, &start).await?;
     Ok(None)
 }
 

@@ -45,6 +45,33 @@ pub async fn charge(
     })
 }
 
+/// Counts one provider call against `scope`'s `limit` calls in `period` (a minute), unless it
+/// has them all: one conditional upsert, so concurrent calls (on any node) cannot overshoot.
+/// Returns whether the call was counted (`false`: the limit is reached).
+pub async fn count_call(
+    store: &Store,
+    scope: &str,
+    period: &str,
+    limit: i64,
+) -> Result<bool, StoreError> {
+    write_tx!(store, "counting a call against a limit", |tx| {
+        let counted: Option<i64> = on_tx!(&mut tx, |c| sqlx::query_scalar(
+            "INSERT INTO budget_counters (scope, period, cost_micro_usd, tokens, calls)
+             VALUES ($1, $2, 0, 0, 1)
+             ON CONFLICT (scope, period) DO UPDATE SET calls = budget_counters.calls + 1
+             WHERE budget_counters.calls < $3
+             RETURNING calls"
+        )
+        .bind(scope)
+        .bind(period)
+        .bind(limit)
+        .fetch_optional(c)
+        .await
+        .context("counting a call against a limit"))?;
+        Ok(counted.is_some())
+    })
+}
+
 /// What `scope` spent in each of `periods` (zero where nothing was counted), in one query.
 pub async fn read(
     store: &Store,

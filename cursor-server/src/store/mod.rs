@@ -355,6 +355,11 @@ pub enum StoreError {
         conversation_id: String,
         request_id: String,
     },
+    /// `[auth]`: the run's person may not start a run on this conversation (someone else's).
+    #[error(
+        "conversation {conversation_id} belongs to someone else on this server; start a new chat (an admin can see every conversation in the console)"
+    )]
+    NotYours { conversation_id: String },
 }
 
 impl StoreError {

@@ -86,15 +86,20 @@ pub async fn start_on(
         model_id,
         requested_model,
         node,
+        person: None,
     };
-    write_tx!(store, "committing run start", |tx| start_in(
-        &mut tx, &start
-    )
-    .await)
+    start_as(store, &start).await
+}
+
+/// Records `start` in its own write transaction (a run whose first write is not a message).
+pub async fn start_as(store: &Store, start: &RunStart<'_>) -> Result<(), StoreError> {
+    write_tx!(store, "committing run start", |tx| start_in(&mut tx, start)
+        .await)
 }
 
 /// A run's record as it starts: which conversation, which model (as asked and as routed), which
-/// node (`[cluster]`; `None` for a single node).
+/// node (`[cluster]`; `None` for a single node), whose it is (`[auth]`: the person the
+/// conversation is claimed for, if nobody has it yet; `None` without `[auth]`).
 #[derive(Debug, Clone, Copy)]
 pub struct RunStart<'a> {
     pub request_id: &'a str,
@@ -102,13 +107,14 @@ pub struct RunStart<'a> {
     pub model_id: &'a str,
     pub requested_model: &'a str,
     pub node: Option<&'a str>,
+    pub person: Option<&'a str>,
 }
 
 /// Records the run as running and makes it the conversation's one writer, inside the caller's
 /// transaction (`start_on`, or the run's first messages: `messages::append_opening`).
 pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), StoreError> {
     conversations::ensure(tx, start.conversation_id).await?;
-    on_tx!(tx, |c| {
+    let taken = on_tx!(tx, |c| {
         sqlx::query(
             "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
                  started_at_ms, node)
@@ -125,16 +131,27 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
         .map(|done| done.rows_affected())
         .context("recording run start")?;
         // From now on only this run adds to the conversation's history (enforced by a
-        // trigger).
-        sqlx::query("UPDATE conversations SET owner_request_id = $1 WHERE id = $2")
-            .bind(start.request_id)
-            .bind(start.conversation_id)
-            .execute(&mut *c)
-            .await
-            .map(|done| done.rows_affected())
-            .context("taking the conversation over")?;
+        // trigger). With `[auth]` the same statement claims a conversation nobody has for the
+        // run's person and takes over only one that is theirs: no row means someone else's.
+        sqlx::query(
+            "UPDATE conversations SET owner_request_id = $1,
+                 owner_user = COALESCE(owner_user, $3)
+             WHERE id = $2 AND ($3 IS NULL OR owner_user IS NULL OR owner_user = $3)",
+        )
+        .bind(start.request_id)
+        .bind(start.conversation_id)
+        .bind(start.person)
+        .execute(&mut *c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("taking the conversation over")?
     });
-    Ok(())
+    match taken {
+        0 => Err(StoreError::NotYours {
+            conversation_id: start.conversation_id.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Runs a previous process left `running` (it was killed, or lost power): they can never finish,

@@ -193,36 +193,6 @@ pub async fn upsert_team(store: &Store, name: &str, limits: &str) -> Result<(), 
     Ok(())
 }
 
-/// Whose conversation this is: it becomes `email`'s if it has no owner yet. Returns the owner
-/// (`email` itself, or the person it already belonged to).
-pub async fn claim_conversation(
-    store: &Store,
-    conversation_id: &str,
-    email: &str,
-) -> Result<String, StoreError> {
-    write_tx!(store, "claiming a conversation", |tx| {
-        super::conversations::ensure(&mut tx, conversation_id).await?;
-        on_tx!(&mut tx, |c| {
-            sqlx::query(
-                "UPDATE conversations SET owner_user = $1 WHERE id = $2 AND owner_user IS NULL",
-            )
-            .bind(email)
-            .bind(conversation_id)
-            .execute(&mut *c)
-            .await
-            .map(|done| done.rows_affected())
-            .context("claiming a conversation")?;
-            let owner: Option<String> =
-                sqlx::query_scalar("SELECT owner_user FROM conversations WHERE id = $1")
-                    .bind(conversation_id)
-                    .fetch_one(&mut *c)
-                    .await
-                    .context("reading a conversation's owner")?;
-            Ok(owner.unwrap_or_else(|| email.to_owned()))
-        })
-    })
-}
-
 /// The person whose conversation `conversation_id` is (`None`: nobody's yet, or unknown).
 pub async fn conversation_owner(
     store: &Store,
