@@ -892,7 +892,11 @@ async fn an_admin_sets_a_persons_limits_and_disables_them_on_the_people_page() {
     assert_eq!(done.status(), StatusCode::SEE_OTHER);
     let turn = cli_turn(&a, "req-a3", "conv-a").await;
     assert_eq!(turn.error_code(), Some("permission_denied"));
-    assert!(turn.error_message().unwrap_or_default().contains("disabled"));
+    assert!(
+        turn.error_message()
+            .unwrap_or_default()
+            .contains("disabled")
+    );
 
     // Both actions are in the audit log under the admin's name.
     let (_, log) = api_get(&server, "/api/audit", &lead).await;

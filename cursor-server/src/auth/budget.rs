@@ -99,7 +99,7 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
     let total = team.as_deref().and_then(|name| {
         let auth = app.auth.as_ref()?;
         let team = auth.config.teams.iter().find(|t| t.name == name)?;
-        Some((name, team.total.as_ref()?.as_limits()))
+        Some((name, team.total.clone()?))
     });
     if let Some((name, total)) = total {
         let [day, month, _] = budgets::read(&app.store, &format!("team:{name}"), &periods.keys())

@@ -119,48 +119,42 @@ pub(super) struct FileTeam {
     limits: Limits,
     /// `[teams.total]`: what the whole team may spend together.
     #[serde(default)]
-    total: Option<TeamTotal>,
+    total: Option<FileTotal>,
     #[serde(flatten)]
     unknown: std::collections::BTreeMap<String, toml::Value>,
 }
 
-/// `[teams.total]`: spend limits on the sum of every member's calls (the team's own limits above
-/// it apply to each member alone). Requests per minute and concurrent runs stay per person.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TeamTotal {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub daily_cost_usd: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub monthly_cost_usd: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub daily_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub monthly_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub soft_daily_cost_usd: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub soft_monthly_cost_usd: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub soft_daily_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub soft_monthly_tokens: Option<u64>,
+/// `[teams.total]` as written: spend limits on the sum of every member's calls (the team's own
+/// limits above it apply to each member alone). Only cost and token limits (and their soft
+/// variants) apply to a whole team; requests per minute, concurrent runs and models stay per
+/// person (refused here, not silently ignored).
+#[derive(Debug, Deserialize)]
+pub(super) struct FileTotal {
+    #[serde(flatten)]
+    limits: Limits,
+    #[serde(flatten)]
+    unknown: std::collections::BTreeMap<String, toml::Value>,
 }
 
-impl TeamTotal {
-    /// The same limits as a person's, to share their checks.
-    pub fn as_limits(&self) -> Limits {
-        Limits {
-            daily_cost_usd: self.daily_cost_usd,
-            monthly_cost_usd: self.monthly_cost_usd,
-            daily_tokens: self.daily_tokens,
-            monthly_tokens: self.monthly_tokens,
-            soft_daily_cost_usd: self.soft_daily_cost_usd,
-            soft_monthly_cost_usd: self.soft_monthly_cost_usd,
-            soft_daily_tokens: self.soft_daily_tokens,
-            soft_monthly_tokens: self.soft_monthly_tokens,
-            ..Limits::default()
+impl FileTotal {
+    fn problems(&self, team: &str) -> Vec<ConfigError> {
+        let mut problems = unknown_keys(&format!("team {team:?} total"), &self.unknown);
+        let per_person = [
+            ("models", self.limits.models.is_some()),
+            (
+                "requests_per_minute",
+                self.limits.requests_per_minute.is_some(),
+            ),
+            ("concurrent_runs", self.limits.concurrent_runs.is_some()),
+        ];
+        for (key, set) in per_person {
+            if set {
+                problems.push(ConfigError::Auth(format!(
+                    "team {team:?} total: {key} is per person; set it beside the team's other limits, not in [teams.total]"
+                )));
+            }
         }
+        problems
     }
 }
 
@@ -228,8 +222,8 @@ pub struct TeamConfig {
     pub members: Vec<String>,
     /// Each member's limits (unless the member has their own).
     pub limits: Limits,
-    /// The whole team's spend limits (`[teams.total]`).
-    pub total: Option<TeamTotal>,
+    /// The whole team's spend limits (`[teams.total]`: cost and tokens only).
+    pub total: Option<Limits>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -402,6 +396,9 @@ impl FileAuth {
                 &format!("team {:?}", team.name),
                 &team.unknown,
             ));
+            if let Some(total) = &team.total {
+                unknown.extend(total.problems(&team.name));
+            }
         }
         for user in &users {
             unknown.extend(unknown_keys(
@@ -419,7 +416,7 @@ impl FileAuth {
                 name: team.name.trim().to_owned(),
                 members,
                 limits: team.limits,
-                total: team.total,
+                total: team.total.map(|t| t.limits),
             });
         }
         let user_configs: Vec<UserConfig> = users
@@ -511,7 +508,7 @@ fn check_teams(teams: &[TeamConfig], users: &[UserConfig]) -> Vec<ConfigError> {
         if let Some(why) = team.limits.problem() {
             problem(format!("team {:?}: {why}", team.name));
         }
-        if let Some(why) = team.total.as_ref().and_then(|t| t.as_limits().problem()) {
+        if let Some(why) = team.total.as_ref().and_then(Limits::problem) {
             problem(format!("team {:?} total: {why}", team.name));
         }
     }
@@ -589,6 +586,38 @@ daily_cost_usd = 0.01
         assert_eq!(b.monthly_cost_usd, Some(500.0));
         assert_eq!(b.concurrent_runs, Some(4));
         assert!(auth.admits("a@example.com") && !auth.admits("x@example.com"));
+    }
+
+    #[test]
+    fn a_teams_total_takes_cost_and_token_limits_only() {
+        let auth =
+            "[auth]\nmode = \"tokens\"\n\n[[teams]]\nname = \"t\"\nmembers = [\"a@example.com\"]\n";
+        let config = parse(
+            "",
+            &format!("{auth}[teams.total]\ndaily_cost_usd = 20.0\nsoft_monthly_tokens = 5\n"),
+        )
+        .expect("valid");
+        let total = config.auth.expect("[auth]").teams[0]
+            .total
+            .clone()
+            .expect("total");
+        assert_eq!(total.daily_cost_usd, Some(20.0));
+        assert_eq!(total.soft_monthly_tokens, Some(5));
+        let message = problems(
+            "",
+            &format!(
+                "{auth}[teams.total]\nrequests_per_minute = 5\ndaily_cost = 1\nmonthly_cost_usd = -1\n"
+            ),
+        );
+        assert!(
+            message.contains("team \"t\" total: requests_per_minute is per person"),
+            "{message}"
+        );
+        assert!(
+            message.contains("team \"t\" total: unknown key \"daily_cost\""),
+            "{message}"
+        );
+        assert!(message.contains("monthly_cost_usd = -1"), "{message}");
     }
 
     #[test]

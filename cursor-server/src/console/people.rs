@@ -19,7 +19,7 @@ use super::assets;
 use crate::auth::admin::{AdminError, UsersAction, run_by};
 use crate::auth::budget::spent_now;
 use crate::auth::service::Caller;
-use crate::config::auth::{Limits, TeamTotal};
+use crate::config::auth::Limits;
 use crate::state::AppState;
 use crate::store::budgets::Spent;
 use crate::store::users::{self, AuditEntry};
@@ -152,7 +152,7 @@ pub struct TeamRow {
     /// Each member's limits.
     pub limits: Limits,
     /// The whole team's (`[teams.total]`).
-    pub total: Option<TeamTotal>,
+    pub total: Option<Limits>,
     pub today: SpentView,
     pub month: SpentView,
 }
@@ -245,7 +245,7 @@ fn limits(limits: &Limits) -> String {
     shown_limits(serde_json::to_value(limits).ok())
 }
 
-fn total(total: &Option<TeamTotal>) -> String {
+fn total(total: &Option<Limits>) -> String {
     shown_limits(total.as_ref().and_then(|t| serde_json::to_value(t).ok()))
 }
 

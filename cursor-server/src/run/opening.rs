@@ -273,12 +273,7 @@ pub(super) async fn open(
     let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
     request.start = start_unless_with_message(&app, start, &input.action).await?;
     let opened = open_first(&request, &input, out).await?;
-    let mode = match input.action {
-        RunAction::UserMessage { .. } => input.mode,
-        _ => current_mode(&opened.history)
-            .or(opened.checkpoints.previous_mode())
-            .unwrap_or(input.mode),
-    };
+    let mode = mode_of(&input, &opened);
     let (system, mode_tools) = compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
     let mut tool_options = input.tools;
     tool_options.web_search &= app.config.web_search.is_some();
@@ -320,6 +315,17 @@ pub(super) async fn open(
         app,
     };
     Ok((turn, opened.first))
+}
+
+/// The run's mode: the user's message says it; any other action goes on in the mode history (or
+/// the checkpoint) left, else the client's.
+fn mode_of(input: &RunRequestInput, opened: &Opened) -> Mode {
+    match input.action {
+        RunAction::UserMessage { .. } => input.mode,
+        _ => current_mode(&opened.history)
+            .or(opened.checkpoints.previous_mode())
+            .unwrap_or(input.mode),
+    }
 }
 
 /// A user's message starts the run in the transaction that stores it (returned, to be written
