@@ -187,10 +187,15 @@ async fn place(
         .await?
     {
         Placement::Local => Ok(None),
-        Placement::Forward { node, url } => cluster
-            .forward((&node, &url), route, (headers, query), body.clone())
-            .await
-            .map(Some),
+        Placement::Forward { node, url } => {
+            let forwarded = cluster
+                .forward((&node, &url), route, (headers, query), body.clone())
+                .await;
+            if forwarded.is_err() {
+                cluster.forget_placement(request_id);
+            }
+            forwarded.map(Some)
+        }
     }
 }
 
