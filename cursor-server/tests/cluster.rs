@@ -400,6 +400,11 @@ async fn a_killed_nodes_run_is_ended_within_the_lease_and_the_conversation_goes_
         ))
         .await;
     provider_requests(&provider, 2).await;
+    // An append through b: forwarded to a (b now knows where the run is).
+    let via_b = FakeCursor::new(b.addr);
+    let seqno = session.seqno();
+    let forwarded = via_b.append("req-b1", seqno, &fixtures::heartbeat()).await;
+    assert_eq!(forwarded.status(), 200);
     a.process.kill().await.expect("SIGKILL");
     let killed = tokio::time::Instant::now();
     drop(session);
@@ -419,6 +424,27 @@ async fn a_killed_nodes_run_is_ended_within_the_lease_and_the_conversation_goes_
     b.log
         .wait_for("taken as stopped", Duration::from_secs(5))
         .await;
+    // b's next forward of the run fails (at most once: b then forgets where the run was) and
+    // the database says its node stopped.
+    let first = via_b
+        .append("req-b1", seqno + 1, &fixtures::heartbeat())
+        .await;
+    assert!(
+        matches!(first.status().as_u16(), 503 | 404),
+        "{}",
+        first.status()
+    );
+    let next = via_b
+        .append("req-b1", seqno + 2, &fixtures::heartbeat())
+        .await;
+    assert_eq!(next.status(), 404);
+    let body: serde_json::Value = next.json().await.expect("a Connect error");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("which stopped")),
+        "{body}"
+    );
 
     // The next message on b continues from history: the tool is not run again, nothing doubled.
     let cursor_b = FakeCursor::new(b.addr);
