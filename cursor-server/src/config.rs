@@ -47,6 +47,9 @@ pub const DEFAULT_H2_PING_INTERVAL_SECS: u64 = 30;
 pub const DEFAULT_H2_PING_TIMEOUT_SECS: u64 = 20;
 pub const DEFAULT_MAX_RUNS: usize = 1024;
 pub const DEFAULT_MAX_UNATTACHED_RUNS: usize = 64;
+/// How long a BidiAppend whose new run is past `max_unattached_runs` waits for a place (its own
+/// RunSSE arriving, or another run's) before it is refused.
+pub const DEFAULT_UNATTACHED_WAIT_MS: u64 = 10_000;
 /// How long a key that got HTTP 429 without `retry-after` is left out of the key choice.
 pub const DEFAULT_KEY_COOLDOWN_SECS: u64 = 60;
 /// How long a key the provider refused (HTTP 401) is left out of the key choice.
@@ -482,6 +485,10 @@ pub struct Config {
     pub max_runs: usize,
     /// Runs opened by BidiAppend whose RunSSE has not come (yet); past it, `resource_exhausted`.
     pub max_unattached_runs: usize,
+    /// How long a BidiAppend past `max_unattached_runs` waits for a place (its run's RunSSE, here
+    /// or forwarded from another node, or another run's) before `resource_exhausted`; zero
+    /// refuses at once.
+    pub unattached_wait: Duration,
     /// How long a provider key is left out of the key choice after HTTP 429 without `retry-after`
     /// and after HTTP 401.
     pub key_cooldown: KeyCooldown,

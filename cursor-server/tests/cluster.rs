@@ -1,6 +1,7 @@
 //! Several nodes on one database (issue 27), as real `cursor-server` processes on loopback sharing
 //! one database (a SQLite file here; a PostgreSQL database in `suites_postgres`) and one secret: a run's RunSSE and BidiAppends reaching either node (forwarded
-//! to the run's node, a reconnect included), a CLI turn on the other node afterwards, a node killed
+//! to the run's node, a reconnect included), runs whose first BidiAppend overtook their RunSSE to
+//! the other node, more at once than `max_unattached_runs`, a CLI turn on the other node afterwards, a node killed
 //! with SIGKILL while its run waits on the provider, the shared secret, and a new message on one
 //! node superseding a run on the other, the console's live list on either node showing both
 //! nodes' runs, a second process given a live node's name refused and a
@@ -229,6 +230,113 @@ async fn a_run_served_through_both_nodes_reads_as_on_a_single_node() {
     drop((a, b));
 }
 
+/// Round robin sends a run's first BidiAppend (its run_request) to one node and its RunSSE to the
+/// other, and the append can arrive first: its node claims the run and opens it without a RunSSE,
+/// which the other node forwards there on its way. More such runs at once than that node's
+/// `max_unattached_runs` are not refused: each append past the limit waits for a place (its own
+/// RunSSE arriving through the other node, or a place another run's RunSSE freed), and every run
+/// reads as one whose RunSSE came first.
+#[tokio::test]
+async fn first_appends_that_overtake_their_run_sse_through_the_other_node_are_not_refused() {
+    const OVERTAKEN: usize = 4;
+    let provider = FakeProvider::start().await;
+    for _ in 0..=OVERTAKEN {
+        provider.push(Reply::sse(text_events(&["all ", "there"], (10, 2, 0))));
+    }
+    let db = tempfile::tempdir().expect("tempdir");
+    let a = node(&provider, db.path(), "a", CLUSTER_SECRET).await;
+    // b holds one run without its RunSSE at most.
+    let (_b_process, b_addr, b_log) = fixtures::spawn_node(
+        &provider.base_url(),
+        db.path(),
+        ("b", CLUSTER_SECRET),
+        &format!("{EXTRA}\nmax_unattached_runs = 1"),
+        LEASE_SECS,
+    )
+    .await;
+    let round_robin = FakeCursor::alternating(&[a.addr, b_addr]);
+
+    // The usual order first: the RunSSE on a, then the appends alternating.
+    let expected = Session::start(
+        &round_robin,
+        "req-o-ref",
+        &run_request_with_env("conv-o-ref", "hello"),
+    )
+    .await
+    .finish()
+    .await;
+    assert!(expected.is_success(), "{:?}", expected.end);
+
+    // Every run's run_request reaches b before its RunSSE reaches a. The first takes b's one
+    // place; the others wait for one (they were refused at once before).
+    let to_b = FakeCursor::new(b_addr);
+    let id = |n: usize| format!("req-o{n}");
+    let first = to_b
+        .append(&id(0), 0, &run_request_with_env("conv-o0", "hello"))
+        .await;
+    assert_eq!(first.status(), 200, "the first takes b's place");
+    let mut appends = Vec::new();
+    for n in 1..OVERTAKEN {
+        let (to_b, request_id) = (to_b.clone(), id(n));
+        let message = run_request_with_env(&format!("conv-o{n}"), "hello");
+        appends.push(tokio::spawn(async move {
+            to_b.append(&request_id, 0, &message)
+                .await
+                .status()
+                .as_u16()
+        }));
+    }
+    for n in 1..OVERTAKEN {
+        b_log
+            .wait_for(
+                &format!("run {} waits for a place", id(n)),
+                Duration::from_secs(10),
+            )
+            .await;
+    }
+
+    // The RunSSEs reach a, which forwards them to b: the first run's frees b's place for one
+    // waiting run; the others' own RunSSEs open theirs.
+    let mut sessions = Vec::new();
+    for n in std::iter::once(0).chain((1..OVERTAKEN).rev()) {
+        sessions.push((n, Session::reattach(&round_robin, &id(n), 1).await));
+    }
+    for append in appends {
+        assert_eq!(append.await.expect("append task"), 200, "no run is refused");
+    }
+    let store = open_store(db.path()).await;
+    for (n, session) in sessions {
+        let transcript = session.finish().await;
+        assert!(transcript.is_success(), "{}: {:?}", id(n), transcript.end);
+        assert_eq!(transcript.text(), "all there");
+        assert_eq!(
+            merged_deltas(transcript.kinds()),
+            merged_deltas(expected.kinds()),
+            "{}",
+            id(n)
+        );
+        let filter = runs::RunFilter {
+            request_id: Some(id(n)),
+            limit: 1,
+            ..Default::default()
+        };
+        let listed = runs::list(&store, &filter).await.expect("run row");
+        let node = listed.into_iter().next().expect("run row").node;
+        assert_eq!(node.as_deref(), Some("b"), "the append's node runs it");
+    }
+    let refused = reqwest::get(format!("http://{b_addr}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        !refused.contains("cursor_byok_runs_refused_total"),
+        "{refused}"
+    );
+    drop(a);
+}
+
 /// Waits until `request_id`'s run has ended; returns its record.
 async fn ended(store: &Store, request_id: &str, within: Duration) -> runs::RunRecord {
     let deadline = tokio::time::Instant::now() + within;
@@ -292,6 +400,11 @@ async fn a_killed_nodes_run_is_ended_within_the_lease_and_the_conversation_goes_
         ))
         .await;
     provider_requests(&provider, 2).await;
+    // An append through b: forwarded to a (b now knows where the run is).
+    let via_b = FakeCursor::new(b.addr);
+    let seqno = session.seqno();
+    let forwarded = via_b.append("req-b1", seqno, &fixtures::heartbeat()).await;
+    assert_eq!(forwarded.status(), 200);
     a.process.kill().await.expect("SIGKILL");
     let killed = tokio::time::Instant::now();
     drop(session);
@@ -311,6 +424,27 @@ async fn a_killed_nodes_run_is_ended_within_the_lease_and_the_conversation_goes_
     b.log
         .wait_for("taken as stopped", Duration::from_secs(5))
         .await;
+    // b's next forward of the run fails (at most once: b then forgets where the run was) and
+    // the database says its node stopped.
+    let first = via_b
+        .append("req-b1", seqno + 1, &fixtures::heartbeat())
+        .await;
+    assert!(
+        matches!(first.status().as_u16(), 503 | 404),
+        "{}",
+        first.status()
+    );
+    let next = via_b
+        .append("req-b1", seqno + 2, &fixtures::heartbeat())
+        .await;
+    assert_eq!(next.status(), 404);
+    let body: serde_json::Value = next.json().await.expect("a Connect error");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("which stopped")),
+        "{body}"
+    );
 
     // The next message on b continues from history: the tool is not run again, nothing doubled.
     let cursor_b = FakeCursor::new(b.addr);

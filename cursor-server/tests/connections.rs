@@ -1,6 +1,7 @@
 //! Connections are bounded: a client that connects and sends nothing, trickles its headers or its
 //! body, or leaves a keep-alive HTTP/1 or h2c connection idle is closed; runs opened by BidiAppend
-//! alone are capped and the one past the cap is refused `resource_exhausted`. Real sockets; every
+//! alone are capped and the one past the cap, no place freeing while it waits, is refused
+//! `resource_exhausted`. Real sockets; every
 //! wait is for the server's action (a close, a response), bounded only by a generous deadline.
 
 #[path = "support/fake_cursor.rs"]
@@ -23,7 +24,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Short enough to observe, long enough that a stalled scheduler on a loaded machine does not trip
 /// them before the client's next step (a request right after connecting, the next append).
-const SHORT_BOUNDS: &str = "header_read_timeout_secs = 2\nrequest_body_timeout_secs = 2\nconnection_idle_timeout_secs = 3\nmax_unattached_runs = 3";
+const SHORT_BOUNDS: &str = "header_read_timeout_secs = 2\nrequest_body_timeout_secs = 2\nconnection_idle_timeout_secs = 3\nmax_unattached_runs = 3\nunattached_wait_ms = 300";
 
 async fn server() -> (FakeProvider, TestServer) {
     let provider = FakeProvider::start().await;
@@ -159,6 +160,8 @@ async fn runs_opened_by_bidi_append_alone_are_capped() {
             .await;
         assert_eq!(accepted.status(), 200, "run {n} is within the cap");
     }
+    // A fourth waits for a place (its RunSSE, or another run's), none comes: it is refused once
+    // the wait (`unattached_wait_ms`) is over.
     let refused = cursor.append("req-unattached-3", 0, &heartbeat()).await;
     assert_eq!(refused.status(), 429);
     let body: serde_json::Value = refused.json().await.unwrap();

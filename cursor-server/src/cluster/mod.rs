@@ -6,11 +6,14 @@
 //!
 //! Nothing here runs without `[cluster]`: a single node never reads the cluster tables, and a
 //! run's hot path (its events, its appends once placed) is the same on every node — a request is
-//! placed once per node per request id, from the registry or one read of `run_claims`.
+//! placed once per node per request id, from the registry, the runs of other nodes placed here
+//! before (`Placed`), or one read of `run_claims`.
 
 pub mod lease;
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -35,6 +38,9 @@ pub const INTERNAL_STOP_RUN: &str = "/internal/cluster/v1/StopRun";
 
 /// How long a node may take to accept a forwarded request's connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How many other nodes' runs a node remembers where it forwarded them (a run's requests come
+/// within minutes; the oldest is forgotten first, and read again from the database if needed).
+const PLACED_MEMORY: usize = 4096;
 
 /// This node in the cluster: its settings and the client it reaches the others with.
 pub struct Cluster {
@@ -45,6 +51,32 @@ pub struct Cluster {
     /// Direct (no proxy: nodes talk on the internal network), HTTP/1.1 (a RunSSE is one long
     /// chunked response), no overall timeout (it lasts as long as the run).
     client: reqwest::Client,
+    /// Other nodes' runs whose requests reached this node, and where they run: a run's node
+    /// never changes (the first claim holds), so its later BidiAppends are forwarded without
+    /// reading `run_claims` again. A forward that fails forgets the run's entry (its node may
+    /// have stopped: the next request reads the database, which says so).
+    placed: Mutex<Placed>,
+}
+
+/// Request id → (node, internal URL), the oldest forgotten past `PLACED_MEMORY`.
+#[derive(Default)]
+struct Placed {
+    runs: HashMap<String, (String, String)>,
+    order: VecDeque<String>,
+}
+
+impl Placed {
+    fn insert(&mut self, request_id: &str, node: &str, url: &str) {
+        let entry = (node.to_owned(), url.to_owned());
+        if self.runs.insert(request_id.to_owned(), entry).is_none() {
+            self.order.push_back(request_id.to_owned());
+        }
+        while self.order.len() > PLACED_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.runs.remove(&old);
+            }
+        }
+    }
 }
 
 /// Who sent a request: a client (through any load balancer) or another node forwarding it.
@@ -84,6 +116,7 @@ impl Cluster {
             config,
             client,
             instance: AtomicI64::new(0),
+            placed: Mutex::default(),
         })
     }
 
@@ -181,6 +214,11 @@ impl Cluster {
         if runs.knows(request_id) {
             return Ok(Placement::Local);
         }
+        if via == Via::Client
+            && let Some((node, url)) = self.placed().runs.get(request_id).cloned()
+        {
+            return Ok(Placement::Forward { node, url });
+        }
         let me = self.node_name();
         let unavailable = |e: crate::store::StoreError| {
             tracing::error!(request_id, "placing a run: {e}");
@@ -216,7 +254,10 @@ impl Cluster {
                     live: true,
                 }),
                 Via::Client,
-            ) => Ok(Placement::Forward { node, url }),
+            ) => {
+                self.placed().insert(request_id, &node, &url);
+                Ok(Placement::Forward { node, url })
+            }
             (Some(owner), Via::Client) => Err(ConnectError::new(
                 ConnectCode::NotFound,
                 format!(
@@ -226,6 +267,15 @@ impl Cluster {
                 ),
             )),
         }
+    }
+
+    fn placed(&self) -> std::sync::MutexGuard<'_, Placed> {
+        self.placed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets where run `request_id` was placed (forwarding it failed).
+    pub fn forget_placement(&self, request_id: &str) {
+        self.placed().runs.remove(request_id);
     }
 
     /// Sends a client's request (`headers`, `body`, the query string) to `node` at its internal

@@ -49,6 +49,7 @@ pub(super) struct FileConfig {
     h2_ping_timeout_secs: Option<u64>,
     max_runs: Option<usize>,
     max_unattached_runs: Option<usize>,
+    unattached_wait_ms: Option<u64>,
     key_cooldown_secs: Option<u64>,
     key_refused_cooldown_secs: Option<u64>,
     console_token: Option<String>,
@@ -316,6 +317,7 @@ impl FileConfig {
                 "max_unattached_runs",
             )
             .report(&mut problems),
+            unattached_wait: millis(self.unattached_wait_ms, DEFAULT_UNATTACHED_WAIT_MS),
             key_cooldown: KeyCooldown {
                 rate_limited: positive_secs(
                     self.key_cooldown_secs,

@@ -25,6 +25,8 @@ pub const KV_BLOBS: &str = "cursor_byok_kv_blobs_total";
 pub const CHECKPOINT_PUBLISH: &str = "cursor_byok_checkpoint_publish_seconds";
 pub const CONNECTIONS_OPEN: &str = "cursor_byok_connections_open";
 pub const RUNS_REFUSED: &str = "cursor_byok_runs_refused_total";
+/// BidiAppends whose new run waits for a place under `max_unattached_runs` now.
+pub const RUNS_WAITING: &str = "cursor_byok_runs_waiting";
 pub const FALLBACKS: &str = "cursor_byok_provider_fallbacks_total";
 pub const SCHEMA_DRIFT: &str = "cursor_byok_schema_drift_total";
 pub const KEYS_COOLING: &str = "cursor_byok_provider_keys_cooling";
@@ -113,6 +115,12 @@ pub fn run_ended(transport: Transport, status: &'static str) {
 /// A new run was refused because a limit on open runs was reached (`limit` names which).
 pub fn run_refused(limit: &'static str) {
     counter!(RUNS_REFUSED, "limit" => limit).increment(1);
+}
+
+/// A BidiAppend's new run started (`1.0`) or stopped (`-1.0`) waiting for a place under
+/// `max_unattached_runs`.
+pub fn run_waiting(delta: f64) {
+    gauge!(RUNS_WAITING).increment(delta);
 }
 
 /// A request was refused by the identity layer with Connect code `code`.

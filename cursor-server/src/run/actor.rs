@@ -61,31 +61,39 @@ pub struct RunActor {
 }
 
 /// The run for `request_id`, its actor started if this is the first message for it (RunSSE or
-/// BidiAppend, whichever `opener` is).
-pub fn get_or_start(
+/// BidiAppend, whichever `opener` is). A BidiAppend's new run past `max_unattached_runs` waits
+/// up to `unattached_wait` for a place (`RunRegistry::open_waiting`).
+pub async fn get_or_start(
     app: &Arc<AppState>,
     request_id: &str,
     opener: Opener,
 ) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, opener)
+    let found = app
+        .runs
+        .open_waiting(
+            request_id,
+            opener,
+            &app.shutdown,
+            app.config.unattached_wait,
+        )
+        .await?;
+    Ok(start(app, request_id, opener, found))
 }
 
-/// Starts a new run for a transport that owns its request id (HTTP/2 `Run`).
+/// Starts a new run for a transport that owns its request id (HTTP/2 `Run`): an active run under
+/// it is refused.
 pub fn start_new(app: &Arc<AppState>, request_id: &str) -> Result<RunHandle, RegistryError> {
-    start(app, request_id, Opener::Http2Run)
+    let stop = app.shutdown.child_token();
+    let found = app.runs.lookup(request_id, Opener::Http2Run, stop)?;
+    Ok(start(app, request_id, Opener::Http2Run, found))
 }
 
-/// A RunSSE run is opened by whichever of its RunSSE and BidiAppend requests comes first; an
-/// HTTP/2 `Run` owns its request id, so an active run under it is refused.
-fn start(
-    app: &Arc<AppState>,
-    request_id: &str,
-    opener: Opener,
-) -> Result<RunHandle, RegistryError> {
+/// The run `found`: the one already there, or a new one whose actor starts here. A RunSSE run is
+/// opened by whichever of its RunSSE and BidiAppend requests comes first.
+fn start(app: &Arc<AppState>, request_id: &str, opener: Opener, found: Lookup) -> RunHandle {
     let transport = opener.transport();
-    let stop = app.shutdown.child_token();
-    let (handle, commands) = match app.runs.lookup(request_id, opener, stop)? {
-        Lookup::Running(handle) => return Ok(handle),
+    let (handle, commands) = match found {
+        Lookup::Running(handle) => return handle,
         Lookup::New(handle, commands) => (handle, commands),
     };
     let control = Arc::clone(handle.control());
@@ -116,7 +124,7 @@ fn start(
         app.runs.mark_finished(&request_id);
         done.cancel();
     });
-    Ok(handle)
+    handle
 }
 
 /// The first wait before the ending of a run is written again, doubled up to `END_RETRY_MAX`.

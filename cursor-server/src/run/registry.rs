@@ -1,11 +1,13 @@
 //! request_id → RunHandle. Registers a run on first sight of a request id (RunSSE or BidiAppend,
 //! whichever comes first; `run/actor.rs` starts its actor) and remembers recently finished ids so
-//! late traffic for them gets a clear error instead of a new, orphaned session.
+//! late traffic for them gets a clear error instead of a new, orphaned session. A BidiAppend that
+//! would open a run past `max_unattached` waits (bounded) for a place or for its own RunSSE.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::command::RunCommand;
@@ -135,7 +137,10 @@ pub struct RunRegistry {
     max_unattached: usize,
     /// Counts every run that started or ended, so a watcher (the console's live list) wakes on
     /// each change instead of polling.
-    changes: tokio::sync::watch::Sender<u64>,
+    changes: watch::Sender<u64>,
+    /// Counts every change that may let a waiting BidiAppend in (`open_waiting`): a run opened
+    /// (perhaps its own, by its RunSSE), an unattached run joined by its RunSSE, a run ended.
+    places: watch::Sender<u64>,
     /// Every run actor's task, so a shutdown waits until each run has recorded its ending.
     tasks: tokio_util::task::TaskTracker,
 }
@@ -179,6 +184,40 @@ fn refuse(request_id: &str, limit: &'static str, max: usize) -> RegistryError {
     RegistryError::Full { limit, max }
 }
 
+/// Why `try_lookup` opened no run, before it is said (`Refusal::refused`).
+enum Refusal {
+    Runs(usize),
+    Unattached(usize),
+    Other(RegistryError),
+}
+
+impl Refusal {
+    /// The error for the caller; a limit's refusal is logged and counted here, once per request.
+    fn refused(self, request_id: &str) -> RegistryError {
+        match self {
+            Refusal::Runs(max) => refuse(request_id, "max_runs", max),
+            Refusal::Unattached(max) => refuse(request_id, "max_unattached_runs", max),
+            Refusal::Other(error) => error,
+        }
+    }
+}
+
+/// One BidiAppend counted in the metrics' gauge of waiting new runs while it waits.
+struct Waiter;
+
+impl Waiter {
+    fn new() -> Self {
+        metrics::run_waiting(1.0);
+        Waiter
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        metrics::run_waiting(-1.0);
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     active: HashMap<String, RunHandle>,
@@ -204,7 +243,8 @@ impl RunRegistry {
             inner: Mutex::default(),
             max_runs,
             max_unattached,
-            changes: tokio::sync::watch::Sender::new(0),
+            changes: watch::Sender::new(0),
+            places: watch::Sender::new(0),
             tasks: tokio_util::task::TaskTracker::new(),
         }
     }
@@ -232,33 +272,91 @@ impl RunRegistry {
         opener: Opener,
         stop: CancellationToken,
     ) -> Result<Lookup, RegistryError> {
+        self.try_lookup(request_id, opener, stop)
+            .map_err(|refusal| refusal.refused(request_id))
+    }
+
+    /// `lookup`, except that a BidiAppend's new run past `max_unattached` is not refused at once:
+    /// it waits, up to `wait` (and never past `shutdown`), until there is a place — its own run
+    /// opened meanwhile by its RunSSE (on a cluster, a RunSSE that reached another node and was
+    /// forwarded here), an unattached run joined by its RunSSE, or a run ended. A client's first
+    /// BidiAppend routinely overtakes its RunSSE (two connections; on a cluster the RunSSE takes
+    /// a detour through the node it reached), so a burst of starts must not be refused for that
+    /// order; appends to made-up request ids still open no more than `max_unattached` runs, and
+    /// past it are refused `resource_exhausted` once the wait is over. Each new run's stop token
+    /// is a child of `shutdown`.
+    pub async fn open_waiting(
+        &self,
+        request_id: &str,
+        opener: Opener,
+        shutdown: &CancellationToken,
+        wait: std::time::Duration,
+    ) -> Result<Lookup, RegistryError> {
+        let deadline = Instant::now() + wait;
+        let mut places = self.places.subscribe();
+        let mut waiter: Option<Waiter> = None;
+        loop {
+            places.borrow_and_update();
+            let refusal = match self.try_lookup(request_id, opener, shutdown.child_token()) {
+                Ok(found) => return Ok(found),
+                Err(refusal @ Refusal::Unattached(_)) if !wait.is_zero() => refusal,
+                Err(refusal) => return Err(refusal.refused(request_id)),
+            };
+            if waiter.is_none() {
+                tracing::info!(
+                    "run {request_id} waits for a place: {} runs are open without their RunSSE (max_unattached_runs)",
+                    self.max_unattached
+                );
+                waiter = Some(Waiter::new());
+            }
+            tokio::select! {
+                changed = places.changed() => {
+                    if changed.is_err() {
+                        return Err(refusal.refused(request_id));
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => return Err(refusal.refused(request_id)),
+                () = shutdown.cancelled() => return Err(refusal.refused(request_id)),
+            }
+        }
+    }
+
+    /// `lookup` without saying a refusal (a waiting caller tries again).
+    fn try_lookup(
+        &self,
+        request_id: &str,
+        opener: Opener,
+        stop: CancellationToken,
+    ) -> Result<Lookup, Refusal> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if inner.finished.contains(request_id) {
-            return Err(RegistryError::Finished(request_id.to_owned()));
+            return Err(Refusal::Other(RegistryError::Finished(
+                request_id.to_owned(),
+            )));
         }
         if let Some(handle) = inner.active.get(request_id) {
             let handle = handle.clone();
             match opener {
                 Opener::Http2Run => {
-                    return Err(RegistryError::AlreadyRunning(request_id.to_owned()));
+                    return Err(Refusal::Other(RegistryError::AlreadyRunning(
+                        request_id.to_owned(),
+                    )));
                 }
                 Opener::RunSse => {
-                    inner.unattached.remove(request_id);
+                    if inner.unattached.remove(request_id) {
+                        self.places.send_modify(|n| *n += 1);
+                    }
                 }
                 Opener::BidiAppend => {}
             }
             return Ok(Lookup::Running(handle));
         }
         if inner.active.len() >= self.max_runs {
-            return Err(refuse(request_id, "max_runs", self.max_runs));
+            return Err(Refusal::Runs(self.max_runs));
         }
         if opener == Opener::BidiAppend {
             if inner.unattached.len() >= self.max_unattached {
-                return Err(refuse(
-                    request_id,
-                    "max_unattached_runs",
-                    self.max_unattached,
-                ));
+                return Err(Refusal::Unattached(self.max_unattached));
             }
             inner.unattached.insert(request_id.to_owned());
         }
@@ -275,6 +373,7 @@ impl RunRegistry {
         };
         inner.active.insert(request_id.to_owned(), handle.clone());
         self.changes.send_modify(|n| *n += 1);
+        self.places.send_modify(|n| *n += 1);
         Ok(Lookup::New(handle, rx))
     }
 
@@ -365,6 +464,7 @@ impl RunRegistry {
         inner.active.remove(request_id);
         inner.unattached.remove(request_id);
         self.changes.send_modify(|n| *n += 1);
+        self.places.send_modify(|n| *n += 1);
         // A finished run owns nothing (a run that took its conversation over already replaced it).
         inner
             .conversation_owner
@@ -415,6 +515,82 @@ mod tests {
             .send(RunCommand::ClientGone)
             .await
             .expect("transport command");
+    }
+
+    /// Opens `request_id` by BidiAppend, waiting (up to a minute) for a place.
+    fn append_opens(
+        registry: &Arc<RunRegistry>,
+        request_id: &'static str,
+    ) -> tokio::task::JoinHandle<Result<bool, RegistryError>> {
+        let registry = Arc::clone(registry);
+        tokio::spawn(async move {
+            let shutdown = CancellationToken::new();
+            let wait = std::time::Duration::from_secs(60);
+            registry
+                .open_waiting(request_id, Opener::BidiAppend, &shutdown, wait)
+                .await
+                .map(|found| matches!(found, Lookup::New(..)))
+        })
+    }
+
+    #[tokio::test]
+    async fn an_append_past_the_unattached_limit_waits_for_its_run_sse_or_a_place() {
+        let registry = Arc::new(RunRegistry::new(usize::MAX, 1));
+        let opened = append_opens(&registry, "r1").await.expect("task");
+        assert_eq!(opened, Ok(true), "the one place");
+        // Past the limit: both wait (a refusal would end their tasks at once).
+        let r2 = append_opens(&registry, "r2");
+        let r3 = append_opens(&registry, "r3");
+        // Each waiter holds a subscription to `places` (and a refused one would have ended).
+        while registry.places.receiver_count() < 2 {
+            assert!(!r2.is_finished() && !r3.is_finished(), "refused at once");
+            tokio::task::yield_now().await;
+        }
+        // r3's RunSSE opens its run: its append joins it (no place needed).
+        let _sse = registry.lookup("r3", Opener::RunSse, CancellationToken::new());
+        assert_eq!(
+            r3.await.expect("task"),
+            Ok(false),
+            "joined the RunSSE's run"
+        );
+        // r1's RunSSE joins r1: its place goes to r2.
+        let _sse = registry.lookup("r1", Opener::RunSse, CancellationToken::new());
+        assert_eq!(
+            r2.await.expect("task"),
+            Ok(true),
+            "opened in the freed place"
+        );
+        // With no wait, past the limit is refused at once.
+        let shutdown = CancellationToken::new();
+        let refused = registry
+            .open_waiting(
+                "r4",
+                Opener::BidiAppend,
+                &shutdown,
+                std::time::Duration::ZERO,
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(RegistryError::Full {
+                    limit: "max_unattached_runs",
+                    max: 1
+                })
+            ),
+            "refused at once"
+        );
+        // A wait the server's shutdown cuts short is refused too.
+        shutdown.cancel();
+        let refused = registry
+            .open_waiting(
+                "r5",
+                Opener::BidiAppend,
+                &shutdown,
+                std::time::Duration::from_secs(60),
+            )
+            .await;
+        assert!(matches!(refused, Err(RegistryError::Full { .. })));
     }
 
     #[tokio::test]

@@ -187,10 +187,15 @@ async fn place(
         .await?
     {
         Placement::Local => Ok(None),
-        Placement::Forward { node, url } => cluster
-            .forward((&node, &url), route, (headers, query), body.clone())
-            .await
-            .map(Some),
+        Placement::Forward { node, url } => {
+            let forwarded = cluster
+                .forward((&node, &url), route, (headers, query), body.clone())
+                .await;
+            if forwarded.is_err() {
+                cluster.forget_placement(request_id);
+            }
+            forwarded.map(Some)
+        }
     }
 }
 
@@ -223,6 +228,7 @@ async fn bidi_append(
         header_str(headers, "x-parent-agent-tool-call-id"),
     );
     let handle = actor::get_or_start(state, &append.request_id, Opener::BidiAppend)
+        .await
         .map_err(registry_error)?;
     let (applied, was_applied) = Applied::new();
     let command = RunCommand::Appended {
@@ -325,6 +331,7 @@ async fn attach_run_sse(
     request_id: String,
 ) -> Result<Response, StreamError> {
     let handle = actor::get_or_start(state, &request_id, Opener::RunSse)
+        .await
         .map_err(|e| StreamError(registry_error(e)))?;
     let (sink, body) = downlink::downlink_channel(true);
     if handle.send(RunCommand::AttachDownlink(sink)).await.is_err() {
