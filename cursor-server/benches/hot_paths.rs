@@ -3,6 +3,8 @@
 //! `cargo bench --bench hot_paths` prints, for conversations of 10, 100 and 1,000 messages:
 //! - the time to add one step and build the next checkpoint (step + turn + state blobs) and the
 //!   bytes of new blobs it sends — both must stay flat as history grows;
+//! - at turn 300: one checkpoint's encoding (the state names every root and turn), and a run
+//!   start's fold of the whole history beside the fold kept from the last run start, continued;
 //! - the Chat stream parser's time per chunk (independent of history by construction);
 //! - the projection time of a full provider request (O(history), once per provider call);
 //! - the key choice of a provider with 1, 2, 16 and 64 keys (O(keys), once per call attempt;
@@ -166,6 +168,7 @@ fn main() {
             reproject.as_secs_f64() * 1e6
         );
     }
+    turn_300(iterations);
     let chunk = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}]}"#;
     let mut parser = ChatStreamParser::new("bench");
     let per_chunk = time(iterations * 10, || {
@@ -243,6 +246,61 @@ fn main() {
         // Under `cargo test` this binary is a smoke test; say so in the plain summary form.
         println!("smoke: 1 passed, 0 failed");
     }
+}
+
+/// A conversation at turn 300 (a user message and a one-step answer per turn): the cost of one
+/// checkpoint (the turn's structure and the state naming every root and turn, encoded and hashed,
+/// then encoded again as the `conversation_checkpoint_update`), and of a run start's fold: the whole
+/// history folded, or the fold kept from the last run start continued over the new turn.
+fn turn_300(iterations: u32) {
+    use prost::Message as _;
+    let turns = 300;
+    let rows: Vec<(String, CanonicalMessage)> = history(turns * 2)
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| (format!("req-{}", i / 2), m))
+        .collect();
+    let mut base = ConversationGraph::default();
+    base.push_root(&roots::system("system prompt"));
+    let fold = |rows: &[(String, CanonicalMessage)]| {
+        projection::project(
+            Base {
+                graph: base.clone(),
+                covers: 0,
+            },
+            Vec::new(),
+            rows.iter().map(|(r, m)| (r.as_str(), m)),
+        )
+        .0
+    };
+    let at_300 = fold(&rows);
+    let mut state_bytes = 0;
+    let per_checkpoint = time(iterations, || {
+        let graph = at_300.graph();
+        let turn = graph.turn_blob().expect("turn");
+        let (state, blob, _) = graph.state(Some(&turn), &StateDetails::default());
+        state_bytes = blob.data.len();
+        black_box(state.update_message().encode_to_vec());
+    });
+    let whole = time(iterations.min(200), || {
+        black_box(fold(&rows));
+    });
+    let earlier = fold(&rows[..rows.len() - 2]);
+    let continued = time(iterations.min(200), || {
+        let mut projection = earlier.clone();
+        assert!(projection.continue_with(Vec::new()));
+        let mut out = projection::NewBlobs::default();
+        for (request_id, message) in &rows[rows.len() - 2..] {
+            projection.apply(request_id, message, &mut out);
+        }
+        black_box(projection);
+    });
+    println!(
+        "turn {turns}: checkpoint encoding {:.1} µs ({state_bytes} state bytes); run start fold: whole history {:.1} µs, continued over the new turn {:.1} µs",
+        per_checkpoint.as_secs_f64() * 1e6,
+        whole.as_secs_f64() * 1e6,
+        continued.as_secs_f64() * 1e6
+    );
 }
 
 /// Routing a run's model (once per run start): 30 models with 3 aliases each (one a pattern), a

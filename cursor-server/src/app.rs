@@ -115,6 +115,7 @@ impl App {
             shutdown: CancellationToken::new(),
             cluster,
             auth,
+            history: Default::default(),
         });
         Ok(App { state, listener })
     }

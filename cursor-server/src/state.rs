@@ -38,4 +38,7 @@ pub struct AppState {
     pub cluster: Option<Arc<Cluster>>,
     /// `[auth]`: who is asking, and whose each run is (`None`: single-user, as before).
     pub auth: Option<crate::auth::service::Auth>,
+    /// Each recent conversation's history and fold, so a run start reads and folds only what is
+    /// new.
+    pub history: crate::sync::history::HistoryCache,
 }

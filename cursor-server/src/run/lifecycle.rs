@@ -21,6 +21,7 @@ use crate::store::{Store, StoreError, conversations, outbox};
 use crate::sync::blob_sync::{CheckpointGate, KvError, KvOutcome, KvPayload, KvRequest, KvSync};
 use crate::sync::checkpoint::StateDetails;
 use crate::sync::checkpoint::{Blob, ConversationGraph, ConversationState, StepBlob, roots};
+use crate::sync::history::HistoryCache;
 use crate::sync::projection::{self, Base, Chips, NewBlobs, Projection};
 
 use std::collections::HashMap;
@@ -199,14 +200,15 @@ async fn base_of(
     stored_messages: usize,
     system: &str,
     unset: Option<&mut Option<UnsetBase>>,
-) -> Result<(Base, bool), ServerError> {
+) -> Result<(Base, Option<(BlobId, usize)>, bool), ServerError> {
     if let Some((id, covers)) = conversations::base(store, conversation_id).await? {
-        return Ok((stored_base(store, id, covers).await?, false));
+        let base = stored_base(store, id, covers).await?;
+        return Ok((base, Some((id, covers)), false));
     }
     let base = match (client_state, newest) {
         (Some(client), None) if stored_messages == 0 => {
             let graph = ConversationGraph::from_state(client);
-            return Ok((Base { graph, covers: 0 }, true));
+            return Ok((Base { graph, covers: 0 }, None, true));
         }
         (_, Some(state)) if stored_messages > 0 => {
             let graph = ConversationGraph::from_state(state);
@@ -222,12 +224,12 @@ async fn base_of(
                     roots: vec![root],
                     state,
                 });
-                return Ok((Base { graph, covers: 0 }, false));
+                return Ok((Base { graph, covers: 0 }, None, false));
             }
             set_base(store, conversation_id, graph, &[root], 0).await?
         }
     };
-    Ok((base, false))
+    Ok((base, None, false))
 }
 
 /// The base of a conversation new to the graph, built by opening a run and not stored yet: the run
@@ -373,19 +375,51 @@ fn projects_to(projection: &Projection, state: &ConversationState) -> bool {
     state.roots() == graph.roots() && state.turns() == turns
 }
 
+/// The fold of `history` from `base`: a recorded base's (`key`) is continued from the one `cache`
+/// kept at the last run start when it is held and the newest checkpoint shows it; else, and for a
+/// run that must heal (it sends every blob the fold builds), the whole history is folded. The
+/// fold is kept for the next run start. `timed` is the state the turns' timings are read from.
+fn fold(
+    (conversation_id, base, key): (&str, Base, Option<(BlobId, usize)>),
+    timed: Option<&ConversationState>,
+    (history, cache): (&[Stored], &HistoryCache),
+    newest: Option<&ConversationState>,
+) -> (Projection, NewBlobs) {
+    // Turn timings are wall-clock facts, not history: the state they are read from.
+    let timings = timed.map(ConversationState::timings).unwrap_or_default();
+    let continued = key.and_then(|key| {
+        let projection = cache.fold(conversation_id, key, &timings, history)?;
+        projects_to(&projection, newest?).then_some(projection)
+    });
+    let (projection, built) = match continued {
+        Some(projection) => (projection, NewBlobs::default()),
+        None => {
+            let rows = history
+                .iter()
+                .map(|row| (row.request_id.as_str(), &row.message));
+            projection::project(base, timings, rows)
+        }
+    };
+    if let Some(key) = key {
+        cache.keep_fold(conversation_id, key, history.len(), &projection);
+    }
+    (projection, built)
+}
+
 impl Checkpoints {
     /// The conversation's graph projected from its stored `history` (each message with the run
     /// that appended it) and its base — the client's state for a conversation being imported
     /// (`client_state`; the client holds those blobs) — then compared with the newest checkpoint
     /// this server built: what that checkpoint lacks (a crash between a commit and its
     /// checkpoint) is in this run's graph. With `unset_base`, a base the conversation does not
-    /// have yet is built and left there for the caller to store with its first messages.
+    /// have yet is built and left there for the caller to store with its first messages. The
+    /// fold of `history` is continued from the one `cache` kept at the last run start, if any.
     pub async fn open(
         store: Store,
         conversation_id: &str,
         request_id: &str,
         client_state: Option<&ConversationState>,
-        history: &[Stored],
+        (history, cache): (&[Stored], &HistoryCache),
         system: &str,
         mut unset_base: Option<&mut Option<UnsetBase>>,
     ) -> Result<Checkpoints, ServerError> {
@@ -397,13 +431,8 @@ impl Checkpoints {
         if let (None, Some(state)) = (&newest, client_state) {
             acked.extend(state.roots_and_turns());
         }
-        let timings = newest
-            .as_ref()
-            .map(|(_, state)| state)
-            .or(client_state)
-            .map(ConversationState::timings)
-            .unwrap_or_default();
-        let (base, importing) = base_of(
+        let timed = newest.as_ref().map(|(_, state)| state).or(client_state);
+        let (base, base_key, importing) = base_of(
             &store,
             conversation_id,
             client_state,
@@ -416,10 +445,13 @@ impl Checkpoints {
         let deferred_roots = unset_base
             .and_then(|unset| unset.as_ref())
             .map(|unset| unset.roots.clone());
-        let rows = history
-            .iter()
-            .map(|row| (row.request_id.as_str(), &row.message));
-        let (projection, built) = projection::project(base, timings, rows);
+        let newest_state = newest.as_ref().map(|(_, state)| state);
+        let (projection, built) = fold(
+            (conversation_id, base, base_key),
+            timed,
+            (history, cache),
+            newest_state,
+        );
         let mut owed_blobs = owed.blobs;
         let mut opening = Vec::new();
         if must_heal(conversation_id, newest.as_ref(), &projection, importing) {

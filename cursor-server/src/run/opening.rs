@@ -452,14 +452,17 @@ async fn stored_with(
     unset_base: Option<&mut Option<UnsetBase>>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
-    let rows = messages::load_rows(&app.store, request.conversation_id).await?;
+    let rows = app
+        .history
+        .rows(&app.store, request.conversation_id)
+        .await?;
     let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
     let checkpoints = Checkpoints::open(
         app.store.clone(),
         request.conversation_id,
         request.request_id,
         client_state,
-        &rows,
+        (&rows, &app.history),
         &system,
         unset_base,
     )

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders};
+use super::{
+    Backend, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders,
+};
 use crate::model::conversation::BlobId;
 
 /// An edge: `parent` references `child` as entry `ordinal` of its field `kind`.
@@ -359,14 +361,29 @@ pub async fn acknowledge(
 
 /// Blobs the client already holds for `conversation_id`.
 pub async fn acked(store: &Store, conversation_id: &str) -> Result<Vec<BlobId>, StoreError> {
-    let ids: Vec<Vec<u8>> = on_readers!(store, |p| sqlx::query_scalar(
-        "SELECT blob_id FROM conversation_blob_acks WHERE conversation_id = $1"
-    )
-    .bind(conversation_id)
-    .fetch_all(p)
-    .await
-    .context("reading blob acks"))?;
-    Ok(ids.iter().filter_map(|id| BlobId::from_slice(id)).collect())
+    // One row, the ids in hex: a conversation holds thousands (several per turn), and reading
+    // each as a row of its own made every run start slower as the conversation grew.
+    let sql = match store.backend() {
+        Backend::Sqlite(_) => {
+            "SELECT group_concat(hex(blob_id), ',') FROM conversation_blob_acks
+             WHERE conversation_id = $1"
+        }
+        Backend::Postgres(_) => {
+            "SELECT string_agg(encode(blob_id, 'hex'), ',') FROM conversation_blob_acks
+             WHERE conversation_id = $1"
+        }
+    };
+    let ids: Option<String> = on_readers!(store, |p| sqlx::query_scalar(sql)
+        .bind(conversation_id)
+        .fetch_one(p)
+        .await
+        .context("reading blob acks"))?;
+    Ok(ids
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|id| BlobId::from_slice(&hex::decode(id).ok()?))
+        .collect())
 }
 
 /// The children of `parent` in its field `kind`, in ordinal order (tests and diagnostics).

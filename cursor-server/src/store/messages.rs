@@ -327,12 +327,27 @@ pub async fn load(
 /// The whole history with the run that appended each message (the checkpoint's projection reads
 /// turns from it).
 pub async fn load_rows(store: &Store, conversation_id: &str) -> Result<Vec<Stored>, StoreError> {
+    Ok(load_rows_from(store, conversation_id, 0)
+        .await?
+        .into_iter()
+        .map(|(_, row)| row)
+        .collect())
+}
+
+/// The history from sequence number `from` on, each message with its sequence number (a run
+/// start that holds the messages before `from` reads only the rest: messages are never rewritten).
+pub async fn load_rows_from(
+    store: &Store,
+    conversation_id: &str,
+    from: i64,
+) -> Result<Vec<(i64, Stored)>, StoreError> {
     type Row = (i64, String, Option<String>, String);
     let rows: Vec<Row> = on_readers!(store, |p| sqlx::query_as(
-        "SELECT seq, body, tool_meta, request_id FROM messages WHERE conversation_id = $1
-         ORDER BY seq",
+        "SELECT seq, body, tool_meta, request_id FROM messages
+         WHERE conversation_id = $1 AND seq >= $2 ORDER BY seq",
     )
     .bind(conversation_id)
+    .bind(from)
     .fetch_all(p)
     .await
     .context("loading history"))?;
@@ -347,10 +362,13 @@ pub async fn load_rows(store: &Store, conversation_id: &str) -> Result<Vec<Store
             if let (CanonicalMessage::ToolResult(record), Some(meta)) = (&mut message, meta) {
                 record.result.meta = Some(serde_json::from_str(&meta).map_err(corrupt)?);
             }
-            Ok(Stored {
-                request_id,
-                message,
-            })
+            Ok((
+                seq,
+                Stored {
+                    request_id,
+                    message,
+                },
+            ))
         })
         .collect()
 }

@@ -73,6 +73,8 @@ pub struct Projection {
     graph: ConversationGraph,
     /// How many of the graph's first roots are the base's.
     base_roots: usize,
+    /// How many of the graph's first turns are the base's (their timings are the base's).
+    base_turns: usize,
     /// Timings of turns, by position, known from the published state (they are wall-clock facts,
     /// not history): a turn closed by the fold takes its entry from here.
     timings: Vec<pb::StepTiming>,
@@ -85,11 +87,31 @@ impl Projection {
     pub fn new(base: Base, timings: Vec<pb::StepTiming>) -> Projection {
         Projection {
             base_roots: base.graph.root_count(),
+            base_turns: base.graph.finished_turns(),
             graph: base.graph,
             timings,
             batch: None,
             calls: HashMap::new(),
         }
+    }
+
+    /// Continues this fold with the timings known now (the newest checkpoint's), as if it had
+    /// been folded with them from the start; false when that would have closed one of its turns
+    /// with another timing.
+    pub fn continue_with(&mut self, timings: Vec<pb::StepTiming>) -> bool {
+        let closed = self.graph.timings();
+        let agree = (self.base_turns..closed.len())
+            .all(|i| timings.get(i).copied().unwrap_or_default() == closed[i]);
+        if !agree {
+            return false;
+        }
+        // The open turn (begun by the fold: a base has none) starts when the timings say.
+        let started_at_ms = timings
+            .get(self.graph.finished_turns())
+            .map_or(0, |timing| timing.timestamp_ms);
+        self.graph.set_turn_started(started_at_ms);
+        self.timings = timings;
+        true
     }
 
     /// The roots the base holds (before the conversation's own messages).
@@ -664,6 +686,62 @@ mod tests {
                 whole.graph().turn_blob(),
                 "split at {split}"
             );
+        }
+    }
+
+    #[test]
+    fn a_fold_continued_with_the_timings_known_later_is_the_fold_of_the_whole_history() {
+        let rows = history();
+        let timings = vec![
+            pb::StepTiming {
+                duration_ms: 500,
+                timestamp_ms: 1_000,
+            },
+            pb::StepTiming {
+                duration_ms: 0,
+                timestamp_ms: 2_000,
+            },
+        ];
+        let fold = |rows: &[(String, CanonicalMessage)], timings: &[pb::StepTiming]| {
+            project(
+                base(),
+                timings.to_vec(),
+                rows.iter().map(|(r, m)| (r.as_str(), m)),
+            )
+            .0
+        };
+        let ended = StateDetails {
+            turn_ended_at_ms: Some(5_000),
+            ..StateDetails::default()
+        };
+        let whole = fold(&rows, &timings);
+        let state_of = |p: &Projection| {
+            let turn = p.graph().turn_blob();
+            p.graph().state(turn.as_ref(), &ended).1.id
+        };
+        // The second turn begins at row 8: a fold of fewer rows closed no turn.
+        for split in 0..=rows.len() {
+            for earlier in [&timings[..0], &timings[..]] {
+                let mut continued = fold(&rows[..split], earlier);
+                if !continued.continue_with(timings.clone()) {
+                    assert!(
+                        split > 8 && earlier.is_empty(),
+                        "refused at {split} with {} timings",
+                        earlier.len()
+                    );
+                    continue;
+                }
+                let mut out = NewBlobs::default();
+                for (request_id, message) in &rows[split..] {
+                    continued.apply(request_id, message, &mut out);
+                }
+                assert_eq!(continued.graph().roots(), whole.graph().roots());
+                assert_eq!(continued.graph().turns(), whole.graph().turns());
+                assert_eq!(continued.graph().timings(), whole.graph().timings());
+                assert_eq!(continued.graph().turn_blob(), whole.graph().turn_blob());
+                assert_eq!(state_of(&continued), state_of(&whole), "split at {split}");
+                assert_eq!(continued.pending_calls(), whole.pending_calls());
+            }
         }
     }
 

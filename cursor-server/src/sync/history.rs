@@ -1,0 +1,194 @@
+//! What the runs of one conversation share from one run start to the next, in memory: its stored
+//! history decoded, and the projection's fold as it stood at the last run start. Messages are
+//! append-only, numbered without gaps and never rewritten, so a run start reads only the messages
+//! after those it holds and folds only those: the work of a run start no longer grows with the
+//! conversation. Nothing here is a second source of truth: every entry is what reading and folding
+//! the whole history would give (the fold is continued only from the same base, with timings that
+//! agree with the turns it closed), and anything that does not match is read and folded again.
+//!
+//! Its own file because `sync/projection.rs` is the fold itself (a pure function of history) and
+//! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
+//! bounded, is a policy of its own.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::cursor::proto::agent as pb;
+use crate::model::conversation::BlobId;
+use crate::store::messages::{self, Stored};
+use crate::store::{Store, StoreError};
+use crate::sync::projection::Projection;
+
+/// Conversations kept (least recently used first out).
+const MAX_CONVERSATIONS: usize = 64;
+/// Messages kept across every conversation (a conversation longer than this is not kept).
+const MAX_MESSAGES: usize = 50_000;
+
+/// The fold of a conversation's first `rows` messages from the base `base` (its state blob and the
+/// messages it covers).
+struct Folded {
+    base: (BlobId, usize),
+    rows: usize,
+    projection: Projection,
+}
+
+struct Entry {
+    rows: Vec<Stored>,
+    folded: Option<Folded>,
+    used: u64,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    clock: u64,
+}
+
+impl Entries {
+    fn messages(&self) -> usize {
+        self.map.values().map(|entry| entry.rows.len()).sum()
+    }
+
+    /// Drops the least recently used entries until the bounds hold.
+    fn bound(&mut self) {
+        while self.map.len() > MAX_CONVERSATIONS || self.messages() > MAX_MESSAGES {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, entry)| entry.used)
+                .map(|(id, _)| id.clone())
+            else {
+                return;
+            };
+            self.map.remove(&oldest);
+        }
+    }
+}
+
+/// The cache `AppState` holds; every run start of the node goes through it.
+#[derive(Default)]
+pub struct HistoryCache {
+    entries: Mutex<Entries>,
+}
+
+impl std::fmt::Debug for HistoryCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistoryCache").finish_non_exhaustive()
+    }
+}
+
+impl HistoryCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The conversation's whole stored history, oldest first: the messages held, then those
+    /// stored after them (read from the store).
+    pub async fn rows(
+        &self,
+        store: &Store,
+        conversation_id: &str,
+    ) -> Result<Vec<Stored>, StoreError> {
+        let held = self
+            .lock()
+            .map
+            .get(conversation_id)
+            .map_or(0, |entry| entry.rows.len());
+        let newer = messages::load_rows_from(store, conversation_id, held as i64).await?;
+        let follows = newer
+            .iter()
+            .enumerate()
+            .all(|(i, (seq, _))| *seq == (held + i) as i64);
+        if !follows {
+            // Not what a history without gaps gives: read it whole, keep nothing.
+            self.lock().map.remove(conversation_id);
+            return messages::load_rows(store, conversation_id).await;
+        }
+        let kept = self.extend(conversation_id, held, newer);
+        match kept {
+            Some(rows) => Ok(rows),
+            // Another run start of the conversation changed the entry meanwhile.
+            None => messages::load_rows(store, conversation_id).await,
+        }
+    }
+
+    /// Adds the messages stored after the `held` first ones to the conversation's entry; returns
+    /// the whole history, or `None` (and keeps nothing) when the entry no longer holds `held`.
+    fn extend(
+        &self,
+        conversation_id: &str,
+        held: usize,
+        newer: Vec<(i64, Stored)>,
+    ) -> Option<Vec<Stored>> {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let used = entries.clock;
+        let entry = entries
+            .map
+            .entry(conversation_id.to_owned())
+            .or_insert_with(|| Entry {
+                rows: Vec::new(),
+                folded: None,
+                used,
+            });
+        entry.used = used;
+        if entry.rows.len() != held {
+            entries.map.remove(conversation_id);
+            return None;
+        }
+        entry.rows.extend(newer.into_iter().map(|(_, row)| row));
+        let rows = entry.rows.clone();
+        entries.bound();
+        Some(rows)
+    }
+
+    /// The fold of the first messages of `history` from `base`, continued over the rest; `None`
+    /// when none is held for this base (or the timings disagree with the turns it closed).
+    pub fn fold(
+        &self,
+        conversation_id: &str,
+        base: (BlobId, usize),
+        timings: &[pb::StepTiming],
+        history: &[Stored],
+    ) -> Option<Projection> {
+        let (mut projection, from) = {
+            let entries = self.lock();
+            let folded = entries.map.get(conversation_id)?.folded.as_ref()?;
+            if folded.base != base || folded.rows > history.len() {
+                return None;
+            }
+            // The base's messages are in the base, never folded.
+            (folded.projection.clone(), folded.rows.max(base.1))
+        };
+        if !projection.continue_with(timings.to_vec()) {
+            return None;
+        }
+        let mut out = crate::sync::projection::NewBlobs::default();
+        for row in history.get(from..).unwrap_or_default() {
+            projection.apply(&row.request_id, &row.message, &mut out);
+        }
+        Some(projection)
+    }
+
+    /// Keeps the fold of the conversation's first `rows` messages from `base`.
+    pub fn keep_fold(
+        &self,
+        conversation_id: &str,
+        base: (BlobId, usize),
+        rows: usize,
+        projection: &Projection,
+    ) {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.map.get_mut(conversation_id)
+            && entry.rows.len() >= rows
+        {
+            entry.folded = Some(Folded {
+                base,
+                rows,
+                projection: projection.clone(),
+            });
+        }
+    }
+}
