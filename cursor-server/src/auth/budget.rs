@@ -37,16 +37,9 @@ async fn limits_of(app: &AppState, email: &str) -> Result<(Limits, Option<String
         .await
         .map_err(|e| refused(format!("the budget could not be read: {e}")))?;
     let team = record.as_ref().and_then(|r| r.team.clone());
-    let team_limits = team
-        .as_deref()
-        .and_then(|name| auth.config.teams.iter().find(|t| t.name == name))
-        .map(|t| t.limits.clone())
-        .unwrap_or_default();
-    let own: Limits = record
-        .and_then(|r| r.limits)
-        .and_then(|json| serde_json::from_str(&json).ok())
-        .unwrap_or_default();
-    Ok((own.over(&team_limits), team))
+    let own = record.as_ref().and_then(|r| r.limits.as_deref());
+    let (_, in_force) = auth.config.limits_of(team.as_deref(), own);
+    Ok((in_force, team))
 }
 
 fn refused(message: String) -> ProviderError {
@@ -98,7 +91,7 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
     }
     let total = team.as_deref().and_then(|name| {
         let auth = app.auth.as_ref()?;
-        let team = auth.config.teams.iter().find(|t| t.name == name)?;
+        let team = auth.config.team(name)?;
         Some((name, team.total.clone()?))
     });
     if let Some((name, total)) = total {

@@ -233,6 +233,25 @@ pub struct UserConfig {
 }
 
 impl AuthConfig {
+    /// The team named `name` in the file, if any.
+    pub fn team(&self, name: &str) -> Option<&TeamConfig> {
+        self.teams.iter().find(|t| t.name == name)
+    }
+
+    /// A stored person's own limits and the limits in force for them (their own over their
+    /// team's): what the budget check enforces and the people page shows.
+    pub fn limits_of(&self, team: Option<&str>, own: Option<&str>) -> (Limits, Limits) {
+        let own: Limits = own
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or_default();
+        let team_limits = team
+            .and_then(|name| self.team(name))
+            .map(|t| t.limits.clone())
+            .unwrap_or_default();
+        let in_force = own.over(&team_limits);
+        (own, in_force)
+    }
+
     /// The team `email` belongs to in the file, if any.
     pub fn team_of(&self, email: &str) -> Option<&TeamConfig> {
         self.teams

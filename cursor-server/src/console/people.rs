@@ -183,24 +183,14 @@ pub async fn people(
         ));
     }
     let store = &state.store;
-    let team_limits = |team: Option<&str>| {
-        auth.config
-            .teams
-            .iter()
-            .find(|t| Some(t.name.as_str()) == team)
-            .map(|t| t.limits.clone())
-            .unwrap_or_default()
-    };
     let mut people = Vec::new();
     for user in users::list(store).await? {
-        let own: Limits = user
-            .limits
-            .as_deref()
-            .and_then(|json| serde_json::from_str(json).ok())
-            .unwrap_or_default();
+        let (own, in_force) = auth
+            .config
+            .limits_of(user.team.as_deref(), user.limits.as_deref());
         let [today, month] = spent_now(store, &format!("user:{}", user.email)).await?;
         people.push(PersonRow {
-            in_force: own.over(&team_limits(user.team.as_deref())),
+            in_force,
             own,
             email: user.email,
             team: user.team,
