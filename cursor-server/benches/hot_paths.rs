@@ -430,10 +430,11 @@ async fn streamed_chunks(chunks: usize) -> Duration {
     let provider = fake_provider::FakeProvider::start().await;
     let parts: Vec<String> = (0..chunks).map(|i| format!("t{i} ")).collect();
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-    provider.push(fake_provider::Reply::sse(fake_provider::text_events(
-        &parts,
-        (5, chunks as u64, 0),
-    )));
+    // Unpaced: the provider sends the next chunk at once (`Reply::sse` waits 1 ms between).
+    provider.push(fake_provider::Reply::Sse {
+        events: fake_provider::text_events(&parts, (5, chunks as u64, 0)),
+        gap: Duration::ZERO,
+    });
     let server = fixtures::TestServer::start(&provider.base_url()).await;
     let cursor = fake_cursor::FakeCursor::new(server.addr);
     let (uplink, response) = cursor.open_run_h2("bench-chunks").await;

@@ -5,8 +5,8 @@
 //! with SIGKILL while its run waits on the provider, the shared secret, and a new message on one
 //! node superseding a run on the other, the console's live list on either node showing both
 //! nodes' runs, a second process given a live node's name refused and a
-//! restarted node waiting out its old lease. Every wait is for an event (a frame, a log line, a
-//! row).
+//! restarted node waiting out its old lease, and people with a budget (`[auth]`) running many runs
+//! at once through both nodes. Every wait is for an event (a frame, a log line, a row).
 
 #[path = "support/fake_cursor.rs"]
 mod fake_cursor;
@@ -812,4 +812,122 @@ async fn a_second_process_given_a_live_nodes_name_is_refused_and_a_restarted_one
 fn merged_deltas(mut kinds: Vec<&'static str>) -> Vec<&'static str> {
     kinds.dedup_by(|a, b| *a == "text_delta" && *b == "text_delta");
     kinds
+}
+
+/// Budgets across nodes (issue 28): three people with a daily token limit each start many runs at
+/// once through both nodes (round robin, runs owned by either). Nobody spends more than the limit
+/// plus one call per node, the calls past it are refused with `resource_exhausted` naming the
+/// limit, and each person's counter adds up exactly to their recorded provider calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn people_running_at_once_on_two_nodes_spend_at_most_their_limit_plus_one_call_per_node() {
+    use cursor_server::auth::admin::{self, UsersAction};
+    use cursor_server::auth::budget::{spent_now, tokens_of};
+    use cursor_server::store::budgets;
+
+    const PEOPLE: [&str; 3] = ["a@example.com", "b@example.com", "c@example.com"];
+    const RUNS_EACH: usize = 12;
+    const DAILY_TOKENS: i64 = 60;
+    let provider = FakeProvider::start().await;
+    // More replies than calls can be made: each call spends 12 tokens.
+    for _ in 0..PEOPLE.len() * RUNS_EACH {
+        provider.push(Reply::sse(text_events(&["within ", "budget"], (10, 2, 0))));
+    }
+    let members = PEOPLE.map(|p| format!("{p:?}")).join(", ");
+    let extra = format!(
+        "{EXTRA}\n\n[auth]\nmode = \"tokens\"\n\n[[teams]]\nname = \"t\"\nmembers = [{members}]\ndaily_tokens = {DAILY_TOKENS}\n"
+    );
+    let db = tempfile::tempdir().expect("tempdir");
+    let (_a, a_addr, _a_log) = fixtures::spawn_node(
+        &provider.base_url(),
+        db.path(),
+        ("a", CLUSTER_SECRET),
+        &extra,
+        LEASE_SECS,
+    )
+    .await;
+    let (_b, b_addr, _b_log) = fixtures::spawn_node(
+        &provider.base_url(),
+        db.path(),
+        ("b", CLUSTER_SECRET),
+        &extra,
+        LEASE_SECS,
+    )
+    .await;
+    let store = open_store(db.path()).await;
+    let mut runs = Vec::new();
+    for (p, person) in PEOPLE.iter().enumerate() {
+        let printed = admin::run(
+            &store,
+            UsersAction::Add {
+                email: (*person).to_owned(),
+            },
+        )
+        .await
+        .expect("users add");
+        let token = printed.lines().last().expect("a token").to_owned();
+        let header = [("x-cursor-byok-token", token.as_str())];
+        let cursors = [
+            FakeCursor::alternating_with_headers(&[a_addr, b_addr], &header),
+            FakeCursor::alternating_with_headers(&[b_addr, a_addr], &header),
+        ];
+        for n in 0..RUNS_EACH {
+            let cursor = cursors[n % 2].clone();
+            runs.push(tokio::spawn(async move {
+                let request_id = format!("req-budget-{p}-{n}");
+                let message = run_request_with_env(&format!("conv-budget-{p}-{n}"), "spend");
+                (
+                    p,
+                    Session::start(&cursor, &request_id, &message)
+                        .await
+                        .finish()
+                        .await,
+                )
+            }));
+        }
+    }
+    let mut succeeded = [0usize; PEOPLE.len()];
+    let mut refused = [0usize; PEOPLE.len()];
+    for run in runs {
+        let (p, transcript) = run.await.expect("run task");
+        if transcript.is_success() {
+            succeeded[p] += 1;
+        } else {
+            assert_eq!(
+                transcript.error_code(),
+                Some("resource_exhausted"),
+                "{:?}",
+                transcript.end
+            );
+            let message = transcript.error_message().unwrap_or_default();
+            assert!(message.contains("daily_tokens"), "{message}");
+            refused[p] += 1;
+        }
+    }
+    for (p, person) in PEOPLE.iter().enumerate() {
+        let recorded = budgets::usage_by_person(&store, 0, Some(person))
+            .await
+            .expect("usage");
+        let calls: u64 = recorded.iter().map(|u| u.calls).sum();
+        let tokens: u64 = recorded.iter().map(|u| tokens_of(&u.usage)).sum();
+        let [today, _] = spent_now(&store, &format!("user:{person}"))
+            .await
+            .expect("counters");
+        assert_eq!(
+            (today.calls, today.tokens),
+            (calls as i64, tokens as i64),
+            "{person}: the counter is the sum of the recorded calls"
+        );
+        // Each call spends 12 tokens; a node may start one call past the limit.
+        assert!(
+            today.tokens <= DAILY_TOKENS + 2 * 12,
+            "{person} spent {} tokens of {DAILY_TOKENS} in {calls} calls",
+            today.tokens
+        );
+        assert!(today.tokens >= DAILY_TOKENS, "{person} reached the limit");
+        assert!(
+            refused[p] > 0,
+            "{person}: the calls past the limit are refused"
+        );
+        assert!(succeeded[p] > 0, "{person}: the runs within the limit ran");
+    }
 }

@@ -95,6 +95,7 @@ on_both_backends!(
     a_nodes_name_is_taken_only_once_its_lease_ran_out,
     a_run_start_claims_a_new_conversation_for_its_person_and_refuses_anothers,
     concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_further,
+    a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_query,
 );
 
 /// A user message typed in `mode`.
@@ -557,6 +558,7 @@ async fn runs_and_provider_calls_read_back(db: TestDb) {
                 fallback_from: None,
                 key_index: Some(0),
             },
+            None,
         )
         .await
         .unwrap();
@@ -1224,4 +1226,98 @@ async fn concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_furt
             .await
             .unwrap()
     );
+}
+
+/// The budget check's one read: the person's counters and their team's per period (another
+/// person's and another team's never), and the person's runs in progress (not ended ones, not
+/// another person's), or no count when the limits do not need it.
+async fn a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_query(db: TestDb) {
+    let store = &db.store;
+    let periods = [
+        "day:d".to_owned(),
+        "month:m".to_owned(),
+        "minute:1".to_owned(),
+    ];
+    let spent = |cost, tokens| budgets::Spent {
+        cost_micro_usd: cost,
+        tokens,
+        calls: 1,
+    };
+    let charge = |scopes: &[&str], periods: &[String], spent| budgets::Charge {
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        periods: periods.to_vec(),
+        spent,
+    };
+    for (scopes, periods, spent) in [
+        (
+            &["user:a@example.com", "team:t"][..],
+            &periods[..2],
+            spent(10, 100),
+        ),
+        (
+            &["user:b@example.com", "team:u"][..],
+            &periods[..2],
+            spent(1_000, 5),
+        ),
+        (&["team:t"][..], &periods[..1], spent(7, 3)),
+    ] {
+        budgets::charge(store, &charge(scopes, periods, spent))
+            .await
+            .unwrap();
+    }
+    let start = |request_id, conversation_id, person| runs::RunStart {
+        request_id,
+        conversation_id,
+        model_id: "m",
+        requested_model: "m",
+        node: None,
+        person,
+    };
+    for (run, conversation, person) in [
+        ("r-a1", "ca1", "a@example.com"),
+        ("r-a2", "ca2", "a@example.com"),
+        ("r-a3", "ca3", "a@example.com"),
+        ("r-b1", "cb1", "b@example.com"),
+    ] {
+        runs::start_as(store, &start(run, conversation, Some(person)))
+            .await
+            .unwrap();
+    }
+    let ended = runs::RunOutcome {
+        status: runs::RunStatus::Succeeded,
+        provider_calls: 0,
+        usage: Default::default(),
+        error: None,
+    };
+    runs::finish(store, "r-a3", &ended, (None, "run"))
+        .await
+        .unwrap();
+
+    let standing = budgets::standing(store, "a@example.com", Some("t"), &periods, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        standing.person,
+        [spent(10, 100), spent(10, 100), Default::default()]
+    );
+    let team_day = budgets::Spent {
+        cost_micro_usd: 17,
+        tokens: 103,
+        calls: 2,
+    };
+    assert_eq!(
+        standing.team,
+        [team_day, spent(10, 100), Default::default()]
+    );
+    assert_eq!(
+        standing.running, 2,
+        "a's two running runs, not the ended one nor b's"
+    );
+
+    let without = budgets::standing(store, "a@example.com", None, &periods, false)
+        .await
+        .unwrap();
+    assert_eq!(without.person, standing.person);
+    assert_eq!(without.team, [budgets::Spent::default(); 3]);
+    assert_eq!(without.running, 0, "not counted when not asked");
 }

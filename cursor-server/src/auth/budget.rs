@@ -7,8 +7,16 @@
 //! A person's limits are their own (`[[users]]`, `users set-budget`) over their team's; a team's
 //! limits are thus each member's unless the member has their own. A team's `[teams.total]` limits
 //! the sum of its members' spending, from the same counters (every call is charged to both).
+//!
+//! Calls running side by side (parallel subagents, several runs, several nodes) are checked
+//! before any of them is charged, so each node also counts its person's calls in flight
+//! (`CallsInFlight`): a second call starts only while the headroom under every hard limit holds
+//! all of this node's calls in flight, each as large as the largest call charged here, times the
+//! live nodes (which share the headroom); else it waits for one to end. The first call on a node
+//! always starts, so a person never spends more than a limit plus one call per node.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::config::ModelConfig;
 use crate::config::auth::Limits;
@@ -16,15 +24,128 @@ use crate::model::usage::Usage;
 use crate::ops::metrics;
 use crate::provider::{Gate, ProviderError};
 use crate::state::AppState;
-use crate::store::budgets::{self, Spent};
-use crate::store::{now_ms, users};
+use crate::store::budgets::{self, Charge, Spent};
+use crate::store::now_ms;
 
-/// The check before a call on `model_id` by run `request_id`; `None` without `[auth]`.
-pub fn gate(app: &Arc<AppState>, request_id: &str, model_id: &str) -> Option<Gate> {
+/// The check before a call on `model_id` by run `request_id`, and the place its admission is
+/// held until the call is charged; `None` without `[auth]`.
+pub fn gate(app: &Arc<AppState>, request_id: &str, model_id: &str) -> Option<(Gate, CallSlot)> {
     let email = app.auth.as_ref()?.owner_of_run(request_id)?;
     let app = Arc::clone(app);
     let model = model_id.to_owned();
-    Some(Box::pin(async move { check(&app, &email, &model).await }))
+    let slot = CallSlot::default();
+    let held = slot.clone();
+    let gate: Gate = Box::pin(async move {
+        let admitted = check(&app, &email, &model).await?;
+        *held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(admitted);
+        Ok(())
+    });
+    Some((gate, slot))
+}
+
+/// Where an admitted call's place among its person's calls in flight is held: released once the
+/// call is charged (`release`), or when the call is dropped.
+#[derive(Clone, Default)]
+pub struct CallSlot(Arc<Mutex<Option<Admitted>>>);
+
+impl CallSlot {
+    pub fn release(&self) {
+        let admitted = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(admitted);
+    }
+}
+
+/// Each person's provider calls in flight on this node, and the largest call charged here.
+#[derive(Default)]
+pub struct CallsInFlight {
+    people: Mutex<HashMap<String, PersonCalls>>,
+    /// Told whenever a call ends (its place is released).
+    released: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PersonCalls {
+    in_flight: u32,
+    /// The largest cost and the most tokens one call of theirs was charged on this node.
+    largest: Option<Spent>,
+}
+
+/// Past this many people remembered, those with nothing in flight are forgotten.
+const PEOPLE_PRUNE_AT: usize = 4096;
+
+/// One admitted call of `email`, counted in flight until dropped.
+pub struct Admitted {
+    table: Arc<CallsInFlight>,
+    email: String,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        {
+            let mut people = self.table.people.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(calls) = people.get_mut(&self.email) {
+                calls.in_flight = calls.in_flight.saturating_sub(1);
+            }
+        }
+        self.table.released.notify_waiters();
+    }
+}
+
+impl CallsInFlight {
+    /// Admits a call of `email` when `fits(calls in flight here, largest call)` says so.
+    fn try_admit(
+        self: &Arc<Self>,
+        email: &str,
+        fits: impl FnOnce(u32, Option<Spent>) -> bool,
+    ) -> Option<Admitted> {
+        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        if people.len() >= PEOPLE_PRUNE_AT && !people.contains_key(email) {
+            people.retain(|_, calls| calls.in_flight > 0);
+        }
+        let calls = people.entry(email.to_owned()).or_default();
+        if !fits(calls.in_flight, calls.largest) {
+            return None;
+        }
+        calls.in_flight += 1;
+        Some(Admitted {
+            table: Arc::clone(self),
+            email: email.to_owned(),
+        })
+    }
+
+    /// Remembers what a call of `email` was charged (the largest so far bounds the next ones).
+    fn charged(&self, email: &str, spent: Spent) {
+        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        let calls = people.entry(email.to_owned()).or_default();
+        let largest = calls.largest.unwrap_or_default();
+        calls.largest = Some(Spent {
+            cost_micro_usd: largest.cost_micro_usd.max(spent.cost_micro_usd),
+            tokens: largest.tokens.max(spent.tokens),
+            calls: 1,
+        });
+    }
+
+    /// Calls of `email` in flight on this node.
+    pub fn in_flight(&self, email: &str) -> u32 {
+        let people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        people.get(email).map_or(0, |calls| calls.in_flight)
+    }
+}
+
+/// Whether one more call fits beside `in_flight` others on this node under a hard limit `cap` of
+/// which `spent` is used: the first always does; more only when every call in flight here, as
+/// large as `largest` (unknown: none charged yet), times the `nodes` sharing the headroom, fits.
+fn fits_beside(in_flight: u32, cap: i64, spent: i64, largest: Option<i64>, nodes: usize) -> bool {
+    if in_flight == 0 {
+        return true;
+    }
+    let Some(largest) = largest else {
+        return false;
+    };
+    let wanted = (i128::from(in_flight) + 1)
+        .saturating_mul(i128::from(largest))
+        .saturating_mul(nodes as i128);
+    wanted <= i128::from(cap) - i128::from(spent)
 }
 
 /// The person's limits in force and their team.
@@ -33,7 +154,8 @@ async fn limits_of(app: &AppState, email: &str) -> Result<(Limits, Option<String
         .auth
         .as_ref()
         .ok_or_else(|| refused("no [auth]".to_owned()))?;
-    let record = users::get(&app.store, email)
+    let record = auth
+        .person(&app.store, email)
         .await
         .map_err(|e| refused(format!("the budget could not be read: {e}")))?;
     let team = record.as_ref().and_then(|r| r.team.clone());
@@ -46,7 +168,8 @@ fn refused(message: String) -> ProviderError {
     ProviderError::OverBudget(message)
 }
 
-async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderError> {
+/// The checks before a call; `Ok` is the call's place among its person's calls in flight.
+async fn check(app: &AppState, email: &str, model: &str) -> Result<Admitted, ProviderError> {
     let (limits, team) = limits_of(app, email).await?;
     let team_label = team.clone().unwrap_or_else(|| "none".to_owned());
     let ask = app
@@ -78,49 +201,86 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
             None,
         ));
     }
-    let periods = Periods::at(now_ms());
     let store_failed = |e| refused(format!("the budget could not be read: {e}"));
-    let [day, month, _] = budgets::read(&app.store, &format!("user:{email}"), &periods.keys())
-        .await
-        .map_err(store_failed)?;
-    if let Some((limit, what, reset)) = spending(&limits, [day, month], &periods, |limit, what| {
-        metrics::budget_event(&team_label, "warned", limit);
-        tracing::warn!(user = email, limit, "{what}");
-    }) {
-        return Err(refuse(email, limit, what, Some(reset)));
-    }
+    // The team's counters only matter when the team has a total.
     let total = team.as_deref().and_then(|name| {
         let auth = app.auth.as_ref()?;
         let team = auth.config.team(name)?;
         Some((name, team.total.clone()?))
     });
-    if let Some((name, total)) = total {
-        let [day, month, _] = budgets::read(&app.store, &format!("team:{name}"), &periods.keys())
-            .await
-            .map_err(store_failed)?;
+    let auth = app
+        .auth
+        .as_ref()
+        .ok_or_else(|| refused("no [auth]".to_owned()))?;
+    let nodes = app.cluster.as_ref().map_or(1, |c| c.live_nodes());
+    let (periods, admitted) = loop {
+        // Registered before looking, so a call ending meanwhile is not missed.
+        let released = auth.calls.released.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        let periods = Periods::at(now_ms());
+        let standing = budgets::standing(
+            &app.store,
+            email,
+            total.as_ref().map(|(name, _)| *name),
+            &periods.keys(),
+            limits.concurrent_runs.is_some(),
+        )
+        .await
+        .map_err(store_failed)?;
+        let [day, month, _] = standing.person;
         if let Some((limit, what, reset)) =
-            spending(&total, [day, month], &periods, |limit, what| {
+            spending(&limits, [day, month], &periods, |limit, what| {
                 metrics::budget_event(&team_label, "warned", limit);
-                tracing::warn!(team = name, limit, "the team's total: {what}");
+                tracing::warn!(user = email, limit, "{what}");
             })
         {
-            let who = format!("team {name} (all its members together)");
-            return Err(refuse(&who, limit, what, Some(reset)));
+            return Err(refuse(email, limit, what, Some(reset)));
         }
-    }
-    if let Some(most) = limits.concurrent_runs {
-        let running = budgets::running_runs(&app.store, email)
-            .await
-            .map_err(store_failed)?;
-        if running > i64::from(most) {
-            return Err(refuse(
-                email,
-                "concurrent_runs",
-                format!("{running} runs at once of {most}"),
-                None,
-            ));
+        if let Some((name, total)) = &total {
+            let [day, month, _] = standing.team;
+            if let Some((limit, what, reset)) =
+                spending(total, [day, month], &periods, |limit, what| {
+                    metrics::budget_event(&team_label, "warned", limit);
+                    tracing::warn!(team = name, limit, "the team's total: {what}");
+                })
+            {
+                let who = format!("team {name} (all its members together)");
+                return Err(refuse(&who, limit, what, Some(reset)));
+            }
         }
-    }
+        if let Some(most) = limits.concurrent_runs {
+            let running = standing.running;
+            if running > i64::from(most) {
+                return Err(refuse(
+                    email,
+                    "concurrent_runs",
+                    format!("{running} runs at once of {most}"),
+                    None,
+                ));
+            }
+        }
+        let hard = hard_caps(&limits, standing.person)
+            .into_iter()
+            .chain(total.iter().flat_map(|(_, t)| hard_caps(t, standing.team)));
+        let hard: Vec<(i64, i64, Metric)> = hard.collect();
+        let admitted = auth.calls.try_admit(email, |in_flight, largest| {
+            hard.iter().all(|(cap, spent, metric)| {
+                fits_beside(
+                    in_flight,
+                    *cap,
+                    *spent,
+                    largest.map(|l| metric.of(&l)),
+                    nodes,
+                )
+            })
+        });
+        match admitted {
+            Some(admitted) => break (periods, admitted),
+            // Near a hard limit with calls of theirs in flight here: wait for one to end.
+            None => released.await,
+        }
+    };
     // Last, as it counts the call: one conditional increment, so calls racing on several nodes
     // cannot all pass a count they read before any of them wrote.
     if let Some(rpm) = limits.requests_per_minute {
@@ -141,7 +301,36 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<(), ProviderE
             ));
         }
     }
-    Ok(())
+    Ok(admitted)
+}
+
+/// What a hard limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Cost,
+    Tokens,
+}
+
+impl Metric {
+    fn of(self, spent: &Spent) -> i64 {
+        match self {
+            Metric::Cost => spent.cost_micro_usd,
+            Metric::Tokens => spent.tokens,
+        }
+    }
+}
+
+/// Every hard cost and token limit set in `limits`, as (cap, spent in its period, what it counts).
+fn hard_caps(limits: &Limits, [day, month, _]: [Spent; 3]) -> Vec<(i64, i64, Metric)> {
+    [
+        (limits.daily_cost_usd.map(usd), day, Metric::Cost),
+        (limits.monthly_cost_usd.map(usd), month, Metric::Cost),
+        (limits.daily_tokens.map(as_i64), day, Metric::Tokens),
+        (limits.monthly_tokens.map(as_i64), month, Metric::Tokens),
+    ]
+    .into_iter()
+    .filter_map(|(cap, spent, metric)| Some((cap?, metric.of(&spent), metric)))
+    .collect()
 }
 
 /// The first hard limit on cost or tokens that `[day, month]` reached, as (limit, what was
@@ -217,11 +406,17 @@ fn spending(
     None
 }
 
-/// Charges what a call used to its person and their team, for the day and the month.
-pub async fn charge(app: &Arc<AppState>, request_id: &str, model: &ModelConfig, usage: &Usage) {
-    let Some(email) = app.auth.as_ref().and_then(|a| a.owner_of_run(request_id)) else {
-        return;
-    };
+/// What a call of run `request_id` charges to its person and their team, for the day and the
+/// month (`None` without `[auth]` or for a run this node did not admit for a person); written
+/// with the call's record (`runs::record_provider_call`).
+pub async fn charge_of(
+    app: &AppState,
+    request_id: &str,
+    model: &ModelConfig,
+    usage: &Usage,
+) -> Option<Charge> {
+    let auth = app.auth.as_ref()?;
+    let email = auth.owner_of_run(request_id)?;
     let cost = model
         .pricing
         .and_then(|p| p.cost(usage))
@@ -231,18 +426,23 @@ pub async fn charge(app: &Arc<AppState>, request_id: &str, model: &ModelConfig, 
         tokens: as_i64(tokens_of(usage)),
         calls: 1,
     };
-    let team = users::get(&app.store, &email)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|r| r.team);
+    auth.calls.charged(&email, spent);
+    let team = match auth.person(&app.store, &email).await {
+        Ok(record) => record.and_then(|r| r.team),
+        Err(e) => {
+            // The person's own counters are still charged; the team's total misses this call.
+            tracing::warn!(user = %email, "reading a person's team to charge their call: {e}");
+            None
+        }
+    };
     let mut scopes = vec![format!("user:{email}")];
     scopes.extend(team.map(|t| format!("team:{t}")));
     let periods = Periods::at(now_ms());
-    if let Err(e) = budgets::charge(&app.store, &scopes, &[periods.day, periods.month], spent).await
-    {
-        tracing::warn!(user = %email, "charging a provider call to the budget: {e}");
-    }
+    Some(Charge {
+        scopes,
+        periods: vec![periods.day, periods.month],
+        spent,
+    })
 }
 
 /// What `scope` (`user:EMAIL`, `team:NAME`) spent today and this month (UTC), for the console.
@@ -379,6 +579,26 @@ mod tests {
         let p = Periods::at(0);
         assert_eq!(p.day, "day:1970-01-01");
         assert_eq!(p.minute_reset, "1970-01-01 00:01 UTC");
+    }
+
+    #[test]
+    fn a_second_call_starts_only_while_every_call_in_flight_fits_the_shared_headroom() {
+        // The first call on a node always starts, even at the limit's edge.
+        assert!(fits_beside(0, 60, 59, None, 2));
+        // No call charged yet: a second waits for the first.
+        assert!(!fits_beside(1, 60, 0, None, 1));
+        // Two calls of 12 on each of 2 nodes need 48 of the headroom.
+        assert!(fits_beside(1, 60, 12, Some(12), 2));
+        assert!(!fits_beside(1, 60, 13, Some(12), 2));
+        assert!(!fits_beside(2, 60, 0, Some(12), 2));
+        // Huge figures do not overflow.
+        assert!(!fits_beside(
+            u32::MAX,
+            i64::MAX,
+            0,
+            Some(i64::MAX),
+            usize::MAX
+        ));
     }
 
     #[test]

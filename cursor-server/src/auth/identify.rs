@@ -100,7 +100,10 @@ async fn from_peer_node(
     let Some(email) = claimed.as_ref().and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };
-    known_person(state, email).await.map(Some)
+    let auth = state.auth.as_ref().ok_or_else(|| {
+        ConnectError::new(ConnectCode::Unauthenticated, "this node has no [auth]")
+    })?;
+    known_person(state, auth, email).await.map(Some)
 }
 
 /// The person behind a client's request, by the configured mode.
@@ -129,7 +132,7 @@ async fn identify(
                     "this token is not one this server issued (or it was revoked); ask an admin for a new one",
                 )
             })?;
-            caller_of(record)
+            caller_of(auth, record)
         }
         AuthMode::TrustedHeader {
             header,
@@ -215,11 +218,11 @@ async fn admitted(state: &AppState, auth: &Auth, named: &str) -> Result<Caller, 
             ));
         }
     };
-    caller_of(record)
+    caller_of(auth, record)
 }
 
 /// A person a peer node already verified: known to the store (the first node recorded them).
-async fn known_person(state: &AppState, email: &str) -> Result<Caller, ConnectError> {
+async fn known_person(state: &AppState, auth: &Auth, email: &str) -> Result<Caller, ConnectError> {
     let record = users::get(&state.store, email)
         .await
         .map_err(store_failed)?
@@ -229,10 +232,12 @@ async fn known_person(state: &AppState, email: &str) -> Result<Caller, ConnectEr
                 format!("the forwarded user {email} is not known to the store"),
             )
         })?;
-    caller_of(record)
+    caller_of(auth, record)
 }
 
-fn caller_of(record: users::UserRecord) -> Result<Caller, ConnectError> {
+/// The caller a record names, remembered for the run's budget check (`Auth::person`).
+fn caller_of(auth: &Auth, record: users::UserRecord) -> Result<Caller, ConnectError> {
+    auth.read_person(&record);
     if record.disabled {
         return Err(ConnectError::new(
             ConnectCode::PermissionDenied,

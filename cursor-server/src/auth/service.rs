@@ -4,13 +4,14 @@
 //! hold it and every part of `auth/` can read it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
 
 use crate::config::auth::{AuthConfig, Limits};
+use crate::store::users::UserRecord;
 use crate::store::{Store, StoreError, users};
 
 /// The header carrying the verified person on a request inside this server and between nodes of
@@ -37,6 +38,15 @@ pub(super) const RUN_OWNER_TTL: Duration = Duration::from_secs(3600);
 /// Past this many remembered runs, the ones older than `RUN_OWNER_TTL` are forgotten.
 pub(super) const RUN_OWNERS_PRUNE_AT: usize = 4096;
 
+/// How long a person's record this node read is used without reading it again. Identifying a
+/// request reads it anyway (the token or the name must be looked up), so a run's budget check and
+/// charge right after use that copy: a change by a `users` command or another node's people page
+/// applies to calls that start at most this long after it; this node's people page forgets its
+/// copy at once (`forget_person`).
+pub const PERSON_FRESH: Duration = Duration::from_secs(1);
+/// Past this many remembered people, the ones older than `PERSON_FRESH` are forgotten.
+const PEOPLE_PRUNE_AT: usize = 4096;
+
 /// `[auth]` in force: the configuration, the verified Cursor tokens and the runs' people.
 pub struct Auth {
     pub config: AuthConfig,
@@ -44,6 +54,10 @@ pub struct Auth {
     pub(crate) cursor_tokens: TokenCache,
     /// Which person each run of this node belongs to, by request id.
     pub(super) run_owners: Mutex<HashMap<String, (String, Instant)>>,
+    /// Each person's provider calls in flight on this node (`budget`).
+    pub calls: Arc<super::budget::CallsInFlight>,
+    /// People's records read lately, by e-mail, and when each was read.
+    people: Mutex<HashMap<String, (UserRecord, Instant)>>,
     /// Refusals written to the audit log in the current minute (a flood cannot fill the table).
     audited: Mutex<(Instant, u32)>,
 }
@@ -57,6 +71,8 @@ impl Auth {
             config,
             cursor_tokens: TokenCache::default(),
             run_owners: Mutex::new(HashMap::new()),
+            calls: Arc::default(),
+            people: Mutex::new(HashMap::new()),
             audited: Mutex::new((Instant::now(), 0)),
         }
     }
@@ -68,6 +84,46 @@ impl Auth {
             .unwrap_or_else(|e| e.into_inner())
             .get(request_id)
             .map(|(email, _)| email.clone())
+    }
+
+    /// Remembers a person's record just read from the store.
+    pub fn read_person(&self, record: &UserRecord) {
+        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        if people.len() >= PEOPLE_PRUNE_AT {
+            people.retain(|_, (_, read)| read.elapsed() < PERSON_FRESH);
+        }
+        people.insert(record.email.clone(), (record.clone(), Instant::now()));
+    }
+
+    /// `email`'s record: the copy read less than `PERSON_FRESH` ago, else read again.
+    pub async fn person(
+        &self,
+        store: &Store,
+        email: &str,
+    ) -> Result<Option<UserRecord>, StoreError> {
+        let fresh = {
+            let people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+            people
+                .get(email)
+                .filter(|(_, read)| read.elapsed() < PERSON_FRESH)
+                .map(|(record, _)| record.clone())
+        };
+        if fresh.is_some() {
+            return Ok(fresh);
+        }
+        let record = users::get(store, email).await?;
+        if let Some(record) = &record {
+            self.read_person(record);
+        }
+        Ok(record)
+    }
+
+    /// Forgets this node's copy of `email`'s record (after an admin changed it here).
+    pub fn forget_person(&self, email: &str) {
+        self.people
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(email);
     }
 
     /// Writes a refusal to the audit log, unless this minute's share is used up (then it is only

@@ -335,6 +335,9 @@ pub async fn person_action(
         return Err(ApiError::new(StatusCode::FORBIDDEN, "the people page is for admins").into());
     };
     let email = form.email;
+    // This node's copy of the person is forgotten once the change is made, so their next call
+    // here sees it at once (other nodes within `auth::service::PERSON_FRESH`).
+    let changed = crate::config::auth::normalize_email(&email);
     let action = match form.action {
         PersonAction::Disable => UsersAction::Disable { email },
         PersonAction::Enable => UsersAction::Enable { email },
@@ -345,6 +348,9 @@ pub async fn person_action(
     };
     match run_by(&state.store, &admin.email, action).await {
         Ok(done) => {
+            if let (Some(auth), Some(changed)) = (&state.auth, &changed) {
+                auth.forget_person(changed);
+            }
             tracing::info!(admin = %admin.email, "{done}");
             Ok(Redirect::to("/console/people").into_response())
         }

@@ -402,16 +402,20 @@ pub fn call_gated(
     };
     let log = Arc::clone(&call.log);
     // The task's lines (retries) carry the caller's span: the run's ids and the call's.
+    // A gate may wait (a budget's calls in flight): canceling the call ends the wait too.
     let task = async move {
-        if let Some(gate) = gate
-            && let Err(refused) = gate.await
-        {
-            let _ = tx.send(Err(refused)).await;
-            return;
-        }
+        let sent = async {
+            if let Some(gate) = gate
+                && let Err(refused) = gate.await
+            {
+                let _ = tx.send(Err(refused)).await;
+                return;
+            }
+            call.run(parser, &tx).await
+        };
         tokio::select! {
             _ = cancel.cancelled() => {}
-            _ = call.run(parser, &tx) => {}
+            _ = sent => {}
         }
     };
     tokio::spawn(tracing::Instrument::instrument(

@@ -500,17 +500,7 @@ impl Checkpoints {
         out: &mut Downlink,
     ) -> Result<bool, ServerError> {
         let (grew, emission) = self.entering(messages).await?;
-        let edges = emission.edges();
-        let rows = emission.rows(&edges);
-        let sending = (
-            self.conversation_id.as_str(),
-            self.request_id.as_str(),
-            &emission.sent[..],
-        );
-        blobs::put_and_send(&self.store, &rows, sending, None).await?;
-        drop(rows);
-        drop(edges);
-        self.deliver(emission, out).await;
+        self.store_and_deliver(emission, None, out).await?;
         Ok(grew)
     }
 
@@ -640,6 +630,17 @@ impl Checkpoints {
         out: &mut Downlink,
     ) -> Result<(), ServerError> {
         let emission = self.prepare(new_blobs, local, stashed).await?;
+        self.store_and_deliver(emission, built, out).await
+    }
+
+    /// Stores an emission's blobs and outbox rows (with `built` as the unpublished checkpoint, in
+    /// the same write transaction), then sends them.
+    async fn store_and_deliver(
+        &mut self,
+        emission: Emission,
+        built: Option<BlobId>,
+        out: &mut Downlink,
+    ) -> Result<(), ServerError> {
         let edges = emission.edges();
         let rows = emission.rows(&edges);
         let sending = (

@@ -171,6 +171,8 @@ impl ResolvedModel {
 pub(super) struct ProviderCall {
     pub events: EventReceiver,
     pub timing: Option<CallTiming>,
+    /// `[auth]`: the call's place among its person's calls in flight, released once charged.
+    budget: Option<crate::auth::budget::CallSlot>,
     _cancel: DropGuard,
 }
 
@@ -301,7 +303,8 @@ impl Turn {
         // The call's own lines (its retries) carry its model_call_id; the run's lines do not.
         let span = tracing::info_span!("call", model_call_id = %self.model_call_id);
         // `[auth]`: the person's budget and limits are checked before the call is sent.
-        let gate = crate::auth::budget::gate(&self.app, &self.request_id, &self.model.id);
+        let (gate, budget) =
+            crate::auth::budget::gate(&self.app, &self.request_id, &self.model.id).unzip();
         let events = span.in_scope(|| {
             provider::call_gated(
                 &self.app.http,
@@ -320,6 +323,7 @@ impl Turn {
         ProviderCall {
             events,
             timing: Some(timing),
+            budget,
             _cancel: cancel.drop_guard(),
         }
     }
@@ -383,10 +387,17 @@ impl Turn {
             attempts = record.attempts(),
             "provider call ended"
         );
-        if let Err(e) = runs::record_provider_call(&self.app.store, &record).await {
+        // `[auth]`: what the call spent, charged to its person with the record.
+        let charge =
+            crate::auth::budget::charge_of(&self.app, &self.request_id, &self.model, &record.usage)
+                .await;
+        if let Err(e) = runs::record_provider_call(&self.app.store, &record, charge.as_ref()).await
+        {
             tracing::warn!("recording a provider call: {e}");
         }
-        crate::auth::budget::charge(&self.app, &self.request_id, &self.model, &record.usage).await;
+        if let Some(budget) = call.budget.take() {
+            budget.release();
+        }
     }
 
     pub async fn append(&self, messages_to_add: &[CanonicalMessage]) -> Result<(), ServerError> {

@@ -12,37 +12,46 @@ pub struct Spent {
     pub calls: i64,
 }
 
-/// Adds `spent` to every scope in every period, in one transaction.
-pub async fn charge(
-    store: &Store,
-    scopes: &[String],
-    periods: &[String],
-    spent: Spent,
-) -> Result<(), StoreError> {
-    write_tx!(store, "charging a budget", |tx| {
-        for scope in scopes {
-            for period in periods {
-                on_tx!(&mut tx, |c| sqlx::query(
-                    "INSERT INTO budget_counters (scope, period, cost_micro_usd, tokens, calls)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (scope, period) DO UPDATE SET
-                         cost_micro_usd = budget_counters.cost_micro_usd + excluded.cost_micro_usd,
-                         tokens = budget_counters.tokens + excluded.tokens,
-                         calls = budget_counters.calls + excluded.calls"
-                )
-                .bind(scope)
-                .bind(period)
-                .bind(spent.cost_micro_usd)
-                .bind(spent.tokens)
-                .bind(spent.calls)
-                .execute(c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("charging a budget"))?;
-            }
+/// What one provider call adds to the counters: `spent` to every scope in every period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// `user:EMAIL` and, when the person has one, `team:NAME`.
+    pub scopes: Vec<String>,
+    /// `day:…` and `month:…`.
+    pub periods: Vec<String>,
+    pub spent: Spent,
+}
+
+/// Adds `charge` to the counters, in one transaction.
+pub async fn charge(store: &Store, charge: &Charge) -> Result<(), StoreError> {
+    write_tx!(store, "charging a budget", |tx| add(&mut tx, charge).await)
+}
+
+/// Adds `charge` inside a write transaction (the provider call's record is written in the same
+/// one, so the counters always add up to the recorded calls).
+pub(super) async fn add(tx: &mut super::Tx, charge: &Charge) -> Result<(), StoreError> {
+    for scope in &charge.scopes {
+        for period in &charge.periods {
+            on_tx!(&mut *tx, |c| sqlx::query(
+                "INSERT INTO budget_counters (scope, period, cost_micro_usd, tokens, calls)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (scope, period) DO UPDATE SET
+                     cost_micro_usd = budget_counters.cost_micro_usd + excluded.cost_micro_usd,
+                     tokens = budget_counters.tokens + excluded.tokens,
+                     calls = budget_counters.calls + excluded.calls"
+            )
+            .bind(scope)
+            .bind(period)
+            .bind(charge.spent.cost_micro_usd)
+            .bind(charge.spent.tokens)
+            .bind(charge.spent.calls)
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected())
+            .context("charging a budget"))?;
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// Counts one provider call against `scope`'s `limit` calls in `period` (a minute), unless it
@@ -111,16 +120,76 @@ pub async fn read(
     Ok(out)
 }
 
-/// Runs in progress on conversations of `email` (every node's).
-pub async fn running_runs(store: &Store, email: &str) -> Result<i64, StoreError> {
-    on_readers!(store, |p| sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM runs r JOIN conversations c ON c.id = r.conversation_id
-         WHERE r.status = 'running' AND c.owner_user = $1"
-    )
-    .bind(email)
-    .fetch_one(p)
-    .await
-    .context("counting a person's runs"))
+/// Where a person stands before a provider call: what they and their team spent in each of the
+/// three periods, and how many runs of theirs are in progress (on every node).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    pub person: [Spent; 3],
+    pub team: [Spent; 3],
+    pub running: i64,
+}
+
+/// `email`'s standing in `periods`: their counters, `team`'s (when given) and, when `count_runs`,
+/// their runs in progress, in one query (a budget check is one round trip on the call's way).
+pub async fn standing(
+    store: &Store,
+    email: &str,
+    team: Option<&str>,
+    periods: &[String; 3],
+    count_runs: bool,
+) -> Result<Standing, StoreError> {
+    // The runs' row carries its count in `calls`; a scope no counter has ('running') names it.
+    const SQL: &str = "SELECT scope, period, cost_micro_usd, tokens, calls FROM budget_counters
+         WHERE scope IN ($1, $2) AND period IN ($3, $4, $5)
+         UNION ALL
+         SELECT 'running' AS scope, '' AS period, 0 AS cost_micro_usd, 0 AS tokens,
+                COUNT(*) AS calls
+         FROM runs r JOIN conversations c ON c.id = r.conversation_id
+         WHERE $6 = 1 AND r.status = 'running' AND c.owner_user = $7";
+    let person_scope = format!("user:{email}");
+    let team_scope = team.map(|t| format!("team:{t}"));
+    let rows: Vec<(String, String, Spent)> = on_readers!(store, |p| Ok::<_, StoreError>(
+        sqlx::query(SQL)
+            .bind(&person_scope)
+            .bind(&team_scope)
+            .bind(&periods[0])
+            .bind(&periods[1])
+            .bind(&periods[2])
+            .bind(i64::from(count_runs))
+            .bind(email)
+            .fetch_all(p)
+            .await
+            .context("reading a person's standing")?
+            .iter()
+            .map(|row| {
+                (
+                    row.text("scope"),
+                    row.text("period"),
+                    Spent {
+                        cost_micro_usd: row.int("cost_micro_usd"),
+                        tokens: row.int("tokens"),
+                        calls: row.int("calls"),
+                    },
+                )
+            })
+            .collect()
+    ))?;
+    let mut out = Standing::default();
+    for (scope, period, spent) in rows {
+        if scope == "running" {
+            out.running = spent.calls;
+            continue;
+        }
+        let Some(i) = periods.iter().position(|p| *p == period) else {
+            continue;
+        };
+        if scope == person_scope {
+            out.person[i] = spent;
+        } else if team_scope.as_deref() == Some(scope.as_str()) {
+            out.team[i] = spent;
+        }
+    }
+    Ok(out)
 }
 
 /// Everything `scope` spent in the periods whose key starts with `kind` (`day:`, `month:`).

@@ -285,9 +285,12 @@ impl ProviderCallRecord {
     }
 }
 
+/// Records a provider call and, under `[auth]`, charges it to its person's budget in the same
+/// transaction: the counters add up exactly to the recorded calls, on every node.
 pub async fn record_provider_call(
     store: &Store,
     call: &ProviderCallRecord,
+    charge: Option<&super::budgets::Charge>,
 ) -> Result<(), StoreError> {
     let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
     let retries = if call.retries.is_empty() {
@@ -295,8 +298,9 @@ pub async fn record_provider_call(
     } else {
         Some(serde_json::to_string(&call.retries)?)
     };
-    on_writer!(store, |w| {
-        sqlx::query(
+    write_tx!(store, "recording a provider call", |tx| {
+        on_tx!(&mut tx, |w| {
+            sqlx::query(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
@@ -329,8 +333,12 @@ pub async fn record_provider_call(
     .await
     .map(|done| done.rows_affected())
     .context("recording a provider call")
-    })?;
-    Ok(())
+        })?;
+        if let Some(charge) = charge {
+            super::budgets::add(&mut tx, charge).await?;
+        }
+        Ok(())
+    })
 }
 
 /// The provider calls of a run, in the order they started.

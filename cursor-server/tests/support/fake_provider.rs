@@ -96,6 +96,11 @@ impl FakeProvider {
             .await
             .expect("bind fake provider");
         let addr = listener.local_addr().expect("addr");
+        // Without TCP_NODELAY, a streamed reply's small writes wait on Nagle's algorithm for the
+        // client's delayed ACK (about 40 ms on Linux): a latency no real provider adds.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |socket| {
+            let _ = socket.set_nodelay(true);
+        });
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -200,7 +205,7 @@ async fn chat(
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
             tokio::spawn(async move {
                 for chunk in chunks {
-                    tokio::time::sleep(gap).await;
+                    pause(gap).await;
                     if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
                         return;
                     }
@@ -264,6 +269,13 @@ fn sse_response(
         .into_response()
 }
 
+/// Waits `gap` between two pieces of a reply; a zero gap sends the next piece at once (no timer).
+async fn pause(gap: Duration) {
+    if !gap.is_zero() {
+        tokio::time::sleep(gap).await;
+    }
+}
+
 /// Yields `data: <event>\n\n` frames with a gap between them; when `cut`, ends with an I/O error so
 /// the connection is aborted mid-body.
 fn async_stream(
@@ -275,7 +287,7 @@ fn async_stream(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
         for event in events {
-            tokio::time::sleep(gap).await;
+            pause(gap).await;
             if tx
                 .send(Ok(Bytes::from(format!("data: {event}\n\n"))))
                 .await
