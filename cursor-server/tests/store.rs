@@ -558,7 +558,6 @@ async fn runs_and_provider_calls_read_back(db: TestDb) {
                 fallback_from: None,
                 key_index: Some(0),
             },
-            None,
         )
         .await
         .unwrap();

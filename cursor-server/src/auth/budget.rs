@@ -15,7 +15,6 @@
 //! live nodes (which share the headroom); else it waits for one to end. The first call on a node
 //! always starts, so a person never spends more than a limit plus one call per node.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::config::ModelConfig;
@@ -26,6 +25,8 @@ use crate::provider::{Gate, ProviderError};
 use crate::state::AppState;
 use crate::store::budgets::{self, Charge, Spent};
 use crate::store::now_ms;
+
+use super::service::Admitted;
 
 /// The check before a call on `model_id` by run `request_id`, and the place its admission is
 /// held until the call is charged; `None` without `[auth]`.
@@ -52,83 +53,6 @@ impl CallSlot {
     pub fn release(&self) {
         let admitted = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(admitted);
-    }
-}
-
-/// Each person's provider calls in flight on this node, and the largest call charged here.
-#[derive(Default)]
-pub struct CallsInFlight {
-    people: Mutex<HashMap<String, PersonCalls>>,
-    /// Told whenever a call ends (its place is released).
-    released: tokio::sync::Notify,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct PersonCalls {
-    in_flight: u32,
-    /// The largest cost and the most tokens one call of theirs was charged on this node.
-    largest: Option<Spent>,
-}
-
-/// Past this many people remembered, those with nothing in flight are forgotten.
-const PEOPLE_PRUNE_AT: usize = 4096;
-
-/// One admitted call of `email`, counted in flight until dropped.
-pub struct Admitted {
-    table: Arc<CallsInFlight>,
-    email: String,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        {
-            let mut people = self.table.people.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(calls) = people.get_mut(&self.email) {
-                calls.in_flight = calls.in_flight.saturating_sub(1);
-            }
-        }
-        self.table.released.notify_waiters();
-    }
-}
-
-impl CallsInFlight {
-    /// Admits a call of `email` when `fits(calls in flight here, largest call)` says so.
-    fn try_admit(
-        self: &Arc<Self>,
-        email: &str,
-        fits: impl FnOnce(u32, Option<Spent>) -> bool,
-    ) -> Option<Admitted> {
-        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
-        if people.len() >= PEOPLE_PRUNE_AT && !people.contains_key(email) {
-            people.retain(|_, calls| calls.in_flight > 0);
-        }
-        let calls = people.entry(email.to_owned()).or_default();
-        if !fits(calls.in_flight, calls.largest) {
-            return None;
-        }
-        calls.in_flight += 1;
-        Some(Admitted {
-            table: Arc::clone(self),
-            email: email.to_owned(),
-        })
-    }
-
-    /// Remembers what a call of `email` was charged (the largest so far bounds the next ones).
-    fn charged(&self, email: &str, spent: Spent) {
-        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
-        let calls = people.entry(email.to_owned()).or_default();
-        let largest = calls.largest.unwrap_or_default();
-        calls.largest = Some(Spent {
-            cost_micro_usd: largest.cost_micro_usd.max(spent.cost_micro_usd),
-            tokens: largest.tokens.max(spent.tokens),
-            calls: 1,
-        });
-    }
-
-    /// Calls of `email` in flight on this node.
-    pub fn in_flight(&self, email: &str) -> u32 {
-        let people = self.people.lock().unwrap_or_else(|e| e.into_inner());
-        people.get(email).map_or(0, |calls| calls.in_flight)
     }
 }
 

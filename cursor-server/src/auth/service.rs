@@ -1,5 +1,6 @@
 //! The identity state `AppState` holds for `[auth]`: the configuration in force, the Cursor
-//! tokens verified lately, which person each run of this node belongs to; the `Caller` type, the
+//! tokens verified lately, which person each run of this node belongs to, the people read lately and
+//! their provider calls in flight (`CallsInFlight`, for `budget`); the `Caller` type, the
 //! headers and token format. A leaf of `auth/` (it imports no route or run code), so the state can
 //! hold it and every part of `auth/` can read it.
 
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use sha2::Digest as _;
 
 use crate::config::auth::{AuthConfig, Limits};
+use crate::store::budgets::Spent;
 use crate::store::users::UserRecord;
 use crate::store::{Store, StoreError, users};
 
@@ -55,7 +57,7 @@ pub struct Auth {
     /// Which person each run of this node belongs to, by request id.
     pub(super) run_owners: Mutex<HashMap<String, (String, Instant)>>,
     /// Each person's provider calls in flight on this node (`budget`).
-    pub calls: Arc<super::budget::CallsInFlight>,
+    pub calls: Arc<CallsInFlight>,
     /// People's records read lately, by e-mail, and when each was read.
     people: Mutex<HashMap<String, (UserRecord, Instant)>>,
     /// Refusals written to the audit log in the current minute (a flood cannot fill the table).
@@ -249,5 +251,82 @@ impl TokenCache {
     /// How many times Cursor's backend was asked.
     pub fn asked(&self) -> u64 {
         self.asked.load(Ordering::Relaxed)
+    }
+}
+
+/// Each person's provider calls in flight on this node, and the largest call charged here.
+#[derive(Default)]
+pub struct CallsInFlight {
+    people: Mutex<HashMap<String, PersonCalls>>,
+    /// Told whenever a call ends (its place is released).
+    pub(super) released: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PersonCalls {
+    in_flight: u32,
+    /// The largest cost and the most tokens one call of theirs was charged on this node.
+    largest: Option<Spent>,
+}
+
+/// Past this many people remembered, those with nothing in flight are forgotten.
+const CALLERS_PRUNE_AT: usize = 4096;
+
+/// One admitted call of `email`, counted in flight until dropped.
+pub struct Admitted {
+    table: Arc<CallsInFlight>,
+    email: String,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        {
+            let mut people = self.table.people.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(calls) = people.get_mut(&self.email) {
+                calls.in_flight = calls.in_flight.saturating_sub(1);
+            }
+        }
+        self.table.released.notify_waiters();
+    }
+}
+
+impl CallsInFlight {
+    /// Admits a call of `email` when `fits(calls in flight here, largest call)` says so.
+    pub(super) fn try_admit(
+        self: &Arc<Self>,
+        email: &str,
+        fits: impl FnOnce(u32, Option<Spent>) -> bool,
+    ) -> Option<Admitted> {
+        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        if people.len() >= CALLERS_PRUNE_AT && !people.contains_key(email) {
+            people.retain(|_, calls| calls.in_flight > 0);
+        }
+        let calls = people.entry(email.to_owned()).or_default();
+        if !fits(calls.in_flight, calls.largest) {
+            return None;
+        }
+        calls.in_flight += 1;
+        Some(Admitted {
+            table: Arc::clone(self),
+            email: email.to_owned(),
+        })
+    }
+
+    /// Remembers what a call of `email` was charged (the largest so far bounds the next ones).
+    pub(super) fn charged(&self, email: &str, spent: Spent) {
+        let mut people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        let calls = people.entry(email.to_owned()).or_default();
+        let largest = calls.largest.unwrap_or_default();
+        calls.largest = Some(Spent {
+            cost_micro_usd: largest.cost_micro_usd.max(spent.cost_micro_usd),
+            tokens: largest.tokens.max(spent.tokens),
+            calls: 1,
+        });
+    }
+
+    /// Calls of `email` in flight on this node.
+    pub fn in_flight(&self, email: &str) -> u32 {
+        let people = self.people.lock().unwrap_or_else(|e| e.into_inner());
+        people.get(email).map_or(0, |calls| calls.in_flight)
     }
 }

@@ -391,8 +391,13 @@ impl Turn {
         let charge =
             crate::auth::budget::charge_of(&self.app, &self.request_id, &self.model, &record.usage)
                 .await;
-        if let Err(e) = runs::record_provider_call(&self.app.store, &record, charge.as_ref()).await
-        {
+        let recorded = match &charge {
+            Some(charge) => {
+                crate::store::budgets::record_charged_call(&self.app.store, &record, charge).await
+            }
+            None => runs::record_provider_call(&self.app.store, &record).await,
+        };
+        if let Err(e) = recorded {
             tracing::warn!("recording a provider call: {e}");
         }
         if let Some(budget) = call.budget.take() {

@@ -27,9 +27,21 @@ pub async fn charge(store: &Store, charge: &Charge) -> Result<(), StoreError> {
     write_tx!(store, "charging a budget", |tx| add(&mut tx, charge).await)
 }
 
-/// Adds `charge` inside a write transaction (the provider call's record is written in the same
-/// one, so the counters always add up to the recorded calls).
-pub(super) async fn add(tx: &mut super::Tx, charge: &Charge) -> Result<(), StoreError> {
+/// Records a provider call and charges it to its person (and team) in one transaction: the
+/// counters add up exactly to the recorded calls, on every node.
+pub async fn record_charged_call(
+    store: &Store,
+    call: &super::runs::ProviderCallRecord,
+    charge: &Charge,
+) -> Result<(), StoreError> {
+    write_tx!(store, "recording and charging a provider call", |tx| {
+        super::runs::insert_provider_call(&mut tx, call).await?;
+        add(&mut tx, charge).await
+    })
+}
+
+/// Adds `charge` inside a write transaction.
+async fn add(tx: &mut super::Tx, charge: &Charge) -> Result<(), StoreError> {
     for scope in &charge.scopes {
         for period in &charge.periods {
             on_tx!(&mut *tx, |c| sqlx::query(

@@ -285,12 +285,20 @@ impl ProviderCallRecord {
     }
 }
 
-/// Records a provider call and, under `[auth]`, charges it to its person's budget in the same
-/// transaction: the counters add up exactly to the recorded calls, on every node.
+/// Records a provider call (`budgets::record_charged_call` also charges it to a person).
 pub async fn record_provider_call(
     store: &Store,
     call: &ProviderCallRecord,
-    charge: Option<&super::budgets::Charge>,
+) -> Result<(), StoreError> {
+    write_tx!(store, "recording a provider call", |tx| {
+        insert_provider_call(&mut tx, call).await
+    })
+}
+
+/// Writes a provider call's record inside a write transaction.
+pub(super) async fn insert_provider_call(
+    tx: &mut super::Tx,
+    call: &ProviderCallRecord,
 ) -> Result<(), StoreError> {
     let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
     let retries = if call.retries.is_empty() {
@@ -298,9 +306,8 @@ pub async fn record_provider_call(
     } else {
         Some(serde_json::to_string(&call.retries)?)
     };
-    write_tx!(store, "recording a provider call", |tx| {
-        on_tx!(&mut tx, |w| {
-            sqlx::query(
+    on_tx!(&mut *tx, |w| {
+        sqlx::query(
         "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
              purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
              output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
@@ -333,12 +340,8 @@ pub async fn record_provider_call(
     .await
     .map(|done| done.rows_affected())
     .context("recording a provider call")
-        })?;
-        if let Some(charge) = charge {
-            super::budgets::add(&mut tx, charge).await?;
-        }
-        Ok(())
-    })
+    })?;
+    Ok(())
 }
 
 /// The provider calls of a run, in the order they started.
