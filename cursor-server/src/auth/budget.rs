@@ -126,16 +126,15 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<Admitted, Pro
         ));
     }
     let store_failed = |e| refused(format!("the budget could not be read: {e}"));
-    // The team's counters only matter when the team has a total.
-    let total = team.as_deref().and_then(|name| {
-        let auth = app.auth.as_ref()?;
-        let team = auth.config.team(name)?;
-        Some((name, team.total.clone()?))
-    });
     let auth = app
         .auth
         .as_ref()
         .ok_or_else(|| refused("no [auth]".to_owned()))?;
+    // The team's counters only matter when the team has a total.
+    let total = team.as_deref().and_then(|name| {
+        let team = auth.config.team(name)?;
+        Some((name, team.total.clone()?))
+    });
     let nodes = app.cluster.as_ref().map_or(1, |c| c.live_nodes());
     let (periods, admitted) = loop {
         // Registered before looking, so a call ending meanwhile is not missed.
@@ -244,17 +243,56 @@ impl Metric {
     }
 }
 
+/// The period a hard limit counts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    Day,
+    Month,
+}
+
+/// The four hard limits on cost and tokens: (name, cap if set, period, what it counts). The one
+/// list both the refusal (`spending`) and the admission beside calls in flight (`hard_caps`) read.
+fn hard_limits(limits: &Limits) -> [(&'static str, Option<i64>, Span, Metric); 4] {
+    [
+        (
+            "daily_cost_usd",
+            limits.daily_cost_usd.map(usd),
+            Span::Day,
+            Metric::Cost,
+        ),
+        (
+            "monthly_cost_usd",
+            limits.monthly_cost_usd.map(usd),
+            Span::Month,
+            Metric::Cost,
+        ),
+        (
+            "daily_tokens",
+            limits.daily_tokens.map(as_i64),
+            Span::Day,
+            Metric::Tokens,
+        ),
+        (
+            "monthly_tokens",
+            limits.monthly_tokens.map(as_i64),
+            Span::Month,
+            Metric::Tokens,
+        ),
+    ]
+}
+
 /// Every hard cost and token limit set in `limits`, as (cap, spent in its period, what it counts).
 fn hard_caps(limits: &Limits, [day, month, _]: [Spent; 3]) -> Vec<(i64, i64, Metric)> {
-    [
-        (limits.daily_cost_usd.map(usd), day, Metric::Cost),
-        (limits.monthly_cost_usd.map(usd), month, Metric::Cost),
-        (limits.daily_tokens.map(as_i64), day, Metric::Tokens),
-        (limits.monthly_tokens.map(as_i64), month, Metric::Tokens),
-    ]
-    .into_iter()
-    .filter_map(|(cap, spent, metric)| Some((cap?, metric.of(&spent), metric)))
-    .collect()
+    hard_limits(limits)
+        .into_iter()
+        .filter_map(|(_, cap, span, metric)| {
+            let spent = match span {
+                Span::Day => &day,
+                Span::Month => &month,
+            };
+            Some((cap?, metric.of(spent), metric))
+        })
+        .collect()
 }
 
 /// The first hard limit on cost or tokens that `[day, month]` reached, as (limit, what was
@@ -265,33 +303,11 @@ fn spending(
     periods: &Periods,
     mut warn: impl FnMut(&'static str, String),
 ) -> Option<(&'static str, String, String)> {
-    let hard = [
-        (
-            "daily_cost_usd",
-            limits.daily_cost_usd.map(usd),
-            day.cost_micro_usd,
-            &periods.day_reset,
-        ),
-        (
-            "monthly_cost_usd",
-            limits.monthly_cost_usd.map(usd),
-            month.cost_micro_usd,
-            &periods.month_reset,
-        ),
-        (
-            "daily_tokens",
-            limits.daily_tokens.map(as_i64),
-            day.tokens,
-            &periods.day_reset,
-        ),
-        (
-            "monthly_tokens",
-            limits.monthly_tokens.map(as_i64),
-            month.tokens,
-            &periods.month_reset,
-        ),
-    ];
-    for (limit, cap, spent, reset) in hard {
+    for (limit, cap, span, metric) in hard_limits(limits) {
+        let (spent, reset) = match span {
+            Span::Day => (metric.of(&day), &periods.day_reset),
+            Span::Month => (metric.of(&month), &periods.month_reset),
+        };
         if let Some(cap) = cap
             && spent >= cap
         {
@@ -332,7 +348,7 @@ fn spending(
 
 /// What a call of run `request_id` charges to its person and their team, for the day and the
 /// month (`None` without `[auth]` or for a run this node did not admit for a person); written
-/// with the call's record (`runs::record_provider_call`).
+/// with the call's record (`store::budgets::record_charged_call`).
 pub async fn charge_of(
     app: &AppState,
     request_id: &str,

@@ -323,10 +323,4 @@ impl CallsInFlight {
             calls: 1,
         });
     }
-
-    /// Calls of `email` in flight on this node.
-    pub fn in_flight(&self, email: &str) -> u32 {
-        let people = self.people.lock().unwrap_or_else(|e| e.into_inner());
-        people.get(email).map_or(0, |calls| calls.in_flight)
-    }
 }

@@ -12,6 +12,15 @@ pub struct Spent {
     pub calls: i64,
 }
 
+/// A row's `cost_micro_usd`, `tokens` and `calls`.
+fn spent_of(row: &impl Columns) -> Spent {
+    Spent {
+        cost_micro_usd: row.int("cost_micro_usd"),
+        tokens: row.int("tokens"),
+        calls: row.int("calls"),
+    }
+}
+
 /// What one provider call adds to the counters: `spent` to every scope in every period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Charge {
@@ -111,16 +120,7 @@ pub async fn read(
             .await
             .context("reading a budget")?
             .iter()
-            .map(|row| {
-                (
-                    row.text("period"),
-                    Spent {
-                        cost_micro_usd: row.int("cost_micro_usd"),
-                        tokens: row.int("tokens"),
-                        calls: row.int("calls"),
-                    },
-                )
-            })
+            .map(|row| (row.text("period"), spent_of(row)))
             .collect()
     ))?;
     let mut out = [Spent::default(); 3];
@@ -173,17 +173,7 @@ pub async fn standing(
             .await
             .context("reading a person's standing")?
             .iter()
-            .map(|row| {
-                (
-                    row.text("scope"),
-                    row.text("period"),
-                    Spent {
-                        cost_micro_usd: row.int("cost_micro_usd"),
-                        tokens: row.int("tokens"),
-                        calls: row.int("calls"),
-                    },
-                )
-            })
+            .map(|row| (row.text("scope"), row.text("period"), spent_of(row)))
             .collect()
     ))?;
     let mut out = Standing::default();
@@ -219,11 +209,7 @@ pub async fn total(store: &Store, scope: &str, kind: &str) -> Result<Spent, Stor
             .fetch_one(p)
             .await
             .context("totalling a budget")?;
-        Ok(Spent {
-            cost_micro_usd: row.int("cost_micro_usd"),
-            tokens: row.int("tokens"),
-            calls: row.int("calls"),
-        })
+        Ok(spent_of(&row))
     })
 }
 
