@@ -827,6 +827,9 @@ async fn people_running_at_once_on_two_nodes_spend_at_most_their_limit_plus_one_
     const PEOPLE: [&str; 3] = ["a@example.com", "b@example.com", "c@example.com"];
     const RUNS_EACH: usize = 12;
     const DAILY_TOKENS: i64 = 60;
+    // The nodes' lease loops do not look at each other during the test: the first node learns
+    // of the second only through its budget checks' own reads.
+    const LONG_LEASE_SECS: f64 = 120.0;
     let provider = FakeProvider::start().await;
     // More replies than calls can be made: each call spends 12 tokens.
     for _ in 0..PEOPLE.len() * RUNS_EACH {
@@ -842,7 +845,7 @@ async fn people_running_at_once_on_two_nodes_spend_at_most_their_limit_plus_one_
         db.path(),
         ("a", CLUSTER_SECRET),
         &extra,
-        LEASE_SECS,
+        LONG_LEASE_SECS,
     )
     .await;
     let (_b, b_addr, _b_log) = fixtures::spawn_node(
@@ -850,7 +853,7 @@ async fn people_running_at_once_on_two_nodes_spend_at_most_their_limit_plus_one_
         db.path(),
         ("b", CLUSTER_SECRET),
         &extra,
-        LEASE_SECS,
+        LONG_LEASE_SECS,
     )
     .await;
     let store = open_store(db.path()).await;

@@ -95,7 +95,7 @@ on_both_backends!(
     a_nodes_name_is_taken_only_once_its_lease_ran_out,
     a_run_start_claims_a_new_conversation_for_its_person_and_refuses_anothers,
     concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_further,
-    a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_query,
+    a_persons_standing_reads_their_teams_counters_running_runs_and_live_nodes_in_one_query,
 );
 
 /// A user message typed in `mode`.
@@ -1230,7 +1230,9 @@ async fn concurrent_calls_on_a_per_minute_limit_are_counted_up_to_it_and_no_furt
 /// The budget check's one read: the person's counters and their team's per period (another
 /// person's and another team's never), and the person's runs in progress (not ended ones, not
 /// another person's), or no count when the limits do not need it.
-async fn a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_query(db: TestDb) {
+async fn a_persons_standing_reads_their_teams_counters_running_runs_and_live_nodes_in_one_query(
+    db: TestDb,
+) {
     let store = &db.store;
     let periods = [
         "day:d".to_owned(),
@@ -1292,7 +1294,24 @@ async fn a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_q
         .await
         .unwrap();
 
-    let standing = budgets::standing(store, "a@example.com", Some("t"), &periods, true)
+    // Two nodes hold a lease; a third left.
+    for name in ["n1", "n2", "n3"] {
+        let instance = cursor_server::store::nodes::register(store, name, "http://127.0.0.1:1")
+            .await
+            .unwrap();
+        if name == "n3" {
+            cursor_server::store::nodes::leave(store, name, instance)
+                .await
+                .unwrap();
+        }
+    }
+
+    let asked = budgets::Asked {
+        team: Some("t"),
+        runs: true,
+        lease_ms: Some(60_000),
+    };
+    let standing = budgets::standing(store, "a@example.com", &periods, asked)
         .await
         .unwrap();
     assert_eq!(
@@ -1312,11 +1331,16 @@ async fn a_persons_standing_reads_their_teams_counters_and_running_runs_in_one_q
         standing.running, 2,
         "a's two running runs, not the ended one nor b's"
     );
+    assert_eq!(
+        standing.live_nodes, 2,
+        "the nodes holding a lease, not the one that left"
+    );
 
-    let without = budgets::standing(store, "a@example.com", None, &periods, false)
+    let without = budgets::standing(store, "a@example.com", &periods, budgets::Asked::default())
         .await
         .unwrap();
     assert_eq!(without.person, standing.person);
     assert_eq!(without.team, [budgets::Spent::default(); 3]);
     assert_eq!(without.running, 0, "not counted when not asked");
+    assert_eq!(without.live_nodes, 0, "not counted without [cluster]");
 }

@@ -12,7 +12,8 @@
 //! before any of them is charged, so each node also counts its person's calls in flight
 //! (`CallsInFlight`): a second call starts only while the headroom under every hard limit holds
 //! all of this node's calls in flight, each as large as the largest call charged here, times the
-//! live nodes (which share the headroom); else it waits for one to end. The first call on a node
+//! live nodes (which share the headroom; counted in the same read as the counters, so a node that
+//! just joined counts at once); else it waits for one to end. The first call on a node
 //! always starts, so a person never spends more than a limit plus one call per node.
 
 use std::sync::{Arc, Mutex};
@@ -135,22 +136,22 @@ async fn check(app: &AppState, email: &str, model: &str) -> Result<Admitted, Pro
         let team = auth.config.team(name)?;
         Some((name, team.total.clone()?))
     });
-    let nodes = app.cluster.as_ref().map_or(1, |c| c.live_nodes());
+    let asked = budgets::Asked {
+        team: total.as_ref().map(|(name, _)| *name),
+        runs: limits.concurrent_runs.is_some(),
+        lease_ms: app.cluster.as_ref().map(|c| c.lease_ms()),
+    };
     let (periods, admitted) = loop {
         // Registered before looking, so a call ending meanwhile is not missed.
         let released = auth.calls.released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
         let periods = Periods::at(now_ms());
-        let standing = budgets::standing(
-            &app.store,
-            email,
-            total.as_ref().map(|(name, _)| *name),
-            &periods.keys(),
-            limits.concurrent_runs.is_some(),
-        )
-        .await
-        .map_err(store_failed)?;
+        let standing = budgets::standing(&app.store, email, &periods.keys(), asked)
+            .await
+            .map_err(store_failed)?;
+        // The nodes sharing the headroom, this one included (none counted: a single node).
+        let nodes = usize::try_from(standing.live_nodes.max(1)).unwrap_or(1);
         let [day, month, _] = standing.person;
         if let Some((limit, what, reset)) =
             spending(&limits, [day, month], &periods, |limit, what| {

@@ -158,18 +158,8 @@ async fn renew(state: &AppState, cluster: &Cluster) {
     }
 }
 
-/// Counts the nodes holding a live lease (for sharing budget headroom between them), and takes
-/// every node silent past the lease as stopped, unless another survivor did first.
+/// Takes every node silent past the lease as stopped, unless another survivor did first.
 async fn watch_others(store: &Store, cluster: &Cluster) {
-    match nodes::list(store).await {
-        Ok(listed) => cluster.set_live_nodes(
-            listed
-                .iter()
-                .filter(|n| n.stopped.is_none() && n.lease_age_ms < cluster.lease_ms())
-                .count(),
-        ),
-        Err(e) => tracing::warn!("counting the live nodes: {e}"),
-    }
     let silent = match nodes::silent(store, cluster.node_name(), cluster.lease_ms()).await {
         Ok(silent) => silent,
         Err(e) => {

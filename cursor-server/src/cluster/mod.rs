@@ -12,7 +12,7 @@
 pub mod lease;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -56,9 +56,6 @@ pub struct Cluster {
     /// reading `run_claims` again. A forward that fails forgets the run's entry (its node may
     /// have stopped: the next request reads the database, which says so).
     placed: Mutex<Placed>,
-    /// Nodes holding a live lease when this one last looked (itself included; at least 1): a
-    /// person's budget headroom is shared between them (`auth::budget`).
-    live: AtomicUsize,
 }
 
 /// Request id → (node, internal URL), the oldest forgotten past `PLACED_MEMORY`.
@@ -120,17 +117,7 @@ impl Cluster {
             client,
             instance: AtomicI64::new(0),
             placed: Mutex::default(),
-            live: AtomicUsize::new(1),
         })
-    }
-
-    /// Nodes holding a live lease when this one last looked (at least 1).
-    pub fn live_nodes(&self) -> usize {
-        self.live.load(Ordering::Relaxed).max(1)
-    }
-
-    pub(crate) fn set_live_nodes(&self, live: usize) {
-        self.live.store(live.max(1), Ordering::Relaxed);
     }
 
     pub fn instance(&self) -> i64 {

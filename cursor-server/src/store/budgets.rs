@@ -133,42 +133,62 @@ pub async fn read(
 }
 
 /// Where a person stands before a provider call: what they and their team spent in each of the
-/// three periods, and how many runs of theirs are in progress (on every node).
+/// three periods, how many runs of theirs are in progress (on every node), and how many nodes
+/// hold a live lease (they share the person's headroom).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Standing {
     pub person: [Spent; 3],
     pub team: [Spent; 3],
     pub running: i64,
+    pub live_nodes: i64,
 }
 
-/// `email`'s standing in `periods`: their counters, `team`'s (when given) and, when `count_runs`,
-/// their runs in progress, in one query (a budget check is one round trip on the call's way).
+/// What a standing is read for besides the person's own counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asked<'a> {
+    /// The team whose counters are read too (one with a total).
+    pub team: Option<&'a str>,
+    /// Whether their runs in progress are counted (`concurrent_runs` is set).
+    pub runs: bool,
+    /// `[cluster]`: count the nodes whose lease is younger than this.
+    pub lease_ms: Option<i64>,
+}
+
+/// `email`'s standing in `periods`: their counters and what `asked` names, in one query (a budget
+/// check is one round trip on the call's way). The live nodes are counted here, not by the lease
+/// loop, so a node that joined a moment ago already shares the headroom.
 pub async fn standing(
     store: &Store,
     email: &str,
-    team: Option<&str>,
     periods: &[String; 3],
-    count_runs: bool,
+    asked: Asked<'_>,
 ) -> Result<Standing, StoreError> {
-    // The runs' row carries its count in `calls`; a scope no counter has ('running') names it.
+    // The counts ride in `calls` under scopes no counter has ('running', 'nodes'); the nodes'
+    // leases are timed by the database's clock, as everywhere (`store/nodes.rs`).
     const SQL: &str = "SELECT scope, period, cost_micro_usd, tokens, calls FROM budget_counters
          WHERE scope IN ($1, $2) AND period IN ($3, $4, $5)
          UNION ALL
          SELECT 'running' AS scope, '' AS period, 0 AS cost_micro_usd, 0 AS tokens,
                 COUNT(*) AS calls
          FROM runs r JOIN conversations c ON c.id = r.conversation_id
-         WHERE $6 = 1 AND r.status = 'running' AND c.owner_user = $7";
+         WHERE $6 = 1 AND r.status = 'running' AND c.owner_user = $7
+         UNION ALL
+         SELECT 'nodes' AS scope, '' AS period, 0 AS cost_micro_usd, 0 AS tokens,
+                COUNT(*) AS calls
+         FROM nodes WHERE $8 >= 0 AND stopped_at_ms IS NULL AND heartbeat_at_ms >= {now} - $8";
     let person_scope = format!("user:{email}");
-    let team_scope = team.map(|t| format!("team:{t}"));
+    let team_scope = asked.team.map(|t| format!("team:{t}"));
+    let sql = super::nodes::timed(store.kind(), SQL);
     let rows: Vec<(String, String, Spent)> = on_readers!(store, |p| Ok::<_, StoreError>(
-        sqlx::query(SQL)
+        sqlx::query(sql)
             .bind(&person_scope)
             .bind(&team_scope)
             .bind(&periods[0])
             .bind(&periods[1])
             .bind(&periods[2])
-            .bind(i64::from(count_runs))
+            .bind(i64::from(asked.runs))
             .bind(email)
+            .bind(asked.lease_ms.unwrap_or(-1))
             .fetch_all(p)
             .await
             .context("reading a person's standing")?
@@ -178,17 +198,19 @@ pub async fn standing(
     ))?;
     let mut out = Standing::default();
     for (scope, period, spent) in rows {
-        if scope == "running" {
-            out.running = spent.calls;
-            continue;
-        }
-        let Some(i) = periods.iter().position(|p| *p == period) else {
-            continue;
-        };
-        if scope == person_scope {
-            out.person[i] = spent;
-        } else if team_scope.as_deref() == Some(scope.as_str()) {
-            out.team[i] = spent;
+        match scope.as_str() {
+            "running" => out.running = spent.calls,
+            "nodes" => out.live_nodes = spent.calls,
+            _ => {
+                let Some(i) = periods.iter().position(|p| *p == period) else {
+                    continue;
+                };
+                if scope == person_scope {
+                    out.person[i] = spent;
+                } else if team_scope.as_deref() == Some(scope.as_str()) {
+                    out.team[i] = spent;
+                }
+            }
         }
     }
     Ok(out)

@@ -19,7 +19,7 @@ fn clock(kind: DatabaseKind) -> &'static str {
 }
 
 /// `sql` with each `{now}` replaced by the database's clock.
-fn timed(kind: DatabaseKind, sql: &str) -> sqlx::AssertSqlSafe<String> {
+pub(super) fn timed(kind: DatabaseKind, sql: &str) -> sqlx::AssertSqlSafe<String> {
     sqlx::AssertSqlSafe(sql.replace("{now}", clock(kind)))
 }
 
