@@ -135,7 +135,6 @@ impl App {
 
     /// Serves until shutdown, then waits for open connections to finish and closes the store.
     pub async fn serve(self) -> Result<(), ServerError> {
-        tokio::spawn(trim_memory_when_idle(Arc::clone(&self.state)));
         tokio::spawn(lease::keep(Arc::clone(&self.state)));
         // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
         // are always answered here.
@@ -211,42 +210,6 @@ fn is_fatal_accept_error(error: &std::io::Error) -> bool {
         std::io::ErrorKind::InvalidInput | std::io::ErrorKind::PermissionDenied
     )
 }
-
-/// How often an idle server checks whether a burst of runs left freed memory to return.
-const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Gives the memory a burst of runs freed back to the system once no run is active: glibc keeps
-/// freed heap in its arenas (after 500 concurrent runs the process stayed at its 149 MB peak,
-/// 13 MB idle). Runs at most every `TRIM_EVERY`, and only after runs have finished since.
-async fn trim_memory_when_idle(state: Arc<AppState>) {
-    let mut trimmed_at = 0;
-    let mut tick = tokio::time::interval(TRIM_EVERY);
-    loop {
-        tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let (active, finished) = state.runs.counts();
-        if active == 0 && finished != trimmed_at {
-            trimmed_at = finished;
-            let _ = tokio::task::spawn_blocking(release_free_memory).await;
-        }
-    }
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_memory() {
-    // SAFETY: malloc_trim only walks the allocator's own free lists; it is safe to call at any
-    // time from any thread.
-    let released = unsafe { libc::malloc_trim(0) };
-    tracing::debug!(
-        released = released != 0,
-        "returned freed memory to the system"
-    );
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
 
 /// Checks every prompt set's `tools.json` against the tool registry: each tool is one this server
 /// implements, with exactly the arguments it validates. Done here, at start-up, where the assets
