@@ -172,17 +172,6 @@ pub fn responses_part(part: Part<'_>) -> Value {
     }
 }
 
-/// Anthropic: an `image` block with its media type and base64 data.
-pub fn anthropic_part(part: Part<'_>) -> Value {
-    match part {
-        Part::Image { mime, base64 } => json!({
-            "type": "image",
-            "source": { "type": "base64", "media_type": mime.as_str(), "data": base64 },
-        }),
-        Part::Note(text) => json!({ "type": "text", "text": text }),
-    }
-}
-
 /// How a tool result's images are introduced when the family cannot put them in the result itself
 /// (Chat): a user message right after the results.
 pub fn tool_images_caption(tool: &str, call_id: &str) -> String {

@@ -6,6 +6,7 @@
 //! A stream succeeds only with `message_stop`; an `error` event after HTTP 200, or EOF before
 //! `message_stop`, is an error.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -17,7 +18,7 @@ use crate::config::Secret;
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
-use crate::prompting::images::{self, ImageLimits, MB};
+use crate::prompting::images::{ImageLimits, MB, Part};
 use crate::prompting::projector::{Item, arguments_text, gallery, items};
 
 pub const API_VERSION: &str = "2023-06-01";
@@ -338,7 +339,7 @@ struct MessagesRequest<'a> {
     model: &'a str,
     max_tokens: u32,
     system: [TextBlock<'a>; 1],
-    messages: Vec<Turn>,
+    messages: Vec<Turn<'a>>,
     stream: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool<'a>>,
@@ -368,11 +369,87 @@ struct TextBlock<'a> {
 
 /// One turn of the conversation: consecutive same-role turns are merged into one.
 #[derive(Debug, Serialize)]
-struct Turn {
+struct Turn<'a> {
     role: &'static str,
-    /// Built as JSON: replayed thinking blocks are kept exactly as received and images come from
-    /// `images::anthropic_part`; the cache breakpoint is set on the last one.
-    content: Vec<Value>,
+    content: Vec<ContentBlock<'a>>,
+}
+
+/// A content block, with the prompt-cache breakpoint the request's last block carries.
+#[derive(Debug, Serialize)]
+struct ContentBlock<'a> {
+    #[serde(flatten)]
+    content: Content<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+/// What a content block holds, by its `type`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Content<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    Image {
+        source: ImageSource<'a>,
+    },
+    ToolUse {
+        id: String,
+        name: &'a str,
+        /// The call's arguments as an object (unparseable ones wrapped as `invalid_arguments`).
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        content: ToolResultContent<'a>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+    /// A thinking or redacted-thinking block, replayed exactly as the model sent it (its
+    /// signature covers its bytes).
+    #[serde(untagged)]
+    Replayed(&'a Value),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename = "base64")]
+struct ImageSource<'a> {
+    media_type: &'static str,
+    data: &'a str,
+}
+
+/// A tool result's content: its text alone, or its text and the images it returned.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ToolResultContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<ContentBlock<'a>>),
+}
+
+impl<'a> ContentBlock<'a> {
+    fn new(content: Content<'a>) -> Self {
+        ContentBlock {
+            content,
+            cache_control: None,
+        }
+    }
+
+    fn text(text: impl Into<Cow<'a, str>>) -> Self {
+        ContentBlock::new(Content::Text { text: text.into() })
+    }
+
+    /// An image the gallery shows, or the note it gives instead.
+    fn image(part: Part<'a>) -> Self {
+        match part {
+            Part::Image { mime, base64 } => ContentBlock::new(Content::Image {
+                source: ImageSource {
+                    media_type: mime.as_str(),
+                    data: base64,
+                },
+            }),
+            Part::Note(text) => ContentBlock::text(text),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -396,44 +473,31 @@ struct OutputConfig {
     effort: &'static str,
 }
 
-fn text_block(text: &str) -> Value {
-    json!({ "type": "text", "text": text })
-}
-
 /// Anthropic Messages, with prompt-cache breakpoints on the system prompt, the tools and the last
 /// message (3 of the 4 allowed): everything before the newest message is reused next time.
 pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
-    let mut messages: Vec<Turn> = Vec::new();
-    let mut push = |role: &'static str, blocks: Vec<Value>| {
-        if blocks.is_empty() {
-            return;
-        }
-        // Consecutive same-role turns (a failed turn followed by a new message) are merged.
-        match messages.last_mut() {
-            Some(last) if last.role == role => last.content.extend(blocks),
-            _ => messages.push(Turn {
-                role,
-                content: blocks,
-            }),
-        }
-    };
+    let mut messages: Vec<Turn<'_>> = Vec::new();
     let items = items(&request.history);
     let mut gallery = gallery(IMAGE_LIMITS, request, &items);
     for item in items {
         match item {
             Item::User(user) => {
                 // Images first: Claude reads an image best before the text about it.
-                let mut blocks: Vec<Value> = (user.images.iter())
-                    .map(|i| images::anthropic_part(gallery.part(i)))
+                let mut blocks: Vec<ContentBlock<'_>> = (user.images.iter())
+                    .map(|i| ContentBlock::image(gallery.part(i)))
                     .collect();
                 if !user.text.is_empty() {
-                    blocks.push(text_block(&user.text));
+                    blocks.push(ContentBlock::text(user.text.as_str()));
                 }
-                push("user", blocks);
+                push(&mut messages, "user", blocks);
             }
             Item::Exchange(exchange) => {
-                push("assistant", assistant_blocks(model, &exchange));
+                push(
+                    &mut messages,
+                    "assistant",
+                    assistant_blocks(model, &exchange),
+                );
                 let results = (exchange.calls.iter())
                     .map(|(call, result)| {
                         let text = if result.result.content.is_empty() {
@@ -442,29 +506,29 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                             result.result.content.as_str()
                         };
                         let content = if result.result.images.is_empty() {
-                            Value::String(text.to_owned())
+                            ToolResultContent::Text(text)
                         } else {
                             let shown = (result.result.images.iter())
-                                .map(|i| images::anthropic_part(gallery.part(i)));
-                            Value::Array(std::iter::once(text_block(text)).chain(shown).collect())
+                                .map(|i| ContentBlock::image(gallery.part(i)));
+                            ToolResultContent::Blocks(
+                                std::iter::once(ContentBlock::text(text))
+                                    .chain(shown)
+                                    .collect(),
+                            )
                         };
-                        let mut block = json!({
-                            "type": "tool_result",
-                            "tool_use_id": anthropic_tool_id(&call.call.provider_call_id),
-                            "content": content,
-                        });
-                        if result.result.is_error {
-                            block["is_error"] = true.into();
-                        }
-                        block
+                        ContentBlock::new(Content::ToolResult {
+                            tool_use_id: anthropic_tool_id(&call.call.provider_call_id),
+                            content,
+                            is_error: result.result.is_error,
+                        })
                     })
                     .collect();
-                push("user", results);
+                push(&mut messages, "user", results);
             }
         }
     }
     if let Some(last) = messages.last_mut().and_then(|m| m.content.last_mut()) {
-        last["cache_control"] = json!(EPHEMERAL);
+        last.cache_control = Some(EPHEMERAL);
     }
     let mut tools: Vec<Tool<'_>> = (request.tools.iter())
         .map(|tool| {
@@ -515,32 +579,50 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
     serde_json::to_value(body).expect("a Messages body is JSON")
 }
 
+/// Adds a turn's blocks, merged into the previous turn when it has the same role (a failed turn
+/// followed by a new message).
+fn push<'a>(messages: &mut Vec<Turn<'a>>, role: &'static str, blocks: Vec<ContentBlock<'a>>) {
+    if blocks.is_empty() {
+        return;
+    }
+    match messages.last_mut() {
+        Some(last) if last.role == role => last.content.extend(blocks),
+        _ => messages.push(Turn {
+            role,
+            content: blocks,
+        }),
+    }
+}
+
 /// The assistant's blocks of an exchange: its signed thinking (replayed only to the model that
 /// produced it), its text, its calls with their arguments as an object.
-fn assistant_blocks(
+fn assistant_blocks<'a>(
     model: &crate::config::ModelConfig,
-    exchange: &crate::prompting::projector::Exchange<'_>,
-) -> Vec<Value> {
+    exchange: &crate::prompting::projector::Exchange<'a>,
+) -> Vec<ContentBlock<'a>> {
     let assistant = exchange.assistant;
     let mut blocks = Vec::new();
     if let Some(ProviderReplay::Anthropic { blocks: thinking }) = &assistant.replay
         && assistant.model_id == model.id
     {
-        blocks.extend(thinking.iter().cloned());
+        blocks.extend(
+            thinking
+                .iter()
+                .map(|b| ContentBlock::new(Content::Replayed(b))),
+        );
     }
     if !assistant.text.is_empty() {
-        blocks.push(text_block(&assistant.text));
+        blocks.push(ContentBlock::text(assistant.text.as_str()));
     }
     for (call, _) in &exchange.calls {
         let input: Value = serde_json::from_str(&arguments_text(call))
             .ok()
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({ "invalid_arguments": call.call.arguments }));
-        blocks.push(json!({
-            "type": "tool_use",
-            "id": anthropic_tool_id(&call.call.provider_call_id),
-            "name": call.call.name,
-            "input": input,
+        blocks.push(ContentBlock::new(Content::ToolUse {
+            id: anthropic_tool_id(&call.call.provider_call_id),
+            name: call.call.name.as_str(),
+            input,
         }));
     }
     blocks
