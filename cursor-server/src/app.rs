@@ -136,6 +136,7 @@ impl App {
     /// Serves until shutdown, then waits for open connections to finish and closes the store.
     pub async fn serve(self) -> Result<(), ServerError> {
         tokio::spawn(lease::keep(Arc::clone(&self.state)));
+        tokio::spawn(checkpoint_in_background(Arc::clone(&self.state)));
         // The operator's routes are merged before the Cursor routes' pass-through fallback, so they
         // are always answered here.
         // `[auth]`: the identity layer goes in front of the console's and the Cursor routes (not
@@ -209,6 +210,25 @@ fn is_fatal_accept_error(error: &std::io::Error) -> bool {
         error.kind(),
         std::io::ErrorKind::InvalidInput | std::io::ErrorKind::PermissionDenied
     )
+}
+
+/// Checkpoints SQLite's WAL every `CHECKPOINT_EVERY` until shutdown, off every request's path
+/// (closing the store at shutdown checkpoints what is left).
+async fn checkpoint_in_background(state: Arc<AppState>) {
+    if state.store.kind() != crate::store::DatabaseKind::Sqlite {
+        return;
+    }
+    let mut tick = tokio::time::interval(crate::store::CHECKPOINT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = state.store.checkpoint().await {
+            tracing::warn!("checkpointing the database: {e}");
+        }
+    }
 }
 
 /// Checks every prompt set's `tools.json` against the tool registry: each tool is one this server

@@ -1344,3 +1344,46 @@ async fn a_persons_standing_reads_their_teams_counters_running_runs_and_live_nod
     assert_eq!(without.running, 0, "not counted when not asked");
     assert_eq!(without.live_nodes, 0, "not counted without [cluster]");
 }
+
+/// SQLite's WAL is checkpointed in the background (`Store::checkpoint`, every second in the
+/// server), never by the commit that happens to fill it: that commit used to wait for the copy and
+/// its fsync. Writes well past SQLite's automatic checkpoint size (1,000 pages, 4 MB) stay in the
+/// WAL until the checkpoint, which then moves every frame into the database.
+#[tokio::test]
+async fn sqlite_commits_leave_the_wal_to_the_background_checkpoint() {
+    let db = sqlite().await;
+    let dir = db._dir.as_ref().expect("a SQLite directory").path();
+    for i in 0..24u8 {
+        let data = vec![i; 256 * 1024];
+        blobs::put_all(&db.store, &[(BlobId::of(&data), &data[..], &[])])
+            .await
+            .unwrap();
+    }
+    let wal = std::fs::metadata(dir.join("s.db-wal")).unwrap().len();
+    assert!(
+        wal > 6_000_000,
+        "6 MB of commits are all still in the WAL ({wal} bytes): no commit checkpointed"
+    );
+    let (frames, moved) = db
+        .store
+        .checkpoint()
+        .await
+        .unwrap()
+        .expect("SQLite checkpoints");
+    assert!(frames >= 1_500, "{frames} frames");
+    assert_eq!(moved, frames, "the checkpoint moved every frame");
+    let (_, again) = db
+        .store
+        .checkpoint()
+        .await
+        .unwrap()
+        .expect("SQLite checkpoints");
+    assert_eq!(again, frames, "nothing new to move");
+    assert_eq!(
+        blobs::get(&db.store, BlobId::of(&[23; 256 * 1024]))
+            .await
+            .unwrap()
+            .map(|b| b.len()),
+        Some(256 * 1024)
+    );
+}

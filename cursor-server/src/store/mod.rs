@@ -260,6 +260,16 @@ impl Store {
         true
     }
 
+    /// SQLite: moves what the WAL holds into the database (`sqlite.rs`, `checkpoint`), as the
+    /// server does every `CHECKPOINT_EVERY`; returns the WAL's frames and those checkpointed.
+    /// PostgreSQL checkpoints by itself: `None`.
+    pub async fn checkpoint(&self) -> Result<Option<(i64, i64)>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(store) => store.checkpoint().await.map(Some),
+            Backend::Postgres(_) => Ok(None),
+        }
+    }
+
     pub async fn close(&self) {
         match &self.backend {
             Backend::Sqlite(store) => store.close().await,
@@ -267,6 +277,10 @@ impl Store {
         }
     }
 }
+
+/// How often the server checkpoints SQLite's WAL (`Store::checkpoint`): about a second of writes
+/// at most waits in the WAL.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a conflicting write transaction is run again before its error is returned.
 const CONFLICT_RETRIES: u32 = 3;
