@@ -213,11 +213,9 @@ fn is_fatal_accept_error(error: &std::io::Error) -> bool {
 }
 
 /// Checkpoints SQLite's WAL every `CHECKPOINT_EVERY` until shutdown, off every request's path
-/// (closing the store at shutdown checkpoints what is left).
+/// (closing the store at shutdown checkpoints what is left); a store with nothing to checkpoint
+/// (PostgreSQL) ends it at the first tick.
 async fn checkpoint_in_background(state: Arc<AppState>) {
-    if state.store.kind() != crate::store::DatabaseKind::Sqlite {
-        return;
-    }
     let mut tick = tokio::time::interval(crate::store::CHECKPOINT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -225,8 +223,10 @@ async fn checkpoint_in_background(state: Arc<AppState>) {
             _ = state.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = state.store.checkpoint().await {
-            tracing::warn!("checkpointing the database: {e}");
+        match state.store.checkpoint().await {
+            Ok(Some(_)) => {}
+            Ok(None) => return,
+            Err(e) => tracing::warn!("checkpointing the database: {e}"),
         }
     }
 }

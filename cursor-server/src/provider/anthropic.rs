@@ -338,7 +338,7 @@ fn anthropic_tool_id(id: &str) -> String {
 struct MessagesRequest<'a> {
     model: &'a str,
     max_tokens: u32,
-    system: [TextBlock<'a>; 1],
+    system: [ContentBlock<'a>; 1],
     messages: Vec<Turn<'a>>,
     stream: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -358,15 +358,6 @@ struct CacheControl {
 
 const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
 
-#[derive(Debug, Serialize)]
-struct TextBlock<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_control: Option<CacheControl>,
-}
-
 /// One turn of the conversation: consecutive same-role turns are merged into one.
 #[derive(Debug, Serialize)]
 struct Turn<'a> {
@@ -374,7 +365,8 @@ struct Turn<'a> {
     content: Vec<ContentBlock<'a>>,
 }
 
-/// A content block, with the prompt-cache breakpoint the request's last block carries.
+/// A content block of the system prompt or a turn, with the prompt-cache breakpoint the system
+/// prompt and the request's last block carry.
 #[derive(Debug, Serialize)]
 struct ContentBlock<'a> {
     #[serde(flatten)]
@@ -565,10 +557,9 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let body = MessagesRequest {
         model: &model.upstream_id,
         max_tokens: model.output_limit(),
-        system: [TextBlock {
-            kind: "text",
-            text: request.system,
+        system: [ContentBlock {
             cache_control: Some(EPHEMERAL),
+            ..ContentBlock::text(request.system)
         }],
         messages,
         stream: true,

@@ -8,7 +8,7 @@ use sqlx::migrate::Migrate as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use super::{DatabaseKind, SchemaStatus, StoreError};
+use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
 
 /// SQLite's migrations, in order.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -109,10 +109,7 @@ impl SqliteStore {
         let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
             .fetch_one(&self.pool)
             .await
-            .map_err(|source| StoreError::Query {
-                context: "checkpointing the WAL",
-                source,
-            })?;
+            .context("checkpointing the WAL")?;
         Ok((row.get::<i64, _>(1), row.get::<i64, _>(2)))
     }
 
