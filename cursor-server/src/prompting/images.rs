@@ -1,7 +1,7 @@
 //! Images in provider requests: the bytes a request shows (`ImageSet`, loaded by the run and keyed
-//! by blob), each family's image part, how a family's documented limits (`ImageLimits`, declared by
-//! its module in `provider/`) are applied, and the text a model is given in place of an image it
-//! cannot be shown.
+//! by blob), how a family's documented limits (`ImageLimits`, declared by its module in
+//! `provider/`) are applied, and the text a model is given in place of an image it cannot be shown
+//! (`Part`, which each family's module turns into its own image or text part).
 //!
 //! Its own file because `prompting/projector.rs` holds the three families' message shapes within
 //! 800 lines, and which images a request shows (limits, vision, order) is one decision of its own,
@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
 use crate::model::conversation::{BlobId, ImageMime, ImageRef};
@@ -148,34 +147,6 @@ impl<'a> Gallery<'a> {
             )),
         }
     }
-}
-
-/// OpenAI Chat: an `image_url` part with a data URL.
-pub fn chat_part(part: Part<'_>) -> Value {
-    match part {
-        Part::Image { mime, base64 } => json!({
-            "type": "image_url",
-            "image_url": { "url": format!("data:{};base64,{base64}", mime.as_str()) },
-        }),
-        Part::Note(text) => json!({ "type": "text", "text": text }),
-    }
-}
-
-/// OpenAI Responses: an `input_image` with a data URL.
-pub fn responses_part(part: Part<'_>) -> Value {
-    match part {
-        Part::Image { mime, base64 } => json!({
-            "type": "input_image",
-            "image_url": format!("data:{};base64,{base64}", mime.as_str()),
-        }),
-        Part::Note(text) => json!({ "type": "input_text", "text": text }),
-    }
-}
-
-/// How a tool result's images are introduced when the family cannot put them in the result itself
-/// (Chat): a user message right after the results.
-pub fn tool_images_caption(tool: &str, call_id: &str) -> String {
-    format!("Images returned by the {tool} call {call_id}:")
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! A stream succeeds only if it reaches `data: [DONE]` after a `finish_reason`; an in-band
 //! `{"error":...}` chunk, EOF before `[DONE]`, or an idle gap longer than the limit is an error.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,7 @@ use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
-use crate::prompting::images::{self, ImageLimits, MB};
+use crate::prompting::images::{ImageLimits, MB, Part};
 use crate::prompting::projector::{Item, arguments_text, gallery, items};
 use serde_json::{Value, json};
 
@@ -403,29 +404,38 @@ enum ChatMessage<'a> {
 #[serde(untagged)]
 enum UserContent<'a> {
     Text(&'a str),
-    Parts(Vec<ChatPart>),
+    Parts(Vec<ChatPart<'a>>),
 }
 
-/// A content part: text, or an image part (`images::chat_part`, which may be a note instead).
+/// A content part: text, or an image as a data URL.
 #[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum ChatPart {
-    Text(TextPart),
-    Image(Value),
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ChatPart<'a> {
+    Text { text: Cow<'a, str> },
+    ImageUrl { image_url: ImageUrl },
 }
 
 #[derive(Debug, Serialize)]
-struct TextPart {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: String,
+struct ImageUrl {
+    url: String,
 }
 
-fn text_part(text: impl Into<String>) -> ChatPart {
-    ChatPart::Text(TextPart {
-        kind: "text",
-        text: text.into(),
-    })
+impl<'a> ChatPart<'a> {
+    fn text(text: impl Into<Cow<'a, str>>) -> Self {
+        ChatPart::Text { text: text.into() }
+    }
+
+    /// An image the gallery shows, or the note it gives instead.
+    fn image(part: Part<'_>) -> Self {
+        match part {
+            Part::Image { mime, base64 } => ChatPart::ImageUrl {
+                image_url: ImageUrl {
+                    url: format!("data:{};base64,{base64}", mime.as_str()),
+                },
+            },
+            Part::Note(text) => ChatPart::text(text),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -456,11 +466,8 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                 content: UserContent::Text(&user.text),
             }),
             Item::User(user) => {
-                let mut parts = vec![text_part(user.text.as_str())];
-                parts.extend(
-                    (user.images.iter())
-                        .map(|i| ChatPart::Image(images::chat_part(gallery.part(i)))),
-                );
+                let mut parts = vec![ChatPart::text(user.text.as_str())];
+                parts.extend((user.images.iter()).map(|i| ChatPart::image(gallery.part(i))));
                 messages.push(ChatMessage::User {
                     content: UserContent::Parts(parts),
                 });
@@ -473,17 +480,20 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                         content: &result.result.content,
                     });
                 }
-                // A tool message is text only: the results' images follow as a user message.
+                // A tool message is text only: the results' images follow as a user message, each
+                // result's under a caption naming its call.
                 let mut parts = Vec::new();
                 for (call, result) in &exchange.calls {
                     if result.result.images.is_empty() {
                         continue;
                     }
-                    let caption = images::tool_images_caption(&call.call.name, &call.call.call_id);
-                    parts.push(text_part(caption));
+                    let caption = format!(
+                        "Images returned by the {} call {}:",
+                        call.call.name, call.call.call_id
+                    );
+                    parts.push(ChatPart::text(caption));
                     parts.extend(
-                        (result.result.images.iter())
-                            .map(|i| ChatPart::Image(images::chat_part(gallery.part(i)))),
+                        (result.result.images.iter()).map(|i| ChatPart::image(gallery.part(i))),
                     );
                 }
                 if !parts.is_empty() {

@@ -5,6 +5,7 @@
 //! A stream succeeds only with `response.completed` or `response.incomplete`; `error`,
 //! `response.failed`, or EOF before a terminal event is an error.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
@@ -15,7 +16,7 @@ use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field}
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
-use crate::prompting::images::{self, ImageLimits};
+use crate::prompting::images::{ImageLimits, Part};
 use crate::prompting::projector::{Item, arguments_text, gallery, items, replayable_arguments};
 use serde_json::json;
 
@@ -282,7 +283,31 @@ struct InputMessage<'a> {
 #[serde(untagged)]
 enum Content<'a> {
     Text(&'a str),
-    Parts(Vec<Value>),
+    Parts(Vec<InputPart<'a>>),
+}
+
+/// A content part: text, or an image as a data URL.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum InputPart<'a> {
+    InputText { text: Cow<'a, str> },
+    InputImage { image_url: String },
+}
+
+impl<'a> InputPart<'a> {
+    fn text(text: impl Into<Cow<'a, str>>) -> Self {
+        InputPart::InputText { text: text.into() }
+    }
+
+    /// An image the gallery shows, or the note it gives instead.
+    fn image(part: Part<'_>) -> Self {
+        match part {
+            Part::Image { mime, base64 } => InputPart::InputImage {
+                image_url: format!("data:{};base64,{base64}", mime.as_str()),
+            },
+            Part::Note(text) => InputPart::text(text),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -317,10 +342,6 @@ struct Reasoning {
     effort: Option<&'static str>,
 }
 
-fn input_text(text: &str) -> Value {
-    json!({ "type": "input_text", "text": text })
-}
-
 /// OpenAI Responses, stateless: `store: false`, reasoning replayed from its encrypted content.
 pub fn request_body(request: &ModelRequest<'_>) -> Value {
     let model = request.model;
@@ -336,8 +357,8 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                 }))
             }
             Item::User(user) => {
-                let mut parts = vec![input_text(&user.text)];
-                parts.extend((user.images.iter()).map(|i| images::responses_part(gallery.part(i))));
+                let mut parts = vec![InputPart::text(user.text.as_str())];
+                parts.extend((user.images.iter()).map(|i| InputPart::image(gallery.part(i))));
                 input.push(InputItem::Message(InputMessage {
                     role: "user",
                     content: Content::Parts(parts),
@@ -350,8 +371,8 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                         Content::Text(&result.result.content)
                     } else {
                         let shown = (result.result.images.iter())
-                            .map(|i| images::responses_part(gallery.part(i)));
-                        let text = input_text(&result.result.content);
+                            .map(|i| InputPart::image(gallery.part(i)));
+                        let text = InputPart::text(result.result.content.as_str());
                         Content::Parts(std::iter::once(text).chain(shown).collect())
                     };
                     input.push(InputItem::Typed(TypedItem::FunctionCallOutput {

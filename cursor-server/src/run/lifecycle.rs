@@ -606,14 +606,14 @@ impl Checkpoints {
     pub async fn fetch_roots(&mut self, out: &mut Downlink) -> Vec<BlobId> {
         let roots = self.projection.graph().roots().to_vec();
         for id in &roots {
-            out.send_message(&self.kv.fetch(*id)).await;
+            out.send_message(self.kv.fetch(*id).message()).await;
         }
         roots
     }
 
     /// Asks the client for one blob (the answer comes back through `on_kv`).
     pub async fn fetch(&mut self, id: BlobId, out: &mut Downlink) {
-        out.send_message(&self.kv.fetch(id)).await;
+        out.send_message(self.kv.fetch(id).message()).await;
     }
 
     /// Stores `new_blobs` (after what opening the run built and what the client may lack) and
@@ -713,7 +713,7 @@ impl Checkpoints {
         } = emission;
         for (blob, message) in all.into_iter().chain(stashed).zip(messages) {
             if let Some(message) = message {
-                out.send_message(&message).await;
+                out.send_message(message.message()).await;
                 self.outstanding
                     .insert(blob.id, (blob.clone(), Instant::now()));
             }
@@ -921,7 +921,7 @@ impl Checkpoints {
                 && let Some(message) = self.kv.resend(blob)
             {
                 tracing::info!(blob = %blob.id, "resending a blob whose ACK is overdue");
-                out.send_message(&message).await;
+                out.send_message(message.message()).await;
                 *sent = now;
             }
         }

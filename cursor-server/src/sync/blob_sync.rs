@@ -14,8 +14,16 @@ use crate::ops::metrics::{self, KvEvent};
 use crate::sync::checkpoint::Blob;
 
 /// A KV request to the client (GET or SET of a blob), ready for the downlink: the run holds and
-/// sends it without looking inside.
-pub type KvRequest = AgentServerMessage;
+/// sends it without looking inside, and only `KvSync` makes one (under a KV id it tracks).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvRequest(AgentServerMessage);
+
+impl KvRequest {
+    /// The message the downlink sends.
+    pub fn message(&self) -> &AgentServerMessage {
+        &self.0
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
@@ -64,8 +72,8 @@ pub struct KvSync {
     acked: HashSet<BlobId>,
 }
 
-fn kv_message(id: u32, message: kv_server_message::Message) -> AgentServerMessage {
-    AgentServerMessage {
+fn kv_message(id: u32, message: kv_server_message::Message) -> KvRequest {
+    KvRequest(AgentServerMessage {
         message: Some(agent_server_message::Message::KvServerMessage(
             KvServerMessage {
                 id,
@@ -73,7 +81,7 @@ fn kv_message(id: u32, message: kv_server_message::Message) -> AgentServerMessag
                 ..KvServerMessage::default()
             },
         )),
-    }
+    })
 }
 
 impl KvSync {
@@ -257,8 +265,8 @@ mod tests {
         kv_client_message::Message::SetBlobResult(SetBlobResult { error: None })
     }
 
-    fn kv_id(message: &AgentServerMessage) -> u32 {
-        match &message.message {
+    fn kv_id(request: &KvRequest) -> u32 {
+        match &request.message().message {
             Some(agent_server_message::Message::KvServerMessage(kv)) => kv.id,
             other => panic!("not a KV message: {other:?}"),
         }
