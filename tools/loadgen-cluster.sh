@@ -11,7 +11,9 @@
 #   CONC=200 REPS=3 SETUPS="pg pg2" tools/loadgen-cluster.sh
 #
 # Env: SERVER_BIN (default $CARGO_TARGET_DIR or target/release/cursor-server), LOADGEN_DIR
-# (../shared/tools/loadgen), CONC (500), REPS (1), SETUPS ("direct sqlite pg pg2"), OUT (results
+# (../shared/tools/loadgen), CONC (500), REPS (1), SETUPS ("direct sqlite pg pg2"; also pg1lb: one
+# node behind the same HAProxy, the balancer's own cost), HAPROXY_DELAY (1: without
+# `option http-no-delay`, HAProxy's default, to measure what it holds back), OUT (results
 # directory), PG_BIN (the newest /usr/lib/postgresql/*/bin), BASE_PORT (3930: it uses the next 8).
 # Needs PostgreSQL's server binaries (Debian's `postgresql`) and `haproxy`; starts everything on
 # loopback in a temporary directory (PostgreSQL as `nobody` when run as root, as the tests do),
@@ -106,8 +108,20 @@ server() { # tag port database [node] [log filter]
   wait_for "$dir/${4:-node}.log" "listening" 60
 }
 
+# The nodes behind the balancer: a and b, or a alone (pg1lb, the balancer's own cost).
+servers() { # suffix
+  echo "  server a 127.0.0.1:$APORT$1"
+  [ "$LB_NODES" = 2 ] && echo "  server b 127.0.0.1:$BPORT$1"
+  return 0
+}
+
 haproxy_up() { # tag
   local dir=$OUT/$1
+  # Without http-no-delay HAProxy sends a streamed HTTP/1.1 response's data with MSG_MORE until
+  # the response ends, and the kernel holds each RunSSE frame up to its 200 ms cork timeout.
+  local NODELAY="  option http-no-delay
+"
+  [ "${HAPROXY_DELAY:-0}" = 1 ] && NODELAY=""
   cat > "$dir/haproxy.cfg" <<CFG
 global
   maxconn 6000
@@ -126,12 +140,10 @@ frontend cursor
   default_backend nodes_h1
 backend nodes_h1
   balance roundrobin
-  server a 127.0.0.1:$APORT
-  server b 127.0.0.1:$BPORT
+$NODELAY$(servers "")
 backend nodes_h2
   balance roundrobin
-  server a 127.0.0.1:$APORT proto h2
-  server b 127.0.0.1:$BPORT proto h2
+$(servers " proto h2")
 CFG
   haproxy -f "$dir/haproxy.cfg" -db > "$dir/haproxy.log" 2>&1 &
   PIDS+=($!)
@@ -148,7 +160,7 @@ measure() { # setup target addr pid
 
 "$FP" 127.0.0.1:$PPORT 2> "$OUT/prov.log" & FPID=$!
 trap 'stop_all; stop_pg; kill $FPID 2>/dev/null || true' EXIT
-case " $SETUPS " in *" pg "*|*" pg2 "*) start_pg ;; esac
+case " $SETUPS " in *" pg "*|*" pg1lb "*|*" pg2 "*) start_pg ;; esac
 
 for setup in $SETUPS; do
   echo "[$setup] $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -163,11 +175,17 @@ for setup in $SETUPS; do
     server pg "$APORT" "$(pg_url lg_single)"
     for t in run sse; do measure pg "$t" 127.0.0.1:$APORT "${PIDS[0]}"; done
     stop_all ;;
+  pg1lb)
+    new_db lg_lb
+    server pg1lb "$APORT" "$(pg_url lg_lb)"
+    LB_NODES=1 haproxy_up pg1lb
+    for t in run sse; do measure pg1lb "$t" 127.0.0.1:$LBPORT "${PIDS[0]}"; done
+    stop_all ;;
   pg2)
     new_db lg_nodes
     server pg2 "$APORT" "$(pg_url lg_nodes)" a
     server pg2 "$BPORT" "$(pg_url lg_nodes)" b
-    haproxy_up pg2
+    LB_NODES=2 haproxy_up pg2
     for t in run sse; do measure pg2 "$t" 127.0.0.1:$LBPORT "${PIDS[0]}"; done
     stop_all ;;
   esac
@@ -198,11 +216,12 @@ def med(rs, *path):
         vals.append(v)
     return statistics.median(vals) if vals else float("nan")
 names = {"direct": "direct to the provider", "sqlite": "one node, SQLite", "pg": "one node, PostgreSQL",
+         "pg1lb": "one node on PostgreSQL behind HAProxy",
          "pg2": "two nodes on PostgreSQL, HAProxy round robin"}
 print(f"\n{conc} concurrent runs started within 1 s, 200 chunks each at 1 per 20 ms (median of reps):\n")
 print("| setup | transport | failed runs | events >100 ms late / total | TTFT p50 / p99 | event latency p99 | load (1 min) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for setup in ("direct", "sqlite", "pg", "pg2"):
+for setup in ("direct", "sqlite", "pg", "pg1lb", "pg2"):
     for t, tname in (("direct", "-"), ("run", "`Run` h2"), ("sse", "RunSSE")):
         rs = [r for r in rows if r["label"] == f"{setup}-{t}"]
         if not rs:
