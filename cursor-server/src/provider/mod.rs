@@ -255,58 +255,44 @@ struct CallLog {
 }
 
 impl EventReceiver {
-    /// The next event; an error is the last item; `None` once the call is over. Text (or
-    /// reasoning) deltas that are already waiting behind the first come merged into it: when the
+    /// The next event; an error is the last item; `None` once the call is over. Deltas (text,
+    /// reasoning, one call's arguments) already waiting behind the first come merged into it: when the
     /// run is behind the provider (a slow client, a busy machine), one frame and one write carry
     /// what several would have, and a run that keeps up gets every delta as it comes. Only deltas
     /// already received are merged, so nothing waits for the next one.
     pub async fn recv(&mut self) -> Option<Result<ResponseEvent, ProviderError>> {
-        let first = match self.held.take() {
+        let mut first = match self.held.take() {
             Some(event) => event,
             None => self.events.recv().await?,
         };
-        Some(match first {
-            Ok(ResponseEvent::TextDelta(text)) => Ok(ResponseEvent::TextDelta(self.merge_ready(
-                text,
-                |e| match e {
-                    ResponseEvent::TextDelta(t) => Ok(t),
-                    other => Err(other),
-                },
-            ))),
-            Ok(ResponseEvent::ReasoningDelta(text)) => Ok(ResponseEvent::ReasoningDelta(
-                self.merge_ready(text, |e| match e {
-                    ResponseEvent::ReasoningDelta(t) => Ok(t),
-                    other => Err(other),
-                }),
-            )),
-            other => other,
-        })
+        if let Ok(
+            event @ (ResponseEvent::TextDelta(_)
+            | ResponseEvent::ReasoningDelta(_)
+            | ResponseEvent::ToolArgsDelta { .. }),
+        ) = &mut first
+        {
+            self.merge_ready(event);
+        }
+        Some(first)
     }
 
-    /// Appends to `text` every delta of the same kind (`same` gives its text back) already waiting
-    /// in the channel, up to `COALESCE_LIMIT`; the first other event is held for the next `recv`.
-    fn merge_ready(
-        &mut self,
-        mut text: String,
-        same: fn(ResponseEvent) -> Result<String, ResponseEvent>,
-    ) -> String {
-        while text.len() < COALESCE_LIMIT {
-            match self.events.try_recv() {
-                Ok(Ok(event)) => match same(event) {
-                    Ok(more) => text.push_str(&more),
-                    Err(other) => {
+    /// Appends to `event` every delta of the same stream already waiting in the channel, up to
+    /// `COALESCE_LIMIT`; the first other event is held for the next `recv`.
+    fn merge_ready(&mut self, event: &mut ResponseEvent) {
+        while let Ok(next) = self.events.try_recv() {
+            match next {
+                Ok(next) => {
+                    if let Err(other) = event.absorb(next, COALESCE_LIMIT) {
                         self.held = Some(Ok(other));
-                        break;
+                        return;
                     }
-                },
-                Ok(Err(error)) => {
-                    self.held = Some(Err(error));
-                    break;
                 }
-                Err(_) => break,
+                Err(error) => {
+                    self.held = Some(Err(error));
+                    return;
+                }
             }
         }
-        text
     }
 
     /// The attempts that failed and were retried so far, oldest first.
@@ -620,38 +606,90 @@ impl HttpCall {
         let (response, _lease) = self.connect().await?;
         let body = idle_limited(response.bytes_stream(), self.limits.idle_timeout);
         let mut events = Box::pin(body).eventsource();
+        let mut batch: Vec<ResponseEvent> = Vec::new();
         loop {
-            let Some(event) = events.next().await else {
-                return Err(ProviderError::Truncated {
-                    provider: self.provider.clone(),
-                    missing: parser.terminal(),
-                });
-            };
-            let event = event.map_err(|e| match e {
-                eventsource_stream::EventStreamError::Transport(BodyError::Idle) => {
-                    ProviderError::Idle {
-                        provider: self.provider.clone(),
-                        secs: self.limits.idle_timeout.as_secs(),
-                    }
+            // One event is waited for; those already read behind it (a read from a provider that
+            // streams fast holds tens of them) are parsed without waiting and leave with it, their
+            // deltas merged: the run then handles, frames and writes one event where there were
+            // many, and a provider that streams slowly still has each delta sent as it comes.
+            let mut next = events.next().await;
+            let mut parsed = 0;
+            let ended = loop {
+                parsed += 1;
+                match self.feed(&mut *parser, next, &mut batch) {
+                    Ok(false) if parsed < BATCH_EVENTS => {}
+                    outcome => break outcome,
                 }
-                other => ProviderError::Stream {
-                    provider: self.provider.clone(),
-                    message: other.to_string(),
-                },
-            })?;
-            let (out, done) = parser.feed(&event.event, &event.data)?;
-            for item in out {
+                next = match futures_util::FutureExt::now_or_never(events.next()) {
+                    Some(event) => event,
+                    None => {
+                        // The HTTP client decodes a body's next chunk in its connection's own
+                        // task, which runs only once this one yields: one turn for it before
+                        // taking nothing more as ready.
+                        tokio::task::yield_now().await;
+                        match futures_util::FutureExt::now_or_never(events.next()) {
+                            Some(event) => event,
+                            None => break Ok(false),
+                        }
+                    }
+                };
+            };
+            for item in batch.drain(..) {
                 if tx.send(Ok(item)).await.is_err() {
                     // The loop stopped listening (canceled); drop the connection.
                     return Ok(());
                 }
             }
-            if done {
+            if ended? {
                 return Ok(());
             }
         }
     }
+
+    /// Parses one SSE event (or the stream's end) into `batch`, merging deltas into its last
+    /// event; `true` once the call's terminal event came.
+    fn feed(
+        &self,
+        parser: &mut dyn StreamParser,
+        event: Option<Result<eventsource_stream::Event, EventError>>,
+        batch: &mut Vec<ResponseEvent>,
+    ) -> Result<bool, ProviderError> {
+        let Some(event) = event else {
+            return Err(ProviderError::Truncated {
+                provider: self.provider.clone(),
+                missing: parser.terminal(),
+            });
+        };
+        let event = event.map_err(|e| match e {
+            eventsource_stream::EventStreamError::Transport(BodyError::Idle) => {
+                ProviderError::Idle {
+                    provider: self.provider.clone(),
+                    secs: self.limits.idle_timeout.as_secs(),
+                }
+            }
+            other => ProviderError::Stream {
+                provider: self.provider.clone(),
+                message: other.to_string(),
+            },
+        })?;
+        let (out, done) = parser.feed(&event.event, &event.data)?;
+        for item in out {
+            let unmerged = match batch.last_mut() {
+                Some(last) => last.absorb(item, COALESCE_LIMIT).err(),
+                None => Some(item),
+            };
+            batch.extend(unmerged);
+        }
+        Ok(done)
+    }
 }
+
+/// An SSE parser's error over the body's bytes.
+type EventError = eventsource_stream::EventStreamError<BodyError>;
+
+/// Most SSE events parsed ahead of sending: a bound on how long the first of them waits for the
+/// others to be parsed.
+const BATCH_EVENTS: usize = 256;
 
 /// A `retry-after` value: delay seconds (RFC 9110; a decimal like `1.5` is honoured too, as some
 /// providers send it) or an HTTP date, as a delay from `now`. A date in the past is no delay.
@@ -920,5 +958,114 @@ mod tests {
             sizes.push(text.len());
         }
         assert_eq!(sizes, [COALESCE_LIMIT, COALESCE_LIMIT / 2]);
+    }
+
+    /// A provider on loopback that answers one call with `head` (a Chat stream's chunks) in one
+    /// write, then each of `then` once the test has taken the previous events from the channel.
+    async fn chat_provider(
+        head: String,
+        then: Vec<String>,
+        taken: Arc<tokio::sync::Notify>,
+    ) -> ProviderConfig {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.expect("read");
+                request.extend_from_slice(&buf[..n]);
+            }
+            let chunk = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                chunk(&head)
+            );
+            socket.write_all(head.as_bytes()).await.expect("write");
+            for data in then {
+                taken.notified().await;
+                socket
+                    .write_all(chunk(&data).as_bytes())
+                    .await
+                    .expect("write");
+            }
+            socket.write_all(b"0\r\n\r\n").await.expect("end");
+        });
+        ProviderConfig {
+            name: "p".to_owned(),
+            kind: ProviderKind::OpenAiChat,
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+            keys: vec![crate::config::ProviderKey {
+                secret: Secret::new("k".to_owned()),
+                env: None,
+            }],
+            models: Vec::new(),
+            route: Route::Direct { local: true },
+        }
+    }
+
+    fn text_chunk(text: &str) -> String {
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+    }
+
+    fn limits() -> CallLimits {
+        CallLimits {
+            headers_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10),
+            max_attempts: 1,
+            retry_base_delay: Duration::from_millis(10),
+        }
+    }
+
+    #[tokio::test]
+    async fn deltas_read_together_leave_the_call_as_one_and_a_slow_stream_goes_as_it_comes() {
+        let head: String = (0..40).map(|n| text_chunk(&format!("w{n} "))).collect();
+        let then = vec![
+            text_chunk("late"),
+            format!(
+                "{}data: {{\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n",
+                text_chunk(" end")
+            ),
+        ];
+        let taken = Arc::new(tokio::sync::Notify::new());
+        let provider = chat_provider(head, then, Arc::clone(&taken)).await;
+        let keys = KeyPool::new(&provider, crate::config::KeyCooldown::default());
+        let body = RequestBody::from_json(&serde_json::json!({"model": "m", "stream": true}));
+        let mut receiver = call(
+            &reqwest::Client::new(),
+            &provider,
+            &keys,
+            body,
+            limits(),
+            CancellationToken::new(),
+        );
+        // The raw channel, without `recv`'s merging: what the call's task sent.
+        let channel = &mut receiver.events;
+        let expected: String = (0..40).map(|n| format!("w{n} ")).collect();
+        let first = channel.recv().await.expect("an event").expect("no error");
+        assert_eq!(
+            first,
+            ResponseEvent::TextDelta(expected),
+            "forty deltas of one read are sent as one"
+        );
+        // Only after the test took them does the provider send the next delta: it is sent
+        // without waiting for more.
+        taken.notify_one();
+        let late = channel.recv().await.expect("an event").expect("no error");
+        assert_eq!(late, ResponseEvent::TextDelta("late".into()));
+        taken.notify_one();
+        let mut rest = Vec::new();
+        while let Some(event) = channel.recv().await {
+            rest.push(event.expect("no error"));
+        }
+        assert_eq!(rest[0], ResponseEvent::TextDelta(" end".into()));
+        assert_eq!(
+            rest.last(),
+            Some(&ResponseEvent::Finished(FinishReason::Stop))
+        );
     }
 }
