@@ -806,11 +806,12 @@ async fn a_second_process_given_a_live_nodes_name_is_refused_and_a_restarted_one
     assert_eq!(ready["checks"]["lease"]["ok"], true, "{ready}");
 }
 
-/// Frame kinds with each run of consecutive text deltas counted once: deltas the provider sent close
-/// together may reach the client merged into one (the provider receiver merges what is already
-/// waiting), so how many there are depends on timing, not on the node that served them.
+/// Frame kinds with each run of consecutive deltas (text, or a tool card's streamed arguments)
+/// counted once: deltas the provider sent close together may reach the client merged into one
+/// (a call merges what it has read together or what is already waiting), so how many there are
+/// depends on timing, not on the node that served them.
 fn merged_deltas(mut kinds: Vec<&'static str>) -> Vec<&'static str> {
-    kinds.dedup_by(|a, b| *a == "text_delta" && *b == "text_delta");
+    kinds.dedup_by(|a, b| a == b && matches!(*a, "text_delta" | "partial_tool_call"));
     kinds
 }
 
