@@ -14,12 +14,12 @@ pub mod family;
 pub mod keys;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod sse;
 pub mod web_search;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -604,8 +604,10 @@ impl HttpCall {
     ) -> Result<(), ProviderError> {
         // The lease counts the call in flight on its key until the stream ends or is dropped.
         let (response, _lease) = self.connect().await?;
-        let body = idle_limited(response.bytes_stream(), self.limits.idle_timeout);
-        let mut events = Box::pin(body).eventsource();
+        let mut events = SseBody {
+            body: idle_limited(response.bytes_stream(), self.limits.idle_timeout),
+            decoder: sse::SseDecoder::default(),
+        };
         let mut batch: Vec<ResponseEvent> = Vec::new();
         loop {
             // One event is waited for; those already read behind it (a read from a provider that
@@ -651,7 +653,7 @@ impl HttpCall {
     fn feed(
         &self,
         parser: &mut dyn StreamParser,
-        event: Option<Result<eventsource_stream::Event, EventError>>,
+        event: Option<Result<sse::SseEvent, BodyError>>,
         batch: &mut Vec<ResponseEvent>,
     ) -> Result<bool, ProviderError> {
         let Some(event) = event else {
@@ -661,12 +663,10 @@ impl HttpCall {
             });
         };
         let event = event.map_err(|e| match e {
-            eventsource_stream::EventStreamError::Transport(BodyError::Idle) => {
-                ProviderError::Idle {
-                    provider: self.provider.clone(),
-                    secs: self.limits.idle_timeout.as_secs(),
-                }
-            }
+            BodyError::Idle => ProviderError::Idle {
+                provider: self.provider.clone(),
+                secs: self.limits.idle_timeout.as_secs(),
+            },
             other => ProviderError::Stream {
                 provider: self.provider.clone(),
                 message: other.to_string(),
@@ -684,8 +684,32 @@ impl HttpCall {
     }
 }
 
-/// An SSE parser's error over the body's bytes.
-type EventError = eventsource_stream::EventStreamError<BodyError>;
+/// A provider's response body read as server-sent events, under the idle limit.
+struct SseBody<S> {
+    body: IdleLimited<S>,
+    decoder: sse::SseDecoder,
+}
+
+impl<S> SseBody<S>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin,
+{
+    /// The next event; `None` once the body ended. Cancel-safe: bytes read are kept in the
+    /// decoder, so a call dropped while waiting loses nothing.
+    async fn next(&mut self) -> Option<Result<sse::SseEvent, BodyError>> {
+        loop {
+            match self.decoder.next_event() {
+                Ok(Some(event)) => return Some(Ok(event)),
+                Ok(None) => {}
+                Err(error) => return Some(Err(BodyError::Sse(error))),
+            }
+            match self.body.next().await? {
+                Ok(bytes) => self.decoder.push(&bytes),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
+}
 
 /// Most SSE events parsed ahead of sending: a bound on how long the first of them waits for the
 /// others to be parsed.
@@ -709,24 +733,88 @@ enum BodyError {
     Idle,
     #[error("{0}")]
     Read(String),
+    #[error("{0}")]
+    Sse(sse::SseError),
 }
 
 /// The body's bytes, ending with `BodyError::Idle` when none arrive for `idle`. Any byte is life:
 /// the limit applies between reads, not between SSE events, so keep-alive comments (OpenRouter's
 /// `: OPENROUTER PROCESSING` while a model reasons) keep a call alive.
-fn idle_limited(
-    body: impl futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin,
-    idle: Duration,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, BodyError>> {
-    futures_util::stream::unfold(Some(body), move |body| async move {
-        let mut body = body?;
-        match tokio::time::timeout(idle, body.next()).await {
-            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(body))),
-            Ok(Some(Err(e))) => Some((Err(BodyError::Read(without_url(&e))), None)),
-            Ok(None) => None,
-            Err(_) => Some((Err(BodyError::Idle), None)),
+fn idle_limited<S>(body: S, idle: Duration) -> IdleLimited<S>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin,
+{
+    let tick = idle / IDLE_TICKS;
+    IdleLimited {
+        body: Some(body),
+        tick,
+        timer: Box::pin(tokio::time::sleep(tick)),
+        read_since_tick: false,
+        quiet_ticks: 0,
+    }
+}
+
+/// Quarters of the idle limit a body is checked at: silence is declared after four quarters with
+/// no byte, between `idle` and `1.25 × idle` after the last one.
+const IDLE_TICKS: u32 = 4;
+
+/// A body under an idle limit. A chunk only sets a flag: one timer, re-armed each quarter of the
+/// limit, counts the quarters without a byte. (A timeout per read cost a clock read and a timer
+/// per chunk, several percent of a fast stream's CPU.)
+struct IdleLimited<S> {
+    /// `None` once the body ended, failed or went silent.
+    body: Option<S>,
+    tick: Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    read_since_tick: bool,
+    quiet_ticks: u32,
+}
+
+impl<S> futures_util::Stream for IdleLimited<S>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin,
+{
+    type Item = Result<bytes::Bytes, BodyError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let Some(body) = &mut this.body else {
+            return Poll::Ready(None);
+        };
+        match body.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(bytes))) => {
+                this.read_since_tick = true;
+                return Poll::Ready(Some(Ok(bytes)));
+            }
+            Poll::Ready(Some(Err(error))) => {
+                this.body = None;
+                return Poll::Ready(Some(Err(BodyError::Read(without_url(&error)))));
+            }
+            Poll::Ready(None) => {
+                this.body = None;
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {}
         }
-    })
+        while this.timer.as_mut().poll(cx).is_ready() {
+            if std::mem::take(&mut this.read_since_tick) {
+                this.quiet_ticks = 0;
+            } else {
+                this.quiet_ticks += 1;
+            }
+            if this.quiet_ticks >= IDLE_TICKS {
+                this.body = None;
+                return Poll::Ready(Some(Err(BodyError::Idle)));
+            }
+            let next = tokio::time::Instant::now() + this.tick;
+            this.timer.as_mut().reset(next);
+        }
+        Poll::Pending
+    }
 }
 
 /// Parses the JSON `data` of a typed SSE event (Responses, Anthropic) and names its type: the
@@ -1067,5 +1155,40 @@ mod tests {
             rest.last(),
             Some(&ResponseEvent::Finished(FinishReason::Stop))
         );
+    }
+
+    /// A stream of `chunks` byte chunks, one every `gap`, then silence.
+    fn trickle(
+        chunks: usize,
+        gap: Duration,
+    ) -> impl futures_util::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Unpin {
+        Box::pin(futures_util::stream::unfold(0, move |sent| async move {
+            if sent == chunks {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(gap).await;
+            Some((Ok(bytes::Bytes::from_static(b": ping\n\n")), sent + 1))
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_is_idle_after_the_limit_without_a_byte_and_alive_while_bytes_come() {
+        let idle = Duration::from_secs(8);
+        // A byte every 6 s (inside the limit) for a minute: alive throughout.
+        let started = tokio::time::Instant::now();
+        let mut body = idle_limited(trickle(10, Duration::from_secs(6)), idle);
+        for _ in 0..10 {
+            assert!(matches!(body.next().await, Some(Ok(_))));
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+        // Then silence: idle between the limit and a quarter more after the last byte.
+        let silent = tokio::time::Instant::now();
+        assert!(matches!(body.next().await, Some(Err(BodyError::Idle))));
+        let waited = silent.elapsed();
+        assert!(
+            waited >= idle && waited <= idle + idle / IDLE_TICKS,
+            "idle after {waited:?}"
+        );
+        assert!(body.next().await.is_none(), "nothing after the idle error");
     }
 }
