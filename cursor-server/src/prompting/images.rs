@@ -78,6 +78,11 @@ pub enum Part<'a> {
     Note(String),
 }
 
+/// An image as a `data:` URL (how the OpenAI families take inline images).
+pub fn data_url(mime: ImageMime, base64: &str) -> String {
+    format!("data:{};base64,{base64}", mime.as_str())
+}
+
 /// Hands out the parts of a request's images in history order: the newest images within the
 /// family's count and size limits are shown, older ones are named instead (so a long conversation
 /// with many screenshots keeps working); a model without vision gets a note for each.

@@ -14,7 +14,7 @@ use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
-use crate::prompting::images::{ImageLimits, MB, Part};
+use crate::prompting::images::{self, ImageLimits, MB, Part};
 use crate::prompting::projector::{Item, arguments_text, gallery, items};
 use serde_json::{Value, json};
 
@@ -430,7 +430,7 @@ impl<'a> ChatPart<'a> {
         match part {
             Part::Image { mime, base64 } => ChatPart::ImageUrl {
                 image_url: ImageUrl {
-                    url: format!("data:{};base64,{base64}", mime.as_str()),
+                    url: images::data_url(mime, base64),
                 },
             },
             Part::Note(text) => ChatPart::text(text),

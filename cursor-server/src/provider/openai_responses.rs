@@ -16,7 +16,7 @@ use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field}
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
-use crate::prompting::images::{ImageLimits, Part};
+use crate::prompting::images::{self, ImageLimits, Part};
 use crate::prompting::projector::{Item, arguments_text, gallery, items, replayable_arguments};
 use serde_json::json;
 
@@ -303,7 +303,7 @@ impl<'a> InputPart<'a> {
     fn image(part: Part<'_>) -> Self {
         match part {
             Part::Image { mime, base64 } => InputPart::InputImage {
-                image_url: format!("data:{};base64,{base64}", mime.as_str()),
+                image_url: images::data_url(mime, base64),
             },
             Part::Note(text) => InputPart::text(text),
         }

@@ -378,12 +378,17 @@ pub async fn acked(store: &Store, conversation_id: &str) -> Result<Vec<BlobId>, 
         .fetch_one(p)
         .await
         .context("reading blob acks"))?;
-    Ok(ids
-        .as_deref()
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|id| BlobId::from_slice(&hex::decode(id).ok()?))
-        .collect())
+    // Each id decoded in place: a turn-300 conversation has about 1,500, and a vector per id
+    // was most of this read's cost.
+    let ids = ids.unwrap_or_default();
+    let mut acked = Vec::with_capacity(ids.len() / 65 + 1);
+    for id in ids.split(',') {
+        let mut bytes = [0u8; 32];
+        if hex::decode_to_slice(id, &mut bytes).is_ok() {
+            acked.push(BlobId(bytes));
+        }
+    }
+    Ok(acked)
 }
 
 /// The children of `parent` in its field `kind`, in ordinal order (tests and diagnostics).
