@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::family::Family;
-use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
+use super::family::{self, Family};
+use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field};
 use crate::config::Secret;
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
@@ -295,7 +295,7 @@ impl Family for Anthropic {
             .header("anthropic-version", API_VERSION)
     }
 
-    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+    fn request_body(&self, request: &ModelRequest<'_>) -> RequestBody {
         request_body(request)
     }
 
@@ -467,7 +467,7 @@ struct OutputConfig {
 
 /// Anthropic Messages, with prompt-cache breakpoints on the system prompt, the tools and the last
 /// message (3 of the 4 allowed): everything before the newest message is reused next time.
-pub fn request_body(request: &ModelRequest<'_>) -> Value {
+pub fn request_body(request: &ModelRequest<'_>) -> RequestBody {
     let model = request.model;
     let mut messages: Vec<Turn<'_>> = Vec::new();
     let items = items(&request.history);
@@ -567,7 +567,7 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
         thinking,
         output_config,
     };
-    serde_json::to_value(body).expect("a Messages body is JSON")
+    family::encode(&body, &model.quirks.extra_body)
 }
 
 /// Adds a turn's blocks, merged into the previous turn when it has the same role (a failed turn

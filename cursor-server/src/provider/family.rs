@@ -9,9 +9,10 @@
 //! trait is what the families implement and what `prompting/` callers and `ops/check.rs` ask, and
 //! the request body it builds is prompting's output, which `mod.rs` (the transport) never reads.
 
-use serde_json::Value;
+use serde::Serialize;
+use serde_json::{Map, Value};
 
-use super::StreamParser;
+use super::{RequestBody, StreamParser};
 use crate::config::{ProviderKind, Secret};
 use crate::prompting::compiler::ModelRequest;
 use crate::prompting::images::ImageLimits;
@@ -27,8 +28,9 @@ pub trait Family: Sync {
         request.bearer_auth(key.expose())
     }
 
-    /// The family's request body for `request` (before the model's `extra_body`).
-    fn request_body(&self, request: &ModelRequest<'_>) -> Value;
+    /// The family's request body for `request`, serialized once with the model's `extra_body`
+    /// set over it (`encode`).
+    fn request_body(&self, request: &ModelRequest<'_>) -> RequestBody;
 
     /// A parser for one streamed call of `provider` (its name, for errors).
     fn parser(&self, provider: &str) -> Box<dyn StreamParser>;
@@ -40,13 +42,63 @@ pub trait Family: Sync {
     fn probe(&self, model: &str) -> Value;
 }
 
-/// The request body for `kind`: the family's body with the model's `extra_body` keys set over it.
-pub fn project(kind: ProviderKind, request: &ModelRequest<'_>) -> Value {
-    let mut body = kind.family().request_body(request);
-    if let Some(object) = body.as_object_mut() {
-        for (key, value) in &request.model.quirks.extra_body {
+/// The request body for `kind`.
+pub fn project(kind: ProviderKind, request: &ModelRequest<'_>) -> RequestBody {
+    kind.family().request_body(request)
+}
+
+/// `body` serialized, with `extra` (the model's `extra_body`) set over its top-level keys:
+/// printed straight from the typed body when there is nothing to set (the usual case), through a
+/// JSON tree only when keys must be replaced. A long conversation's body is hundreds of KB, and
+/// building the tree first doubled its cost.
+pub fn encode<T: Serialize>(body: &T, extra: &Map<String, Value>) -> RequestBody {
+    if extra.is_empty() {
+        return RequestBody::from_vec(serde_json::to_vec(body).expect("a request body is JSON"));
+    }
+    let mut tree = serde_json::to_value(body).expect("a request body is JSON");
+    if let Some(object) = tree.as_object_mut() {
+        for (key, value) in extra {
             object.insert(key.clone(), value.clone());
         }
     }
-    body
+    RequestBody::from_json(&tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Serialize)]
+    struct Body {
+        model: &'static str,
+        max_tokens: u32,
+        stream: bool,
+    }
+
+    fn tree(body: &RequestBody) -> Value {
+        serde_json::from_slice(body.as_bytes()).expect("JSON")
+    }
+
+    #[test]
+    fn extra_body_keys_replace_and_add_top_level_keys_and_none_leaves_the_body_as_typed() {
+        let body = Body {
+            model: "m",
+            max_tokens: 16,
+            stream: true,
+        };
+        let plain = encode(&body, &Map::new());
+        assert_eq!(
+            plain.as_bytes(),
+            br#"{"model":"m","max_tokens":16,"stream":true}"#,
+            "printed from the typed body, in its field order"
+        );
+        let Value::Object(extra) = json!({"max_tokens": 99, "top_k": 20}) else {
+            unreachable!()
+        };
+        assert_eq!(
+            tree(&encode(&body, &extra)),
+            json!({"model": "m", "max_tokens": 99, "stream": true, "top_k": 20})
+        );
+    }
 }

@@ -334,6 +334,15 @@ impl RequestBody {
         RequestBody(bytes::Bytes::from(body.to_string()))
     }
 
+    /// Bytes already serialized (`family::encode`).
+    pub fn from_vec(body: Vec<u8>) -> RequestBody {
+        RequestBody(bytes::Bytes::from(body))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::family::Family;
-use super::{FinishReason, ProviderError, ResponseEvent, StreamParser};
+use super::family::{self, Family};
+use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
@@ -330,7 +330,7 @@ impl Family for OpenAiChat {
         "/chat/completions"
     }
 
-    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+    fn request_body(&self, request: &ModelRequest<'_>) -> RequestBody {
         request_body(request)
     }
 
@@ -453,7 +453,7 @@ struct ChatFunction<'a> {
 }
 
 /// OpenAI Chat Completions.
-pub fn request_body(request: &ModelRequest<'_>) -> Value {
+pub fn request_body(request: &ModelRequest<'_>) -> RequestBody {
     let model = request.model;
     let mut messages = vec![ChatMessage::System {
         content: request.system,
@@ -524,7 +524,7 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
                 other => other.as_str(),
             }),
     };
-    serde_json::to_value(body).expect("a Chat Completions body is JSON")
+    family::encode(&body, &model.quirks.extra_body)
 }
 
 /// The assistant's message of an exchange: its text (`null` when it only calls tools), the

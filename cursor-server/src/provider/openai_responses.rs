@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::family::Family;
-use super::{FinishReason, ProviderError, ResponseEvent, StreamParser, str_field};
+use super::family::{self, Family};
+use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
@@ -224,7 +224,7 @@ impl Family for OpenAiResponses {
         "/responses"
     }
 
-    fn request_body(&self, request: &ModelRequest<'_>) -> Value {
+    fn request_body(&self, request: &ModelRequest<'_>) -> RequestBody {
         request_body(request)
     }
 
@@ -343,7 +343,7 @@ struct Reasoning {
 }
 
 /// OpenAI Responses, stateless: `store: false`, reasoning replayed from its encrypted content.
-pub fn request_body(request: &ModelRequest<'_>) -> Value {
+pub fn request_body(request: &ModelRequest<'_>) -> RequestBody {
     let model = request.model;
     let mut input = Vec::new();
     let items = items(&request.history);
@@ -414,7 +414,7 @@ pub fn request_body(request: &ModelRequest<'_>) -> Value {
         include: model.reasoning.then_some(["reasoning.encrypted_content"]),
         service_tier: request.parameters.fast.then_some("priority"),
     };
-    serde_json::to_value(body).expect("a Responses body is JSON")
+    family::encode(&body, &model.quirks.extra_body)
 }
 
 /// What the model said in an exchange: its own items replayed (this family produced them), or its

@@ -222,7 +222,7 @@ impl Turn {
             self.parameters,
             &self.images,
         );
-        RequestBody::from_json(&family::project(self.provider.kind, &request))
+        family::project(self.provider.kind, &request)
     }
 
     /// A new provider call starts on the run's own model.

@@ -9,16 +9,21 @@ pub use crate::provider::family::project;
 use crate::provider::{anthropic, openai_chat, openai_responses};
 use serde_json::Map;
 
+/// A body as the provider reads it.
+fn tree(body: crate::provider::RequestBody) -> Value {
+    serde_json::from_slice(body.as_bytes()).expect("a body is JSON")
+}
+
 fn openai_chat(request: &ModelRequest<'_>) -> Value {
-    openai_chat::request_body(request)
+    tree(openai_chat::request_body(request))
 }
 
 fn openai_responses(request: &ModelRequest<'_>) -> Value {
-    openai_responses::request_body(request)
+    tree(openai_responses::request_body(request))
 }
 
 fn anthropic(request: &ModelRequest<'_>) -> Value {
-    anthropic::request_body(request)
+    tree(anthropic::request_body(request))
 }
 use crate::config::{ModelConfig, Quirks};
 use crate::model::message::{Origin, UserMessage};
@@ -261,7 +266,7 @@ fn anthropic_uses_at_most_four_cache_breakpoints() {
         .clone();
     let mut history = history(None);
     history.push(user("next"));
-    let body = project(
+    let body = tree(project(
         ProviderKind::Anthropic,
         &compile(
             "system prompt",
@@ -271,7 +276,7 @@ fn anthropic_uses_at_most_four_cache_breakpoints() {
             RequestParameters::default(),
             &NO_IMAGES,
         ),
-    );
+    ));
     let count = body.to_string().matches("cache_control").count();
     assert!(count <= 4 && count == 3, "{count} breakpoints");
     let messages = body["messages"].as_array().unwrap();
