@@ -190,8 +190,23 @@ async fn an_ide_turn_through_the_debugger_is_unchanged_and_every_frame_is_decode
 
     // The client's turn is the same with and without the debugger in between.
     assert!(captured.is_success(), "{:?}", captured.end);
-    assert_eq!(captured.kinds(), direct.kinds());
-    assert_eq!(captured.all_kinds().len(), direct.all_kinds().len());
+    assert_eq!(captured.kinds_merged(), direct.kinds_merged());
+    // Every other frame is there as often (KV requests and checkpoints, whose place among the
+    // others depends on when the client's ACKs arrive).
+    let others = |t: &Transcript| {
+        let deltas = [
+            "text_delta",
+            "thinking_delta",
+            "partial_tool_call",
+            "token_delta",
+        ];
+        let mut kinds: Vec<_> = (t.all_kinds().into_iter())
+            .filter(|k| !deltas.contains(k))
+            .collect();
+        kinds.sort_unstable();
+        kinds
+    };
+    assert_eq!(others(&captured), others(&direct));
     assert_eq!(captured.text(), "It prints hello.");
     assert_eq!(captured.end, direct.end);
     assert_eq!(
@@ -415,7 +430,7 @@ async fn a_cli_turn_over_http2_is_captured_under_its_request_id_with_the_uplink_
     let (direct, captured) = (&transcripts[0], &transcripts[1]);
     assert!(captured.is_success(), "{:?}", captured.end);
     assert_eq!(captured.text(), "Hi CLI");
-    assert_eq!(captured.kinds(), direct.kinds());
+    assert_eq!(captured.kinds_merged(), direct.kinds_merged());
 
     let frames = rig.frames("req-h2").await;
     assert!(undecoded(&frames).is_empty(), "{:#?}", undecoded(&frames));

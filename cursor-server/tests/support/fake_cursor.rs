@@ -48,6 +48,17 @@ impl Transcript {
             .collect()
     }
 
+    /// `kinds` with each run of consecutive deltas of one stream (text, thinking, a tool card's
+    /// streamed arguments) counted once: a server merges deltas that are ready together, so how
+    /// many frames carry them depends on timing, not on what the client is shown.
+    pub fn kinds_merged(&self) -> Vec<&'static str> {
+        let mut kinds = self.kinds();
+        kinds.dedup_by(|a, b| {
+            a == b && matches!(*a, "text_delta" | "thinking_delta" | "partial_tool_call")
+        });
+        kinds
+    }
+
     /// Every message's short name, KV and checkpoints included.
     pub fn all_kinds(&self) -> Vec<&'static str> {
         self.messages.iter().map(kind).collect()
