@@ -25,6 +25,7 @@ use crate::sync::history::HistoryCache;
 use crate::sync::projection::{self, Base, Chips, NewBlobs, Projection};
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use std::time::Duration;
 
@@ -135,34 +136,63 @@ pub struct Checkpoints {
 }
 
 /// A state blob this server stored, decoded (`None` when it is no longer stored).
-async fn stored_state(store: &Store, id: BlobId) -> Result<Option<ConversationState>, ServerError> {
+async fn read_state(store: &Store, id: BlobId) -> Result<Option<ConversationState>, ServerError> {
     let Some(data) = blobs::get(store, id).await? else {
         return Ok(None);
     };
     Ok(Some(ConversationState::decode_stored(&data, id)?))
 }
 
+/// `read_state`, or the state a run start decoded lately from `cache` (ids are content hashes: the
+/// same id is the same state).
+async fn stored_state(
+    store: &Store,
+    cache: &HistoryCache,
+    id: BlobId,
+) -> Result<Option<Arc<ConversationState>>, ServerError> {
+    if let Some(state) = cache.state(id) {
+        return Ok(Some(state));
+    }
+    let Some(state) = read_state(store, id).await? else {
+        return Ok(None);
+    };
+    let state = Arc::new(state);
+    cache.keep_state(id, &state);
+    Ok(Some(state))
+}
+
 /// The newest checkpoint this server built for the conversation (published, or left unpublished
 /// in the outbox by an earlier run), decoded.
 async fn newest_state(
     store: &Store,
+    cache: &HistoryCache,
     newest: Option<BlobId>,
-) -> Result<Option<(BlobId, ConversationState)>, ServerError> {
+) -> Result<Option<(BlobId, Arc<ConversationState>)>, ServerError> {
     let Some(id) = newest else {
         return Ok(None);
     };
-    Ok(stored_state(store, id).await?.map(|state| (id, state)))
+    Ok(stored_state(store, cache, id)
+        .await?
+        .map(|state| (id, state)))
 }
 
-/// The base recorded for the conversation.
-async fn stored_base(store: &Store, id: BlobId, covers: usize) -> Result<Base, ServerError> {
-    let state = stored_state(store, id)
+/// A conversation's recorded base, read, with its id and the messages it covers.
+type RecordedBase = (Base, (BlobId, usize));
+
+/// The base recorded for the conversation (`recorded`: its id and the messages it covers), read.
+async fn recorded_base(
+    store: &Store,
+    cache: &HistoryCache,
+    recorded: Option<(BlobId, usize)>,
+) -> Result<Option<RecordedBase>, ServerError> {
+    let Some((id, covers)) = recorded else {
+        return Ok(None);
+    };
+    let state = stored_state(store, cache, id)
         .await?
         .ok_or(StoreError::MissingBlob(id))?;
-    Ok(Base {
-        graph: ConversationGraph::from_state(&state),
-        covers,
-    })
+    let graph = ConversationGraph::from_state(&state);
+    Ok(Some((Base { graph, covers }, (id, covers))))
 }
 
 /// Records `graph` as the conversation's base covering its first `covers` messages (a base a
@@ -185,25 +215,31 @@ async fn set_base(
     if id == state_blob.id {
         Ok(Base { graph, covers })
     } else {
-        stored_base(store, id, covers_in_force).await
+        let state = read_state(store, id)
+            .await?
+            .ok_or(StoreError::MissingBlob(id))?;
+        Ok(Base {
+            graph: ConversationGraph::from_state(&state),
+            covers: covers_in_force,
+        })
     }
 }
 
-/// The conversation's base: as recorded; else, for its first run, the client's state (an import,
-/// recorded once its messages are stored: `importing`), the newest checkpoint (a conversation
-/// stored before bases existed, taken to cover its history) or the mode's system prompt.
+/// The conversation's base: as recorded (`recorded`, read); else, for its first run, the client's
+/// state (an import, recorded once its messages are stored: `importing`), the newest checkpoint (a
+/// conversation stored before bases existed, taken to cover its history) or the mode's system
+/// prompt.
 async fn base_of(
     store: &Store,
     conversation_id: &str,
-    client_state: Option<&ConversationState>,
-    newest: Option<&ConversationState>,
+    recorded: Option<RecordedBase>,
+    (client_state, newest): (Option<&ConversationState>, Option<&ConversationState>),
     stored_messages: usize,
     system: &str,
     unset: Option<&mut Option<UnsetBase>>,
 ) -> Result<(Base, Option<(BlobId, usize)>, bool), ServerError> {
-    if let Some((id, covers)) = conversations::base(store, conversation_id).await? {
-        let base = stored_base(store, id, covers).await?;
-        return Ok((base, Some((id, covers)), false));
+    if let Some((base, key)) = recorded {
+        return Ok((base, Some(key), false));
     }
     let base = match (client_state, newest) {
         (Some(client), None) if stored_messages == 0 => {
@@ -328,7 +364,7 @@ impl Building {
 /// from the projection of history (it is continued from the projection), or none was published.
 fn must_heal(
     conversation_id: &str,
-    newest: Option<&(BlobId, ConversationState)>,
+    newest: Option<&(BlobId, Arc<ConversationState>)>,
     projection: &Projection,
     importing: bool,
 ) -> bool {
@@ -406,6 +442,30 @@ fn fold(
     (projection, built)
 }
 
+/// What a run start reads of the store besides its history: the conversation's head and base, the
+/// outbox and the ACKed blobs. They are independent, so they are read at once (each read is a
+/// round trip to a database connection), and together with the history (`run/opening.rs`).
+pub struct StartReads {
+    recorded: conversations::Recorded,
+    owed: outbox::Pending,
+    acked: Vec<BlobId>,
+}
+
+impl StartReads {
+    pub async fn read(store: &Store, conversation_id: &str) -> Result<StartReads, ServerError> {
+        let (recorded, owed, acked) = tokio::try_join!(
+            conversations::recorded(store, conversation_id),
+            outbox::pending(store, conversation_id),
+            blobs::acked(store, conversation_id),
+        )?;
+        Ok(StartReads {
+            recorded,
+            owed,
+            acked,
+        })
+    }
+}
+
 impl Checkpoints {
     /// The conversation's graph projected from its stored `history` (each message with the run
     /// that appended it) and its base — the client's state for a conversation being imported
@@ -413,9 +473,10 @@ impl Checkpoints {
     /// this server built: what that checkpoint lacks (a crash between a commit and its
     /// checkpoint) is in this run's graph. With `unset_base`, a base the conversation does not
     /// have yet is built and left there for the caller to store with its first messages. The
-    /// fold of `history` is continued from the one `cache` kept at the last run start, if any.
+    /// fold of `history` is continued from the one `cache` kept at the last run start, if any;
+    /// `reads` are the run start's other reads.
     pub async fn open(
-        store: Store,
+        (store, reads): (Store, StartReads),
         conversation_id: &str,
         request_id: &str,
         client_state: Option<&ConversationState>,
@@ -423,20 +484,28 @@ impl Checkpoints {
         system: &str,
         mut unset_base: Option<&mut Option<UnsetBase>>,
     ) -> Result<Checkpoints, ServerError> {
-        let head = conversations::head(&store, conversation_id).await?;
-        let owed = outbox::pending(&store, conversation_id).await?;
-        let mut acked = blobs::acked(&store, conversation_id).await?;
+        let StartReads {
+            recorded,
+            owed,
+            mut acked,
+        } = reads;
+        let head = recorded.head;
         let revision = head.map_or(0, |(_, revision)| revision);
-        let newest = newest_state(&store, owed.checkpoint.or(head.map(|(id, _)| id))).await?;
+        let newest_id = owed.checkpoint.or(head.map(|(id, _)| id));
+        let (newest, base) = tokio::try_join!(
+            newest_state(&store, cache, newest_id),
+            recorded_base(&store, cache, recorded.base),
+        )?;
         if let (None, Some(state)) = (&newest, client_state) {
             acked.extend(state.roots_and_turns());
         }
-        let timed = newest.as_ref().map(|(_, state)| state).or(client_state);
+        let newest_state = newest.as_ref().map(|(_, state)| &**state);
+        let timed = newest_state.or(client_state);
         let (base, base_key, importing) = base_of(
             &store,
             conversation_id,
-            client_state,
-            newest.as_ref().map(|(_, state)| state),
+            base,
+            (client_state, newest_state),
             history.len(),
             system,
             unset_base.as_deref_mut(),
@@ -445,7 +514,6 @@ impl Checkpoints {
         let deferred_roots = unset_base
             .and_then(|unset| unset.as_ref())
             .map(|unset| unset.roots.clone());
-        let newest_state = newest.as_ref().map(|(_, state)| state);
         let (projection, built) = fold(
             (conversation_id, base, base_key),
             timed,

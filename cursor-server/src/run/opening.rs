@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::lifecycle::{Checkpoints, UnsetBase};
+use super::lifecycle::{Checkpoints, StartReads, UnsetBase};
 use super::turn::{
     ResolvedModel, Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos,
     load_images,
@@ -452,13 +452,19 @@ async fn stored_with(
     unset_base: Option<&mut Option<UnsetBase>>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
-    let rows = app
-        .history
-        .rows(&app.store, request.conversation_id)
-        .await?;
+    let (rows, reads) = tokio::try_join!(
+        async {
+            Ok::<_, ServerError>(
+                app.history
+                    .rows(&app.store, request.conversation_id)
+                    .await?,
+            )
+        },
+        StartReads::read(&app.store, request.conversation_id),
+    )?;
     let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
     let checkpoints = Checkpoints::open(
-        app.store.clone(),
+        (app.store.clone(), reads),
         request.conversation_id,
         request.request_id,
         client_state,

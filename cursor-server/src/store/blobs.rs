@@ -50,6 +50,7 @@ pub async fn put_base(
         covers,
     };
     write_tx!(store, "committing the graph's base", |tx| {
+        super::conversations::ensure(&mut tx, conversation_id).await?;
         put_base_in(&mut tx, conversation_id, &base).await
     })
 }
@@ -64,6 +65,8 @@ pub struct BaseWrite<'a> {
 }
 
 /// `put_base` inside the caller's transaction (`messages::append_opening`).
+/// Stores the base's blobs and records it, for a conversation whose row this transaction has made
+/// sure of; returns the base in force.
 pub(super) async fn put_base_in(
     tx: &mut Tx,
     conversation_id: &str,

@@ -116,6 +116,40 @@ pub async fn base(
     }))
 }
 
+/// What a run start reads of the conversation's row: its head (`head`) and its base (`base`), in
+/// one read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub head: Option<(BlobId, i64)>,
+    pub base: Option<(BlobId, usize)>,
+}
+
+/// The conversation's head and base, as `head` and `base` give them, in one statement (a run
+/// start's reads are each a round trip to the database's connection).
+pub async fn recorded(store: &Store, conversation_id: &str) -> Result<Recorded, StoreError> {
+    type Row = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64);
+    let row: Option<Row> = on_readers!(store, |p| sqlx::query_as(
+        "SELECT head_blob, revision, base_state, base_messages FROM conversations WHERE id = $1"
+    )
+    .bind(conversation_id)
+    .fetch_optional(p)
+    .await
+    .context("reading the conversation's head and base"))?;
+    let Some((head, revision, base, covers)) = row else {
+        return Ok(Recorded::default());
+    };
+    Ok(Recorded {
+        head: head
+            .as_deref()
+            .and_then(BlobId::from_slice)
+            .map(|id| (id, revision)),
+        base: base
+            .as_deref()
+            .and_then(BlobId::from_slice)
+            .map(|id| (id, usize::try_from(covers).unwrap_or(0))),
+    })
+}
+
 /// Sets the graph's base (a blob stored in the same transaction); a base already set is kept (the
 /// first run decides it). Returns the base in force.
 pub(super) async fn set_base_in(
@@ -124,24 +158,30 @@ pub(super) async fn set_base_in(
     state: BlobId,
     covers: usize,
 ) -> Result<(BlobId, usize), StoreError> {
-    ensure(tx, conversation_id).await?;
+    // The row exists (the caller made sure of it in this transaction); a base already set is read
+    // back only when the update found one.
     let (blob, covers): (Vec<u8>, i64) = on_tx!(tx, |c| {
-        sqlx::query(
+        let set: Option<(Vec<u8>, i64)> = sqlx::query_as(
             "UPDATE conversations SET base_state = $1, base_messages = $2
-             WHERE id = $3 AND base_state IS NULL",
+             WHERE id = $3 AND base_state IS NULL
+             RETURNING base_state, base_messages",
         )
         .bind(&state.0[..])
         .bind(i64::try_from(covers).unwrap_or(i64::MAX))
         .bind(conversation_id)
-        .execute(&mut *c)
+        .fetch_optional(&mut *c)
         .await
-        .map(|done| done.rows_affected())
         .context("setting the graph's base")?;
-        sqlx::query_as("SELECT base_state, base_messages FROM conversations WHERE id = $1")
-            .bind(conversation_id)
-            .fetch_one(&mut *c)
-            .await
-            .context("reading the graph's base")?
+        match set {
+            Some(set) => set,
+            None => {
+                sqlx::query_as("SELECT base_state, base_messages FROM conversations WHERE id = $1")
+                    .bind(conversation_id)
+                    .fetch_one(&mut *c)
+                    .await
+                    .context("reading the graph's base")?
+            }
+        }
     });
     Ok((
         BlobId::from_slice(&blob).unwrap_or(state),

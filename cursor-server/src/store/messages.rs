@@ -119,15 +119,19 @@ pub async fn append_opening(
                 }
             }
             conversations::lock_existing(&mut tx, conversation_id).await?;
-            if end(&mut tx, conversation_id).await?
-                != i64::try_from(opening.read).unwrap_or(i64::MAX)
-            {
+            let read = i64::try_from(opening.read).unwrap_or(i64::MAX);
+            if end(&mut tx, conversation_id).await? != read {
                 return Err(moved());
             }
-            insert_rows(&mut tx, conversation_id, request_id, &rows).await?;
+            insert_rows_at(&mut tx, (conversation_id, request_id), &rows, read).await?;
             blobs::put_in(&mut tx, opening.blobs).await?;
-            super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, opening.sent)
-                .await?;
+            // The run's record made sure of the conversation's row.
+            super::outbox::blobs_sent_to_existing(
+                &mut tx,
+                (conversation_id, request_id),
+                opening.sent,
+            )
+            .await?;
             Ok(())
         }
     )?;
@@ -211,6 +215,16 @@ async fn insert_rows(
         return Ok(());
     }
     let next = end(tx, conversation_id).await?;
+    insert_rows_at(tx, (conversation_id, request_id), rows, next).await
+}
+
+/// `insert_rows` where the end of history (`next`) is already read in this transaction.
+async fn insert_rows_at(
+    tx: &mut Tx,
+    (conversation_id, request_id): (&str, &str),
+    rows: &[(&CanonicalMessage, Option<&str>)],
+    next: i64,
+) -> Result<(), StoreError> {
     let created = now_ms();
     let mut seq = next;
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {

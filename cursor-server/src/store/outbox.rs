@@ -32,6 +32,18 @@ pub(super) async fn blobs_sent_in(
         return Ok(());
     }
     conversations::ensure(tx, conversation_id).await?;
+    blobs_sent_to_existing(tx, (conversation_id, request_id), ids).await
+}
+
+/// `blobs_sent_in` for a conversation whose row this transaction has made sure of.
+pub(super) async fn blobs_sent_to_existing(
+    tx: &mut Tx,
+    (conversation_id, request_id): (&str, &str),
+    ids: &[BlobId],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     let now = now_ms();
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(

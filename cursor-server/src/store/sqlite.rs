@@ -60,6 +60,9 @@ async fn status_of(conn: &mut sqlx::SqliteConnection) -> Result<SchemaStatus, St
     super::schema_status(DatabaseKind::Sqlite, &MIGRATOR, &applied, dirty)
 }
 
+/// Reader connections: a run start reads up to four things at once.
+const READERS: u32 = 4;
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url`, refuses one newer than this binary and
     /// applies pending migrations.
@@ -79,8 +82,12 @@ impl SqliteStore {
             status_of(&mut conn).await?;
         }
         MIGRATOR.run(&writer).await?;
+        // Every reader is opened now: opening one costs about a millisecond (the pragmas), which
+        // the first run starts after a restart or a quiet spell would otherwise wait for.
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(READERS)
+            .min_connections(READERS)
+            .idle_timeout(None)
             .connect_with(options)
             .await
             .map_err(open_error)?;

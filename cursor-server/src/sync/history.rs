@@ -6,23 +6,30 @@
 //! the whole history would give (the fold is continued only from the same base, with timings that
 //! agree with the turns it closed), and anything that does not match is read and folded again.
 //!
+//! It also keeps the conversation states (checkpoints and bases) run starts decoded, by blob id:
+//! a blob's id is the hash of its bytes, so a state kept under an id is the state stored under it.
+//! At turn 300 the newest checkpoint is a 34 KB blob, read and decoded again by every run start.
+//!
 //! Its own file because `sync/projection.rs` is the fold itself (a pure function of history) and
 //! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
 //! bounded, is a policy of its own.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::cursor::proto::agent as pb;
 use crate::model::conversation::BlobId;
 use crate::store::messages::{self, Stored};
 use crate::store::{Store, StoreError};
+use crate::sync::checkpoint::ConversationState;
 use crate::sync::projection::Projection;
 
 /// Conversations kept (least recently used first out).
 const MAX_CONVERSATIONS: usize = 64;
 /// Messages kept across every conversation (a conversation longer than this is not kept).
 const MAX_MESSAGES: usize = 50_000;
+/// Decoded states kept (a run start reads two: the newest checkpoint and the base).
+const MAX_STATES: usize = 2 * MAX_CONVERSATIONS;
 
 /// The fold of a conversation's first `rows` messages from the base `base` (its state blob and the
 /// messages it covers).
@@ -41,6 +48,8 @@ struct Entry {
 #[derive(Default)]
 struct Entries {
     map: HashMap<String, Entry>,
+    /// Decoded states by blob id, with when each was last used.
+    states: HashMap<BlobId, (Arc<ConversationState>, u64)>,
     clock: u64,
 }
 
@@ -61,6 +70,17 @@ impl Entries {
                 return;
             };
             self.map.remove(&oldest);
+        }
+        while self.states.len() > MAX_STATES {
+            let Some(oldest) = self
+                .states
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(id, _)| *id)
+            else {
+                return;
+            };
+            self.states.remove(&oldest);
         }
     }
 }
@@ -190,5 +210,52 @@ impl HistoryCache {
                 projection: projection.clone(),
             });
         }
+    }
+
+    /// The state stored as blob `id`, if a run start decoded it lately.
+    pub fn state(&self, id: BlobId) -> Option<Arc<ConversationState>> {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        let (state, used) = entries.states.get_mut(&id)?;
+        *used = now;
+        Some(Arc::clone(state))
+    }
+
+    /// Keeps `state`, decoded from blob `id`, for the next run starts.
+    pub fn keep_state(&self, id: BlobId, state: &Arc<ConversationState>) {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        entries.states.insert(id, (Arc::clone(state), now));
+        entries.bound();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u32) -> BlobId {
+        BlobId::of(&n.to_le_bytes())
+    }
+
+    #[test]
+    fn a_decoded_state_is_kept_by_id_and_the_least_recently_used_go_first() {
+        let cache = HistoryCache::default();
+        let first = Arc::new(ConversationState::default());
+        cache.keep_state(id(0), &first);
+        assert!(Arc::ptr_eq(&cache.state(id(0)).unwrap(), &first));
+        assert!(cache.state(id(1)).is_none());
+
+        // Fill the cache past its bound, using the first state all along: it stays, the oldest
+        // of the others go.
+        for n in 1..=MAX_STATES as u32 {
+            cache.keep_state(id(n), &Arc::new(ConversationState::default()));
+            assert!(cache.state(id(0)).is_some());
+        }
+        assert_eq!(cache.lock().states.len(), MAX_STATES);
+        assert!(cache.state(id(1)).is_none(), "the least recently used went");
+        assert!(cache.state(id(MAX_STATES as u32)).is_some());
     }
 }
