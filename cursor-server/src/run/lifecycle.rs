@@ -24,7 +24,7 @@ use crate::sync::checkpoint::{Blob, ConversationGraph, ConversationState, StepBl
 use crate::sync::history::HistoryCache;
 use crate::sync::projection::{self, Base, Chips, NewBlobs, Projection};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -443,21 +443,33 @@ fn fold(
 }
 
 /// What a run start reads of the store besides its history: the conversation's head and base, the
-/// outbox and the ACKed blobs. They are independent, so they are read at once (each read is a
-/// round trip to a database connection), and together with the history (`run/opening.rs`).
+/// outbox and the ACKed blobs (kept in the history cache when it holds as many as the store
+/// counts). They are independent, so they are read at once (each read is a round trip to a
+/// database connection), and together with the history (`run/opening.rs`).
 pub struct StartReads {
     recorded: conversations::Recorded,
     owed: outbox::Pending,
-    acked: Vec<BlobId>,
+    acked: HashSet<BlobId>,
 }
 
 impl StartReads {
-    pub async fn read(store: &Store, conversation_id: &str) -> Result<StartReads, ServerError> {
-        let (recorded, owed, acked) = tokio::try_join!(
+    pub async fn read(
+        store: &Store,
+        cache: &HistoryCache,
+        conversation_id: &str,
+    ) -> Result<StartReads, ServerError> {
+        let (recorded, owed) = tokio::try_join!(
             conversations::recorded(store, conversation_id),
             outbox::pending(store, conversation_id),
-            blobs::acked(store, conversation_id),
         )?;
+        let acked = match cache.take_acked(conversation_id, recorded.acks) {
+            Some(acked) => acked,
+            None if recorded.acks == 0 => HashSet::new(),
+            None => blobs::acked(store, conversation_id)
+                .await?
+                .into_iter()
+                .collect(),
+        };
         Ok(StartReads {
             recorded,
             owed,
@@ -993,6 +1005,12 @@ impl Checkpoints {
                 *sent = now;
             }
         }
+    }
+
+    /// The blobs the client holds as far as this run saw, taken out when it is over (for the
+    /// history cache: the next run start of the conversation need not read them).
+    pub fn take_acked(&mut self) -> HashSet<BlobId> {
+        self.kv.take_acked()
     }
 
     /// Records the blobs the client acknowledged since the last publication (a run that ends

@@ -627,10 +627,17 @@ impl TurnLoop {
 
     /// The run is over, however it ended: what the client acknowledged and no publication
     /// recorded yet is recorded now, so the next run does not send those blobs again.
+    /// What the client holds goes back to the history cache for the next run start: recorded or
+    /// not, the client stored each of those blobs.
     pub async fn keep_acks(&mut self) {
         if let Err(e) = self.turn.checkpoints.keep_acks().await {
             tracing::warn!("recording the client's blob acknowledgements: {e}");
         }
+        let acked = self.turn.checkpoints.take_acked();
+        let turn = &self.turn;
+        turn.app
+            .history
+            .keep_acked(&turn.tool_env.conversation_id, acked);
     }
 
     /// What the turn ended with, for the sidebar's summary: the model's last answer.

@@ -460,7 +460,7 @@ async fn stored_with(
                     .await?,
             )
         },
-        StartReads::read(&app.store, request.conversation_id),
+        StartReads::read(&app.store, &app.history, request.conversation_id),
     )?;
     let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
     let checkpoints = Checkpoints::open(

@@ -117,25 +117,28 @@ pub async fn base(
 }
 
 /// What a run start reads of the conversation's row: its head (`head`) and its base (`base`), in
-/// one read.
+/// one read, with how many blob ACKs are recorded for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recorded {
     pub head: Option<(BlobId, i64)>,
     pub base: Option<(BlobId, usize)>,
+    pub acks: usize,
 }
 
-/// The conversation's head and base, as `head` and `base` give them, in one statement (a run
-/// start's reads are each a round trip to the database's connection).
+/// The conversation's head and base, as `head` and `base` give them, and its number of blob ACKs,
+/// in one statement (a run start's reads are each a round trip to the database's connection).
 pub async fn recorded(store: &Store, conversation_id: &str) -> Result<Recorded, StoreError> {
-    type Row = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64);
+    type Row = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64, i64);
     let row: Option<Row> = on_readers!(store, |p| sqlx::query_as(
-        "SELECT head_blob, revision, base_state, base_messages FROM conversations WHERE id = $1"
+        "SELECT head_blob, revision, base_state, base_messages,
+             (SELECT COUNT(*) FROM conversation_blob_acks WHERE conversation_id = $1)
+         FROM conversations WHERE id = $1"
     )
     .bind(conversation_id)
     .fetch_optional(p)
     .await
     .context("reading the conversation's head and base"))?;
-    let Some((head, revision, base, covers)) = row else {
+    let Some((head, revision, base, covers, acks)) = row else {
         return Ok(Recorded::default());
     };
     Ok(Recorded {
@@ -147,6 +150,7 @@ pub async fn recorded(store: &Store, conversation_id: &str) -> Result<Recorded, 
             .as_deref()
             .and_then(BlobId::from_slice)
             .map(|id| (id, usize::try_from(covers).unwrap_or(0))),
+        acks: usize::try_from(acks).unwrap_or(0),
     })
 }
 

@@ -86,11 +86,17 @@ fn kv_message(id: u32, message: kv_server_message::Message) -> KvRequest {
 
 impl KvSync {
     /// Starts with the blobs the client already acknowledged for this conversation.
-    pub fn with_acked(acked: impl IntoIterator<Item = BlobId>) -> KvSync {
+    pub fn with_acked(acked: HashSet<BlobId>) -> KvSync {
         KvSync {
-            acked: acked.into_iter().collect(),
+            acked,
             ..KvSync::default()
         }
+    }
+
+    /// The blobs the client holds, as far as this run saw (what it started with, those it
+    /// stored and those it sent when asked), taken out when the run is over.
+    pub fn take_acked(&mut self) -> HashSet<BlobId> {
+        std::mem::take(&mut self.acked)
     }
 
     fn issue(&mut self, request: Request) -> u32 {

@@ -6,6 +6,11 @@
 //! the whole history would give (the fold is continued only from the same base, with timings that
 //! agree with the turns it closed), and anything that does not match is read and folded again.
 //!
+//! It also keeps, per conversation, the blob ids its client acknowledged, handed back by the run
+//! that last had them: every id in it is one the client stored, so a run that takes it never
+//! withholds a blob the client lacks; and when it has as many ids as the store records, it is the
+//! store's set (ACKs are only ever added), so it is not read again (1,500 ids at turn 300).
+//!
 //! It also keeps the conversation states (checkpoints and bases) run starts decoded, by blob id:
 //! a blob's id is the hash of its bytes, so a state kept under an id is the state stored under it.
 //! At turn 300 the newest checkpoint is a 34 KB blob, read and decoded again by every run start.
@@ -14,7 +19,7 @@
 //! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
 //! bounded, is a policy of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::cursor::proto::agent as pb;
@@ -28,6 +33,8 @@ use crate::sync::projection::Projection;
 const MAX_CONVERSATIONS: usize = 64;
 /// Messages kept across every conversation (a conversation longer than this is not kept).
 const MAX_MESSAGES: usize = 50_000;
+/// Acknowledged blob ids kept across every conversation.
+const MAX_ACKED: usize = 100_000;
 /// Decoded states kept (a run start reads two: the newest checkpoint and the base).
 const MAX_STATES: usize = 2 * MAX_CONVERSATIONS;
 
@@ -42,6 +49,8 @@ struct Folded {
 struct Entry {
     rows: Vec<Stored>,
     folded: Option<Folded>,
+    /// Blobs the client acknowledged, as the last run that had them left them.
+    acked: Option<HashSet<BlobId>>,
     used: u64,
 }
 
@@ -58,9 +67,20 @@ impl Entries {
         self.map.values().map(|entry| entry.rows.len()).sum()
     }
 
+    fn acked(&self) -> usize {
+        self.map
+            .values()
+            .filter_map(|entry| entry.acked.as_ref())
+            .map(HashSet::len)
+            .sum()
+    }
+
     /// Drops the least recently used entries until the bounds hold.
     fn bound(&mut self) {
-        while self.map.len() > MAX_CONVERSATIONS || self.messages() > MAX_MESSAGES {
+        while self.map.len() > MAX_CONVERSATIONS
+            || self.messages() > MAX_MESSAGES
+            || self.acked() > MAX_ACKED
+        {
             let Some(oldest) = self
                 .map
                 .iter()
@@ -151,6 +171,7 @@ impl HistoryCache {
             .or_insert_with(|| Entry {
                 rows: Vec::new(),
                 folded: None,
+                acked: None,
                 used,
             });
         entry.used = used;
@@ -212,6 +233,25 @@ impl HistoryCache {
         }
     }
 
+    /// The blob ids the conversation's client acknowledged, taken out for a run, when the set kept
+    /// has the `recorded` ids the store counts (else it is dropped and the caller reads the store).
+    pub fn take_acked(&self, conversation_id: &str, recorded: usize) -> Option<HashSet<BlobId>> {
+        let mut entries = self.lock();
+        let acked = entries.map.get_mut(conversation_id)?.acked.take()?;
+        (acked.len() == recorded).then_some(acked)
+    }
+
+    /// Keeps the ids the conversation's client acknowledged, as a run that ended leaves them (ids
+    /// the client was seen to store, recorded or not), for the next run start; kept only while the
+    /// conversation's history is.
+    pub fn keep_acked(&self, conversation_id: &str, acked: HashSet<BlobId>) {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.map.get_mut(conversation_id) {
+            entry.acked = Some(acked);
+            entries.bound();
+        }
+    }
+
     /// The state stored as blob `id`, if a run start decoded it lately.
     pub fn state(&self, id: BlobId) -> Option<Arc<ConversationState>> {
         let mut entries = self.lock();
@@ -257,5 +297,27 @@ mod tests {
         assert_eq!(cache.lock().states.len(), MAX_STATES);
         assert!(cache.state(id(1)).is_none(), "the least recently used went");
         assert!(cache.state(id(MAX_STATES as u32)).is_some());
+    }
+
+    #[test]
+    fn acknowledged_ids_are_handed_to_one_run_at_a_time_and_only_when_the_store_counts_as_many() {
+        let cache = HistoryCache::default();
+        let acked: HashSet<BlobId> = (0..3).map(id).collect();
+        // Nothing is kept for a conversation whose history is not.
+        cache.keep_acked("c", acked.clone());
+        assert!(cache.take_acked("c", 3).is_none());
+
+        assert!(cache.extend("c", 0, Vec::new()).is_some());
+        cache.keep_acked("c", acked.clone());
+        assert_eq!(cache.take_acked("c", 3), Some(acked.clone()));
+        assert!(
+            cache.take_acked("c", 3).is_none(),
+            "taken: a second run reads the store"
+        );
+
+        // The store has more (another node's run): the set is dropped, not handed out.
+        cache.keep_acked("c", acked);
+        assert!(cache.take_acked("c", 4).is_none());
+        assert!(cache.take_acked("c", 3).is_none());
     }
 }
