@@ -3,8 +3,9 @@
 //! `cargo bench --bench hot_paths` prints, for conversations of 10, 100 and 1,000 messages:
 //! - the time to add one step and build the next checkpoint (step + turn + state blobs) and the
 //!   bytes of new blobs it sends — both must stay flat as history grows;
-//! - at turn 300: one checkpoint's encoding (the state names every root and turn), and a run
-//!   start's fold of the whole history beside the fold kept from the last run start, continued;
+//! - at turn 300: one checkpoint's encoding (the state names every root and turn), a run
+//!   start's fold of the whole history beside the fold kept from the last run start, continued,
+//!   and decoding a BidiAppend as large as that turn's run request (hex of the 34 KB state);
 //! - the Chat stream parser's time per chunk (independent of history by construction);
 //! - the projection time of a full provider request (O(history), once per provider call);
 //! - the key choice of a provider with 1, 2, 16 and 64 keys (O(keys), once per call attempt;
@@ -33,9 +34,11 @@ mod fixtures;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use cursor_server::client::bidi_append;
 use cursor_server::config::KeyCooldown;
 use cursor_server::config::{ModelConfig, Quirks};
 use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
+use cursor_server::cursor::proto::aiserver;
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
 use cursor_server::provider::StreamParser;
@@ -300,6 +303,38 @@ fn turn_300(iterations: u32) {
         per_checkpoint.as_secs_f64() * 1e6,
         whole.as_secs_f64() * 1e6,
         continued.as_secs_f64() * 1e6
+    );
+    // A BidiAppend as large as a turn-300 run request (which carries the conversation's state):
+    // the state blob, sent back as a KV answer.
+    let graph = at_300.graph();
+    let (_, blob, _) = graph.state(graph.turn_blob().as_ref(), &StateDetails::default());
+    let message = pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::KvClientMessage(
+            pb::KvClientMessage {
+                id: 1,
+                message: Some(pb::kv_client_message::Message::GetBlobResult(
+                    pb::GetBlobResult {
+                        blob_data: Some(blob.data.to_vec()),
+                    },
+                )),
+            },
+        )),
+    };
+    let append = aiserver::BidiAppendRequest {
+        data: hex::encode(message.encode_to_vec()),
+        request_id: Some(aiserver::BidiRequestId {
+            request_id: "r".into(),
+        }),
+        append_seqno: 0,
+    }
+    .encode_to_vec();
+    let decode = time(iterations.min(500), || {
+        black_box(bidi_append::decode(&append).expect("decodes"));
+    });
+    println!(
+        "turn {turns}: a BidiAppend carrying the state ({} bytes) decodes in {:.1} µs",
+        append.len(),
+        decode.as_secs_f64() * 1e6
     );
 }
 
