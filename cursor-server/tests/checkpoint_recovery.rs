@@ -1414,9 +1414,10 @@ async fn first_acked(store: &Store, id: BlobId) -> bool {
 
 /// The graph a conversation's stored history projects to (from its recorded base).
 async fn projected(store: &Store, conversation_id: &str) -> ConversationGraph {
-    let (base, covers) = conversations::base(store, conversation_id)
+    let (base, covers) = conversations::recorded(store, conversation_id)
         .await
         .unwrap()
+        .base
         .expect("a recorded base");
     let base = cursor_server::store::blobs::get(store, base)
         .await
@@ -1883,7 +1884,10 @@ async fn a_run_start_that_cannot_store_its_first_blobs_keeps_nothing_of_it() {
         "the user's message is not kept without its blobs"
     );
     assert_eq!(
-        conversations::base(&store, "conv-atomic").await.unwrap(),
+        conversations::recorded(&store, "conv-atomic")
+            .await
+            .unwrap()
+            .base,
         None
     );
     // The run's ending is recorded after its stream ends: wait for it (bounded).

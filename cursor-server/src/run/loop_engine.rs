@@ -627,6 +627,7 @@ impl TurnLoop {
 
     /// The run is over, however it ended: what the client acknowledged and no publication
     /// recorded yet is recorded now, so the next run does not send those blobs again.
+    ///
     /// What the client holds goes back to the history cache for the next run start: recorded or
     /// not, the client stored each of those blobs.
     pub async fn keep_acks(&mut self) {

@@ -454,11 +454,8 @@ async fn stored_with(
     let app = request.app;
     let (rows, reads) = tokio::try_join!(
         async {
-            Ok::<_, ServerError>(
-                app.history
-                    .rows(&app.store, request.conversation_id)
-                    .await?,
-            )
+            let rows = app.history.rows(&app.store, request.conversation_id).await;
+            rows.map_err(ServerError::from)
         },
         StartReads::read(&app.store, &app.history, request.conversation_id),
     )?;

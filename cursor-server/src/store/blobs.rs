@@ -64,9 +64,8 @@ pub struct BaseWrite<'a> {
     pub covers: usize,
 }
 
-/// `put_base` inside the caller's transaction (`messages::append_opening`).
-/// Stores the base's blobs and records it, for a conversation whose row this transaction has made
-/// sure of; returns the base in force.
+/// `put_base` inside the caller's transaction (`messages::append_opening`), for a conversation whose
+/// row that transaction has made sure of; returns the base in force.
 pub(super) async fn put_base_in(
     tx: &mut Tx,
     conversation_id: &str,

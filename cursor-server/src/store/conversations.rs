@@ -96,37 +96,20 @@ pub(super) async fn move_head(
     Ok(moved == 1)
 }
 
-/// Where the conversation's graph starts (`sync/projection.rs`): its base state blob and how
-/// many stored messages that base covers; `None` until the first run sets it.
-pub async fn base(
-    store: &Store,
-    conversation_id: &str,
-) -> Result<Option<(BlobId, usize)>, StoreError> {
-    let row: Option<(Option<Vec<u8>>, i64)> = on_readers!(store, |p| sqlx::query_as(
-        "SELECT base_state, base_messages FROM conversations WHERE id = $1"
-    )
-    .bind(conversation_id)
-    .fetch_optional(p)
-    .await
-    .context("reading the graph's base"))?;
-    Ok(row.and_then(|(blob, covers)| {
-        blob.as_deref()
-            .and_then(BlobId::from_slice)
-            .map(|id| (id, usize::try_from(covers).unwrap_or(0)))
-    }))
-}
-
 /// What a run start reads of the conversation's row: its head (`head`) and its base (`base`), in
 /// one read, with how many blob ACKs are recorded for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recorded {
+    /// The latest published checkpoint blob and its revision.
     pub head: Option<(BlobId, i64)>,
+    /// Where the conversation's graph starts (`sync/projection.rs`): its base state blob and how
+    /// many stored messages that base covers; `None` until the first run sets it.
     pub base: Option<(BlobId, usize)>,
     pub acks: usize,
 }
 
-/// The conversation's head and base, as `head` and `base` give them, and its number of blob ACKs,
-/// in one statement (a run start's reads are each a round trip to the database's connection).
+/// The conversation's head (as `head` gives it), its base (its state blob and the messages it
+/// covers) and its number of blob ACKs, in one statement (a run start's reads are each a round trip to the database's connection).
 pub async fn recorded(store: &Store, conversation_id: &str) -> Result<Recorded, StoreError> {
     type Row = (Option<Vec<u8>>, i64, Option<Vec<u8>>, i64, i64);
     let row: Option<Row> = on_readers!(store, |p| sqlx::query_as(

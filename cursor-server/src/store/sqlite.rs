@@ -60,7 +60,8 @@ async fn status_of(conn: &mut sqlx::SqliteConnection) -> Result<SchemaStatus, St
     super::schema_status(DatabaseKind::Sqlite, &MIGRATOR, &applied, dirty)
 }
 
-/// Reader connections: a run start reads up to four things at once.
+/// Reader connections: a run start reads three things at once (`run/lifecycle.rs` `StartReads`),
+/// and other runs and the console read beside it.
 const READERS: u32 = 4;
 
 impl SqliteStore {
