@@ -12,7 +12,8 @@
 #
 # Env: SERVER_BIN (default $CARGO_TARGET_DIR or target/release/cursor-server), LOADGEN_DIR
 # (../shared/tools/loadgen), CONC (500), REPS (1), SETUPS ("direct sqlite pg pg2"; also pg1lb: one
-# node behind the same HAProxy, the balancer's own cost), HAPROXY_DELAY (1: without
+# node behind the same HAProxy, the balancer's own cost; and pgfull: the load generator's own
+# run.sh, every phase, with the store on PostgreSQL, its summary in $OUT/pgfull), HAPROXY_DELAY (1: without
 # `option http-no-delay`, HAProxy's default, to measure what it holds back), OUT (results
 # directory), PG_BIN (the newest /usr/lib/postgresql/*/bin), BASE_PORT (3930: it uses the next 8).
 # Needs PostgreSQL's server binaries (Debian's `postgresql`) and `haproxy`; starts everything on
@@ -160,7 +161,7 @@ measure() { # setup target addr pid
 
 "$FP" 127.0.0.1:$PPORT 2> "$OUT/prov.log" & FPID=$!
 trap 'stop_all; stop_pg; kill $FPID 2>/dev/null || true' EXIT
-case " $SETUPS " in *" pg "*|*" pg1lb "*|*" pg2 "*) start_pg ;; esac
+case " $SETUPS " in *" pg "*|*" pg1lb "*|*" pg2 "*|*" pgfull "*) start_pg ;; esac
 
 for setup in $SETUPS; do
   echo "[$setup] $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -188,6 +189,15 @@ for setup in $SETUPS; do
     LB_NODES=2 haproxy_up pg2
     for t in run sse; do measure pg2 "$t" 127.0.0.1:$LBPORT "${PIDS[0]}"; done
     stop_all ;;
+  pgfull)
+    # The load generator's full table (every phase, its own server.toml) with the store on
+    # PostgreSQL: the database URL's environment override replaces the file's SQLite URL. Every
+    # server run.sh starts uses the same database; its conversations are new each time.
+    new_db lg_full
+    CURSOR_BYOK_DATABASE_URL=$(pg_url lg_full) SERVER_BIN=$SERVER_BIN OUT=$OUT/pgfull \
+      CARGO_TARGET_DIR=$CARGO_TARGET_DIR_LOADGEN "$LOADGEN_DIR/run.sh" > "$OUT/pgfull.log" 2>&1 ||
+      { echo "run.sh failed; see $OUT/pgfull.log" >&2; tail -20 "$OUT/pgfull.log" >&2; exit 1; }
+    echo "PostgreSQL, every phase of run.sh:"; cat "$OUT/pgfull/summary.txt" ;;
   esac
 done
 
