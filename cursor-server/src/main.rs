@@ -17,7 +17,8 @@ use tracing_subscriber::EnvFilter;
 /// and trimming when idle gave back little. Thread caches off would keep 5 MB less after a burst
 /// but cost a fifth more CPU per streamed chunk; these small ones cost nothing measurable. The
 /// figures are in the README ("Memory after a burst"). `MALLOC_CONF` in the environment overrides
-/// any of these options.
+/// any of these options. A runtime worker that goes idle hands its thread cache back
+/// (`idle_allocator_hint`).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -334,8 +335,123 @@ async fn collect_garbage(config_path: &std::path::Path, database_url: Option<&st
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// What a runtime worker that has allocated since it last did gives back when it parks: the
+/// objects its jemalloc thread cache holds (up to 32 per size class), returned to the arena, whose
+/// emptied pages the background thread then releases. A worker's cache otherwise stays as a burst
+/// left it until the thread allocates again: 15 s after bursts of 500 runs on each transport, RSS
+/// was 1.96-2.01x idle without this, 1.77-1.78x with it, 1.69x with thread caches off (which costs
+/// a fifth more CPU per streamed chunk; this costs none measurable). A park is frequent under
+/// load, so the flush waits for `FLUSH_AFTER` bytes allocated or freed since the last one: the
+/// check reads the thread's own two counters.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn idle_allocator_hint() {
+    use std::cell::Cell;
+    /// Bytes a worker allocates and frees between two flushes of its cache, at most: a freed
+    /// object goes to the freeing thread's cache, wherever it was allocated. With 1 MB (and the
+    /// server's own future on the main thread, whose cache is never flushed) RSS was 1.85x.
+    const FLUSH_AFTER: u64 = 64 << 10;
+    thread_local! {
+        /// The thread's allocated- and freed-bytes counters (read once) and their sum at the
+        /// last flush.
+        static COUNTERS: Cell<Option<(Counters, u64)>> = const { Cell::new(None) };
+    }
+    COUNTERS.with(|cell| {
+        let Some((counters, flushed_at)) = cell.get().or_else(|| Some((Counters::of_thread()?, 0)))
+        else {
+            return;
+        };
+        let moved = counters.sum();
+        if moved.wrapping_sub(flushed_at) >= FLUSH_AFTER {
+            flush_thread_cache();
+            cell.set(Some((counters, moved)));
+        } else {
+            cell.set(Some((counters, flushed_at)));
+        }
+    });
+}
+
+/// Returns what the calling thread's jemalloc cache holds to the arena; `false` if jemalloc
+/// refused (it does not when thread caches are on, as they are unless `MALLOC_CONF` turns them
+/// off).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn flush_thread_cache() -> bool {
+    // SAFETY: `thread.tcache.flush` reads and writes nothing.
+    let status = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"thread.tcache.flush".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    status == 0
+}
+
+/// jemalloc's counters of the bytes the calling thread allocated and freed (`thread.allocatedp`,
+/// `thread.deallocatedp`): pointers into the thread's own state, valid for its life.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[derive(Clone, Copy)]
+struct Counters {
+    allocated: *const u64,
+    freed: *const u64,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+impl Counters {
+    fn of_thread() -> Option<Counters> {
+        let read = |name: &std::ffi::CStr| {
+            let mut pointer: *const u64 = std::ptr::null();
+            let mut size = std::mem::size_of::<*const u64>();
+            // SAFETY: both names are `uint64_t *` values, read into a pointer of that size.
+            let status = unsafe {
+                tikv_jemalloc_sys::mallctl(
+                    name.as_ptr(),
+                    (&raw mut pointer).cast(),
+                    &mut size,
+                    std::ptr::null_mut(),
+                    0,
+                )
+            };
+            (status == 0 && !pointer.is_null()).then_some(pointer)
+        };
+        Some(Counters {
+            allocated: read(c"thread.allocatedp")?,
+            freed: read(c"thread.deallocatedp")?,
+        })
+    }
+
+    /// Bytes allocated and freed by the thread so far. Called only on the thread they belong to.
+    fn sum(self) -> u64 {
+        // SAFETY: the thread's own counters, read on that thread while it lives.
+        unsafe { self.allocated.read().wrapping_add(self.freed.read()) }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn idle_allocator_hint() {}
+
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(idle_allocator_hint)
+        .build();
+    match runtime {
+        // On a worker, so that what the server itself allocates is in a cache flushed when idle.
+        Ok(runtime) => runtime.block_on(async {
+            tokio::spawn(serve()).await.unwrap_or_else(|e| {
+                eprintln!("cursor-server: {e}");
+                ExitCode::FAILURE
+            })
+        }),
+        Err(e) => {
+            eprintln!("cursor-server: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> ExitCode {
     let args = Args::parse();
     let filter = match log_filter(&args.log_level) {
         Ok(filter) => filter,
@@ -418,4 +534,24 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use super::*;
+
+    /// The hook reads jemalloc's counters and flushes by name: a wrong name would leave every
+    /// thread cache as a burst left it, silently.
+    #[test]
+    fn a_thread_reads_its_allocation_counters_and_can_flush_its_cache() {
+        let counters = Counters::of_thread().expect("jemalloc's per-thread counters");
+        let before = counters.sum();
+        let buffer = std::hint::black_box(vec![1u8; 1 << 20]);
+        drop(buffer);
+        assert!(
+            counters.sum().wrapping_sub(before) >= 2 << 20,
+            "a MB allocated and freed moves the counters by two"
+        );
+        assert!(flush_thread_cache(), "jemalloc flushed the thread's cache");
+    }
 }
