@@ -391,9 +391,13 @@ async fn open_action(
     client_state: Option<&ConversationState>,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
-    let store = &request.app.store;
-    let importing =
-        client_state.is_some() && !messages::any(store, request.conversation_id).await?;
+    let (store, history) = (&request.app.store, &request.app.history);
+    // A conversation the client holds a state of is imported when nothing of it is stored: the
+    // history cache answers for a conversation it holds messages of (every IDE turn after the
+    // first sends its state), without a read before the run start's reads.
+    let importing = client_state.is_some()
+        && !history.holds_messages(request.conversation_id)
+        && !messages::any(store, request.conversation_id).await?;
     match action {
         RunAction::UserMessage {
             text,

@@ -124,6 +124,15 @@ impl HistoryCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether messages of the conversation are held: then it has stored messages, since none is
+    /// ever deleted, and a run start that asks whether it has any need not read the store.
+    pub fn holds_messages(&self, conversation_id: &str) -> bool {
+        self.lock()
+            .map
+            .get(conversation_id)
+            .is_some_and(|entry| !entry.rows.is_empty())
+    }
+
     /// The conversation's whole stored history, oldest first: the messages held, then those
     /// stored after them (read from the store).
     pub async fn rows(
@@ -297,6 +306,26 @@ mod tests {
         assert_eq!(cache.lock().states.len(), MAX_STATES);
         assert!(cache.state(id(1)).is_none(), "the least recently used went");
         assert!(cache.state(id(MAX_STATES as u32)).is_some());
+    }
+
+    #[test]
+    fn a_conversation_with_messages_held_is_known_to_have_messages() {
+        use crate::model::runtime_tag::{RuntimeEvent, RuntimeTag};
+        let cache = HistoryCache::default();
+        assert!(
+            !cache.holds_messages("c"),
+            "nothing held: the store is asked"
+        );
+        assert!(cache.extend("c", 0, Vec::new()).is_some());
+        assert!(!cache.holds_messages("c"), "held, but empty");
+        let tag = RuntimeTag::new(RuntimeEvent::Attached, "r", "attached".to_owned());
+        let row = Stored {
+            request_id: "r".to_owned(),
+            message: tag.message(),
+        };
+        assert!(cache.extend("c", 0, vec![(0, row)]).is_some());
+        assert!(cache.holds_messages("c"));
+        assert!(!cache.holds_messages("d"));
     }
 
     #[test]
