@@ -59,12 +59,12 @@ async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
     let transcript = sse_turn(&cursor, "req-text-1", "conv-text", "say hello").await;
 
     // One model step around the answer; the sidebar's summary before turn_ended (protocol.md §6).
+    // Deltas ready together leave in one frame (the provider may stream while the run's opening
+    // commits), so the text's frames are compared as one run of deltas.
     assert_eq!(
-        transcript.kinds(),
+        transcript.kinds_merged(),
         [
             "step_started",
-            "text_delta",
-            "text_delta",
             "text_delta",
             "step_completed",
             "summary_started",
@@ -97,7 +97,8 @@ async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
         .filter(|(_, k)| **k == "token_delta")
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(hints.len(), 3, "{all:?}");
+    let deltas = all.iter().filter(|k| **k == "text_delta").count();
+    assert!(deltas >= 1 && hints.len() == deltas, "{all:?}");
     assert!(hints.iter().all(|i| all[i - 1] == "text_delta"), "{all:?}");
     let tokens: i32 = transcript
         .updates()
@@ -106,7 +107,10 @@ async fn a_user_message_yields_streamed_text_turn_ended_then_end_of_stream() {
             _ => None,
         })
         .sum();
-    assert!(tokens >= 3, "at least one token per delta: {tokens}");
+    assert!(
+        tokens >= i32::try_from(deltas).unwrap_or(i32::MAX),
+        "at least one token per delta: {tokens}"
+    );
     let usage = turn_ended(&transcript).expect("turn_ended");
     assert_eq!(usage.input_tokens, Some(120));
     assert_eq!(usage.output_tokens, Some(7));
@@ -386,12 +390,11 @@ async fn the_http2_run_transport_streams_the_same_turn_and_ends_the_stream_itsel
     let transcript = read_transcript(response).await;
 
     assert_eq!(
-        transcript.kinds(),
+        transcript.kinds_merged(),
         [
             "step_started",
             "thinking_delta",
             "thinking_completed",
-            "text_delta",
             "text_delta",
             "step_completed",
             "summary_started",

@@ -21,7 +21,7 @@ use super::compaction::{self, AfterCompaction, Compaction};
 use super::lifecycle::RunEnd;
 use super::opening::{self, First, Import};
 use super::turn::{CallEnd, ProviderCall, Turn};
-use crate::client::command::{ExecControl, RunRequestInput};
+use crate::client::command::{ExecControl, RunAction, RunRequestInput};
 use crate::client::downlink::Downlink;
 use crate::client::interaction;
 use crate::error::ProtocolError;
@@ -35,6 +35,7 @@ use crate::model::usage::Usage;
 use crate::ops::metrics;
 use crate::provider::{FinishReason, ProviderError, ResponseEvent};
 use crate::state::AppState;
+use crate::store::StoreError;
 use crate::store::now_ms;
 use crate::store::runs::CallPurpose;
 use crate::sync::blob_sync::KvPayload;
@@ -138,20 +139,66 @@ pub struct TurnLoop {
 
 impl TurnLoop {
     /// Records the run, commits the user message and starts the first provider call.
+    /// Opens the run (`opening::open`) and takes its first step. A user's message's opening
+    /// commit runs once its provider call has left (`opening::PendingOpening`): the provider
+    /// prepares its answer meanwhile, and the run reads none of it before the commit ended. A
+    /// commit that found the history moved (another run wrote meanwhile) drops that call and
+    /// opens the run again from the store, committing before calling.
     pub async fn start(
         app: Arc<AppState>,
         request_id: &str,
         input: RunRequestInput,
         out: &mut Downlink,
     ) -> Result<(TurnLoop, LoopStep), ServerError> {
-        let (turn, first) = opening::open(app, request_id, input, out).await?;
+        let again = matches!(input.action, RunAction::UserMessage { .. })
+            .then(|| opening::without_client_state(&input));
+        let (turn, first, pending) =
+            opening::open(Arc::clone(&app), request_id, input, out, true).await?;
         let mut turn = TurnLoop {
             turn,
             phase: Phase::Done,
             steps: 0,
         };
-        let step = turn.begin(first, out).await?;
-        Ok((turn, step))
+        let begun = turn.begin(first, out).await;
+        let Some(pending) = pending else {
+            return Ok((turn, begun?));
+        };
+        let step = match begun {
+            Ok(step) => step,
+            Err(error) => {
+                pending.start.write_alone(&app.store).await?;
+                return Err(error);
+            }
+        };
+        let Err((error, start)) = pending
+            .commit(&app.store, &mut turn.turn.checkpoints, out)
+            .await
+        else {
+            return Ok((turn, step));
+        };
+        // The call (if any) is dropped unread: nothing of it reached the client.
+        turn.phase = Phase::Done;
+        match (error, again) {
+            (ServerError::Store(StoreError::HistoryMoved { .. }), Some(input)) => {
+                tracing::info!(
+                    request_id,
+                    "the conversation changed while the run opened; reading it again"
+                );
+                drop(turn);
+                let (turn, first, _) = opening::open(app, request_id, input, out, false).await?;
+                let mut turn = TurnLoop {
+                    turn,
+                    phase: Phase::Done,
+                    steps: 0,
+                };
+                let step = turn.begin(first, out).await?;
+                Ok((turn, step))
+            }
+            (error, _) => {
+                start.write_alone(&app.store).await?;
+                Err(error)
+            }
+        }
     }
 
     pub(super) fn complete(&mut self) -> LoopStep {

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::lifecycle::{Checkpoints, StartReads, UnsetBase};
+use super::lifecycle::{Checkpoints, Emission, StartReads, UnsetBase};
 use super::turn::{
     ResolvedModel, Turn, default_bytes_per_token, fold_plan, fold_subagent_runs, fold_todos,
     load_images,
@@ -71,6 +71,9 @@ struct Request<'a> {
     /// run's start is one commit; `started` once it is written.
     start: Option<RunStart<'a>>,
     started: AtomicBool,
+    /// Whether the run's opening commit may be left to the caller, to run while the first
+    /// provider call is on its way (`PendingOpening`).
+    defer: bool,
 }
 
 impl<'a> Request<'a> {
@@ -114,6 +117,7 @@ impl<'a> Request<'a> {
             resolved,
             start: None,
             started: AtomicBool::new(false),
+            defer: false,
         }
     }
 
@@ -158,6 +162,8 @@ struct Opened {
     checkpoints: Checkpoints,
     turn_start: Option<usize>,
     first: First,
+    /// The run's opening, not committed yet (its messages are in `history` already).
+    pending: Option<PendingOpening>,
 }
 
 /// A turn's first step.
@@ -237,13 +243,48 @@ pub(super) fn with_client_context(
     Ok(*request)
 }
 
+/// The request again without the state the client sent: a user's message opened a second time
+/// (`TurnLoop::start`) found stored history the first time, so the state is not needed (it only
+/// imports a conversation this server has none of), and it is the request's largest part.
+pub(super) fn without_client_state(input: &RunRequestInput) -> RunRequestInput {
+    let RunRequestInput {
+        conversation_id,
+        action,
+        model_id,
+        terminals_folder,
+        context,
+        mode,
+        tools,
+        subagent,
+        parameters,
+        client_state: _,
+        ask_context,
+        execs_issued,
+    } = input;
+    RunRequestInput {
+        conversation_id: conversation_id.clone(),
+        action: action.clone(),
+        model_id: model_id.clone(),
+        terminals_folder: terminals_folder.clone(),
+        context: context.clone(),
+        mode: *mode,
+        tools: tools.clone(),
+        subagent: subagent.clone(),
+        parameters: parameters.clone(),
+        client_state: None,
+        ask_context: ask_context.clone(),
+        execs_issued: *execs_issued,
+    }
+}
+
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
 pub(super) async fn open(
     app: Arc<AppState>,
     request_id: &str,
     input: RunRequestInput,
     out: &mut Downlink,
-) -> Result<(Turn, First), ServerError> {
+    defer: bool,
+) -> Result<(Turn, First, Option<PendingOpening>), ServerError> {
     let requested = input
         .model_id
         .clone()
@@ -272,13 +313,14 @@ pub(super) async fn open(
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
     request.start = start_unless_with_message(&app, start, &input.action).await?;
-    let opened = open_first(&request, &input, out).await?;
+    request.defer = defer;
+    let mut opened = open_first(&request, &input, out).await?;
+    let pending = opened.pending.take();
     let mode = mode_of(&input, &opened);
     let (system, mode_tools) = compiler::prompt_for(&app.prompts, mode, input.subagent.as_ref());
     let mut tool_options = input.tools;
     tool_options.web_search &= app.config.web_search.is_some();
-    let mut images = ImageSet::default();
-    load_images(&app.store, &mut images, &opened.history).await?;
+    let images = history_images(&app, &opened.history, pending.as_ref()).await?;
     let turn = Turn {
         images,
         request_id: request_id.to_owned(),
@@ -314,7 +356,24 @@ pub(super) async fn open(
         route,
         app,
     };
-    Ok((turn, opened.first))
+    Ok((turn, opened.first, pending))
+}
+
+/// The images `history` names, read from the store. A run whose opening is still pending is
+/// recorded on its own when they cannot be read, so that its failure is.
+async fn history_images(
+    app: &AppState,
+    history: &[CanonicalMessage],
+    pending: Option<&PendingOpening>,
+) -> Result<ImageSet, ServerError> {
+    let mut images = ImageSet::default();
+    if let Err(error) = load_images(&app.store, &mut images, history).await {
+        if let Some(pending) = pending {
+            pending.start.write_alone(&app.store).await?;
+        }
+        return Err(error);
+    }
+    Ok(images)
 }
 
 /// The run's mode: the user's message says it; any other action goes on in the mode history (or
@@ -521,10 +580,12 @@ async fn open_import(
         checkpoints,
         turn_start: None,
         first: First::Import(Box::new(import)),
+        pending: None,
     })
 }
 
-/// A new user message: committed with its runtime messages, then the model is called.
+/// A new user message: committed with its runtime messages, and the model called (the commit may
+/// be left to run while the call is on its way: `PendingOpening`).
 async fn open_user_message(
     request: &Request<'_>,
     text: &str,
@@ -545,11 +606,11 @@ async fn open_user_message(
         mode: Some(request.mode),
         runtime: None,
     };
-    commit_user_message(
+    let (_, pending) = commit_user_message(
         request,
         (&mut history, &mut checkpoints),
         user,
-        unset_base.as_ref(),
+        unset_base,
         out,
     )
     .await?;
@@ -558,6 +619,7 @@ async fn open_user_message(
         checkpoints,
         turn_start,
         first: First::Call,
+        pending,
     })
 }
 
@@ -569,6 +631,7 @@ async fn open_stored(request: &Request<'_>, first: First) -> Result<Opened, Serv
         checkpoints,
         turn_start: None,
         first,
+        pending: None,
     })
 }
 
@@ -593,6 +656,7 @@ async fn open_background(
         turn_start,
         // Every completion already told: nothing new for the model.
         first: if told { First::Call } else { First::Complete },
+        pending: None,
     })
 }
 
@@ -757,6 +821,7 @@ impl Import {
             resolved: &self.resolved,
             start: None,
             started: AtomicBool::new(true),
+            defer: false,
         };
         let user = UserMessage {
             images: Vec::new(),
@@ -768,7 +833,7 @@ impl Import {
             mode: Some(turn.mode()),
             runtime: None,
         };
-        let appended = commit_user_message(
+        let (appended, _) = commit_user_message(
             &request,
             (&mut turn.history, &mut turn.checkpoints),
             user,
@@ -788,14 +853,15 @@ impl Import {
 /// attachments' chips first. `history` (the stored history before the message) is extended with
 /// what was stored, which is returned; their blobs are stored and sent. A run that starts with the
 /// message is recorded in the same transaction, with the base `unset_base` of a conversation new
-/// to the graph and the messages' blobs: its start is one commit.
+/// to the graph and the messages' blobs: its start is one commit. That commit is returned instead,
+/// not made, when the request may defer it (`PendingOpening`); `history` has the messages then too.
 async fn commit_user_message(
     request: &Request<'_>,
     (history, checkpoints): (&mut Vec<CanonicalMessage>, &mut Checkpoints),
     mut user: UserMessage,
-    unset_base: Option<&UnsetBase>,
+    unset_base: Option<UnsetBase>,
     out: &mut Downlink,
-) -> Result<Vec<CanonicalMessage>, ServerError> {
+) -> Result<(Vec<CanonicalMessage>, Option<PendingOpening>), ServerError> {
     let (app, request_id) = (request.app, request.request_id);
     if let Some(selected) = request.selected_context {
         user.shown_as = Some(
@@ -827,7 +893,7 @@ async fn commit_user_message(
                 .await?;
         history.extend_from_slice(&appended);
         checkpoints.committed(&appended, out).await?;
-        return Ok(appended);
+        return Ok((appended, None));
     };
     // Which runtime events are new is read before the run owns the conversation; the write checks
     // that history did not move since, so it still holds.
@@ -840,20 +906,115 @@ async fn commit_user_message(
         .chain(after.iter().map(RuntimeTag::message))
         .collect();
     let (_, emission) = checkpoints.entering(&entering).await?;
-    let edges = emission.edges();
-    let opening = messages::Opening {
-        start,
-        base: unset_base.map(UnsetBase::write),
+    let pending = PendingOpening {
+        start: StartRecord::of(&start),
+        base: unset_base,
         read: history.len(),
-        blobs: &emission.rows(&edges),
-        sent: &emission.sent,
+        emission,
+        messages: (before, user, after),
     };
-    let appended = messages::append_opening(&app.store, &opening, &before, &user, &after).await?;
-    drop(edges);
+    // Not with `[auth]`: the commit is where the run takes the conversation for its person (a
+    // call leaving before it could carry another person's history, read in between), and the
+    // call's budget gate counts the person's runs in progress, this one's record among them.
+    let deferred = request.defer && app.auth.is_none();
+    history.extend_from_slice(&entering);
+    if deferred {
+        return Ok((entering, Some(pending)));
+    }
+    pending
+        .commit(&app.store, checkpoints, out)
+        .await
+        .map_err(|(error, _)| error)?;
     request.started.store(true, Ordering::Relaxed);
-    checkpoints.delivered(emission, out).await;
-    history.extend_from_slice(&appended);
-    Ok(appended)
+    Ok((entering, None))
+}
+
+/// A run's opening (its record, the base, the user's message with its runtime messages and
+/// their blobs: one write transaction) not committed yet. The run's first provider call is sent
+/// first and the commit runs while the provider prepares its answer (`TurnLoop::start`): on this
+/// machine the commit is ten statements, each a round trip to the database, and waiting for it
+/// was about 0.9 ms of a new conversation's time to first token. Nothing reaches the client
+/// before the commit: its blobs are sent after it, and the run reads no provider event before
+/// then; a failed commit drops the call. Only without `[auth]` (`commit_user_message`).
+pub(super) struct PendingOpening {
+    pub(super) start: StartRecord,
+    base: Option<UnsetBase>,
+    /// The number of messages the run read (`messages::Opening::read`).
+    read: usize,
+    emission: Emission,
+    /// The runtime messages before the user's message, the message, those after it.
+    messages: (Vec<RuntimeTag>, [CanonicalMessage; 1], Vec<RuntimeTag>),
+}
+
+impl PendingOpening {
+    /// Commits the opening, then sends its blobs to the client. On failure, the run's record to
+    /// write on its own (so its failure is recorded).
+    pub(super) async fn commit(
+        self,
+        store: &store::Store,
+        checkpoints: &mut Checkpoints,
+        out: &mut Downlink,
+    ) -> Result<(), (ServerError, StartRecord)> {
+        let (before, user, after) = &self.messages;
+        let committed = {
+            let edges = self.emission.edges();
+            let opening = messages::Opening {
+                start: self.start.as_start(),
+                base: self.base.as_ref().map(UnsetBase::write),
+                read: self.read,
+                blobs: &self.emission.rows(&edges),
+                sent: &self.emission.sent,
+            };
+            messages::append_opening(store, &opening, before, user, after).await
+        };
+        match committed {
+            Ok(_) => {
+                checkpoints.delivered(self.emission, out).await;
+                Ok(())
+            }
+            Err(error) => Err((error.into(), self.start)),
+        }
+    }
+}
+
+/// A run's record (`RunStart`) owned, for a commit made after the request that named it is gone.
+pub(super) struct StartRecord {
+    request_id: String,
+    conversation_id: String,
+    model_id: String,
+    requested_model: String,
+    node: Option<String>,
+    person: Option<String>,
+}
+
+impl StartRecord {
+    fn of(start: &RunStart<'_>) -> StartRecord {
+        StartRecord {
+            request_id: start.request_id.to_owned(),
+            conversation_id: start.conversation_id.to_owned(),
+            model_id: start.model_id.to_owned(),
+            requested_model: start.requested_model.to_owned(),
+            node: start.node.map(str::to_owned),
+            person: start.person.map(str::to_owned),
+        }
+    }
+
+    fn as_start(&self) -> RunStart<'_> {
+        RunStart {
+            request_id: &self.request_id,
+            conversation_id: &self.conversation_id,
+            model_id: &self.model_id,
+            requested_model: &self.requested_model,
+            node: self.node.as_deref(),
+            person: self.person.as_deref(),
+        }
+    }
+
+    /// Records the run on its own: its opening was not committed.
+    pub(super) async fn write_alone(&self, store: &store::Store) -> Result<(), ServerError> {
+        runs::start_as(store, &self.as_start()).await?;
+        Ok(())
+    }
 }
 
 /// Stores the attached images' bytes as blobs and returns what the user message keeps of them. The
