@@ -138,12 +138,12 @@ pub struct TurnLoop {
 }
 
 impl TurnLoop {
-    /// Records the run, commits the user message and starts the first provider call.
-    /// Opens the run (`opening::open`) and takes its first step. A user's message's opening
-    /// commit runs once its provider call has left (`opening::PendingOpening`): the provider
-    /// prepares its answer meanwhile, and the run reads none of it before the commit ended. A
-    /// commit that found the history moved (another run wrote meanwhile) drops that call and
-    /// opens the run again from the store, committing before calling.
+    /// Opens the run (`opening::open`: its record, the user's message) and takes its first step.
+    /// A user's message's opening commit runs once its provider call has left
+    /// (`opening::PendingOpening`): the provider prepares its answer meanwhile, and the run reads
+    /// none of it before the commit ended. A commit that found the history moved (another run
+    /// wrote meanwhile) drops that call and opens the run again from the store, committing before
+    /// calling.
     pub async fn start(
         app: Arc<AppState>,
         request_id: &str,
