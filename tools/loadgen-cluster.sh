@@ -15,7 +15,8 @@
 # node behind the same HAProxy, the balancer's own cost; and pgfull: the load generator's own
 # run.sh, every phase, with the store on PostgreSQL, its summary in $OUT/pgfull), HAPROXY_DELAY (1: without
 # `option http-no-delay`, HAProxy's default, to measure what it holds back), OUT (results
-# directory), PG_BIN (the newest /usr/lib/postgresql/*/bin), BASE_PORT (3930: it uses the next 8).
+# directory), NODE_EXTRA (top-level lines added to each node's config, e.g.
+# "database_max_connections = 4"), PG_BIN (the newest /usr/lib/postgresql/*/bin), BASE_PORT (3930: it uses the next 8).
 # Needs PostgreSQL's server binaries (Debian's `postgresql`) and `haproxy`; starts everything on
 # loopback in a temporary directory (PostgreSQL as `nobody` when run as root, as the tests do),
 # stops everything it started by PID, and bounds every wait.
@@ -83,6 +84,7 @@ listen = "127.0.0.1:$2"
 database_url = "$3"
 default_model = "lg-model"
 pass_through = false
+${NODE_EXTRA:-}
 
 [[providers]]
 name = "fake"

@@ -672,6 +672,97 @@ async fn a_cli_client_that_throws_on_the_context_request_proceeds_without_contex
     );
 }
 
+/// A CLI client's run reads the conversation while the client gathers its request context. A
+/// message another client sends on the same conversation meanwhile is in the history the CLI's
+/// turn gives the model, once, before its own; nothing of a call made on the first reading
+/// reaches the client, and the stored history has every message once.
+#[tokio::test]
+async fn a_message_sent_while_a_cli_client_gathers_its_context_is_in_the_history_its_turn_sends() {
+    let provider = FakeProvider::start().await;
+    for text in ["one", "two", "three", "three", "four"] {
+        provider.push(Reply::sse(text_events(&[text], (30, 1, 0))));
+    }
+    let server = TestServer::start(&provider.base_url()).await;
+    let cursor = FakeCursor::new(server.addr);
+    let conversation = "conv-cli-moved";
+    let ide_turn = |request_id: &'static str, text: &'static str| {
+        let cursor = &cursor;
+        async move {
+            let request = run_request(conversation, text);
+            let transcript = Session::start(cursor, request_id, &request)
+                .await
+                .finish()
+                .await;
+            assert!(
+                transcript.is_success(),
+                "{request_id}: {:?}",
+                transcript.end
+            );
+            transcript
+        }
+    };
+    ide_turn("req-moved-1", "first").await;
+    let mut cli = Session::start(
+        &cursor,
+        "req-moved-3",
+        &cli_run_request(conversation, "third"),
+    )
+    .await;
+    let ask = cli.next_exec().await;
+    // Another client's message, whole, while the CLI client has not answered yet.
+    ide_turn("req-moved-2", "second").await;
+    cli.send(&exec_result(
+        ask.id,
+        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
+            result: Some(pb::request_context_result::Result::Success(
+                pb::RequestContextSuccess {
+                    request_context: Some(cli_context()),
+                },
+            )),
+        }),
+    ))
+    .await;
+    let third = cli.finish().await;
+    assert!(third.is_success(), "{:?}", third.end);
+    assert_eq!(
+        third.text(),
+        "three",
+        "only the call made on the whole history reached the client"
+    );
+    let in_order = |request: &Value, texts: &[&str]| {
+        let sent = request["messages"].to_string();
+        let places: Vec<Option<usize>> =
+            texts.iter().map(|t| sent.find(&format!("\"{t}"))).collect();
+        assert!(
+            places.iter().all(Option::is_some) && places.windows(2).all(|w| w[0] < w[1]),
+            "{texts:?} in order in {sent}"
+        );
+        for text in texts {
+            assert_eq!(
+                sent.matches(&format!("\"{text}\"")).count(),
+                1,
+                "{text} once in {sent}"
+            );
+        }
+    };
+    let requests = provider.requests();
+    // Turn 1, the other client's turn, at most one call dropped, the CLI's turn.
+    assert!(
+        (3..=4).contains(&requests.len()),
+        "{} calls",
+        requests.len()
+    );
+    in_order(
+        &requests[requests.len() - 1],
+        &["first", "one", "second", "two", "third"],
+    );
+    ide_turn("req-moved-4", "fourth").await;
+    in_order(
+        provider.requests().last().unwrap(),
+        &["first", "one", "second", "two", "third", "three", "fourth"],
+    );
+}
+
 /// A run_request on `conversation` carrying `action` (instead of a user message).
 fn action_request(
     conversation: &str,

@@ -34,13 +34,20 @@ use crate::tools::exec::ExecPayload;
 enum State {
     AwaitingRunRequest,
     /// A user message came without its request context (a CLI client): the client was asked for it
-    /// (exec `CONTEXT_EXEC_ID`) and nothing else happens until it answers.
-    AwaitingContext(Box<RunRequestInput>),
+    /// (exec `CONTEXT_EXEC_ID`) and nothing else happens until it answers, but the start's reads
+    /// (`RunActor::read_ahead`).
+    AwaitingContext {
+        request: Box<RunRequestInput>,
+        reads: Option<ReadAhead>,
+    },
     /// The user's own command (`shell_command_action`) runs in the client's shell; its turn opens
     /// once it is over.
     UserCommand(Box<UserCommand>),
     Running(Box<TurnLoop>),
 }
+
+/// The start's reads, running in a task of their own while the client answers.
+type ReadAhead = tokio::task::JoinHandle<Result<opening::Prefetched, ServerError>>;
 
 /// The exec id of the request-context exec: the first of the request (the turn's own go on after).
 const CONTEXT_EXEC_ID: u32 = 1;
@@ -193,7 +200,7 @@ impl RunActor {
         let end = self.drive().await;
         let (provider_calls, usage, mode) = match &self.state {
             State::Running(turn) => (turn.provider_calls(), turn.usage(), Some(turn.mode())),
-            State::AwaitingRunRequest | State::AwaitingContext(_) | State::UserCommand(_) => {
+            State::AwaitingRunRequest | State::AwaitingContext { .. } | State::UserCommand(_) => {
                 (0, Usage::default(), None)
             }
         };
@@ -563,7 +570,8 @@ impl RunActor {
             );
             let ask = bidi_append::context_request().into_server_message(CONTEXT_EXEC_ID);
             self.downlink.send_message(&ask).await;
-            self.state = State::AwaitingContext(request);
+            let reads = self.read_ahead(&request);
+            self.state = State::AwaitingContext { request, reads };
             return None;
         }
         let max_output = self.app.config.tool_output_max_bytes;
@@ -572,7 +580,7 @@ impl RunActor {
                 self.state = State::UserCommand(Box::new(command));
                 None
             }
-            Err(request) => self.start_turn(*request).await,
+            Err(request) => self.start_turn(*request, None).await,
         }
     }
 
@@ -649,13 +657,28 @@ impl RunActor {
     }
 
     /// Takes over the conversation and opens the turn.
-    async fn start_turn(&mut self, request: RunRequestInput) -> Option<RunEnd> {
-        self.take_over_conversation(&request.conversation_id).await;
+    async fn start_turn(
+        &mut self,
+        request: RunRequestInput,
+        reads: Option<ReadAhead>,
+    ) -> Option<RunEnd> {
+        let took_over = self.take_over_conversation(&request.conversation_id).await;
+        let prefetched = match reads {
+            // Reads that failed are made again, where their error ends the run.
+            Some(reads) if !took_over => reads.await.ok().and_then(Result::ok),
+            // The run stopped may have written after them.
+            Some(reads) => {
+                reads.abort();
+                None
+            }
+            None => None,
+        };
         self.recorded = true;
         match TurnLoop::start(
             Arc::clone(&self.app),
             &self.request_id,
             request,
+            prefetched,
             &mut self.downlink,
         )
         .await
@@ -738,13 +761,13 @@ impl RunActor {
     fn waiting_on_client(&self) -> bool {
         match &self.state {
             State::Running(turn) => turn.waiting_on_client(),
-            State::AwaitingContext(_) | State::UserCommand(_) => true,
+            State::AwaitingContext { .. } | State::UserCommand(_) => true,
             State::AwaitingRunRequest => false,
         }
     }
 
     fn awaits_context(&self) -> bool {
-        matches!(self.state, State::AwaitingContext(_))
+        matches!(self.state, State::AwaitingContext { .. })
     }
 
     fn runs_user_command(&self) -> bool {
@@ -763,7 +786,7 @@ impl RunActor {
             Some(Progress::Running) => None,
             Some(Progress::Done(request)) => {
                 self.state = State::AwaitingRunRequest;
-                self.start_turn(*request).await
+                self.start_turn(*request, None).await
             }
         }
     }
@@ -780,22 +803,48 @@ impl RunActor {
             let error = ProtocolError::Exec(format!("exec id {id} was never issued in this run"));
             return Some(RunEnd::Failed(error.into()));
         }
-        let State::AwaitingContext(waiting) =
+        let State::AwaitingContext { request, reads } =
             std::mem::replace(&mut self.state, State::AwaitingRunRequest)
         else {
             return None;
         };
-        match opening::with_client_context(*waiting, answer, &self.request_id, CONTEXT_EXEC_ID) {
-            Ok(request) => self.start_turn(request).await,
+        match opening::with_client_context(*request, answer, &self.request_id, CONTEXT_EXEC_ID) {
+            Ok(request) => self.start_turn(request, reads).await,
             Err(error) => Some(RunEnd::Failed(error)),
         }
+    }
+
+    /// The start's reads of a user's message begun at once, to run while a CLI client is asked for
+    /// its request context (one round trip to the client, about as long as the reads): only where
+    /// the run may defer its opening commit (no `[auth]`: that commit checks that history did not
+    /// move since, `TurnLoop::start`), on one node, and when no run here works on the
+    /// conversation (it is stopped first, and the reads must see what it wrote).
+    fn read_ahead(&self, request: &RunRequestInput) -> Option<ReadAhead> {
+        let app = &self.app;
+        let ahead = app.auth.is_none()
+            && app.cluster.is_none()
+            && matches!(request.action, RunAction::UserMessage { .. })
+            && app
+                .runs
+                .conversation_run(&request.conversation_id)
+                .is_none();
+        ahead.then(|| {
+            let app = Arc::clone(app);
+            let conversation_id = request.conversation_id.clone();
+            let reads = async move { opening::Prefetched::read(&app, &conversation_id).await };
+            tokio::spawn(tracing::Instrument::instrument(
+                reads,
+                tracing::Span::current(),
+            ))
+        })
     }
 
     /// Stops the run that still works on `conversation_id` (the user sent a new message while it
     /// ran) and waits for it to end, so the two never write the same history at once. The stop is
     /// a signal, not a queued command: it reaches a run whatever it waits on. Should the old run
     /// still not end in time, the store refuses its appends: this run owns the conversation.
-    async fn take_over_conversation(&mut self, conversation_id: &str) {
+    /// Whether there was such a run.
+    async fn take_over_conversation(&mut self, conversation_id: &str) -> bool {
         if let Some(cluster) = &self.app.cluster {
             let wait = self.app.config.interrupt_wait;
             cluster
@@ -807,7 +856,7 @@ impl RunActor {
             .runs
             .claim_conversation(conversation_id, &self.request_id)
         else {
-            return;
+            return false;
         };
         tracing::info!(conversation_id, previous = %previous, "interrupting the conversation's running request");
         handle.supersede(&self.request_id);
@@ -818,6 +867,7 @@ impl RunActor {
         {
             tracing::warn!(previous = %previous, "the interrupted run did not end in time; going on (the store refuses its appends)");
         }
+        true
     }
 
     /// Why the run's stop signal fired.
@@ -989,7 +1039,7 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 async fn next_loop_event(state: &mut State) -> LoopEvent {
     match state {
         State::Running(turn) => turn.next_event().await,
-        State::AwaitingRunRequest | State::AwaitingContext(_) | State::UserCommand(_) => {
+        State::AwaitingRunRequest | State::AwaitingContext { .. } | State::UserCommand(_) => {
             std::future::pending().await
         }
     }

@@ -144,16 +144,21 @@ impl TurnLoop {
     /// none of it before the commit ended. A commit that found the history moved (another run
     /// wrote meanwhile) drops that call and opens the run again from the store, committing before
     /// calling.
-    pub async fn start(
+    pub(super) async fn start(
         app: Arc<AppState>,
         request_id: &str,
         input: RunRequestInput,
+        prefetched: Option<opening::Prefetched>,
         out: &mut Downlink,
     ) -> Result<(TurnLoop, LoopStep), ServerError> {
         let again = matches!(input.action, RunAction::UserMessage { .. })
             .then(|| opening::without_client_state(&input));
+        let ahead = opening::Ahead {
+            defer: true,
+            reads: prefetched,
+        };
         let (turn, first, pending) =
-            opening::open(Arc::clone(&app), request_id, input, out, true).await?;
+            opening::open(Arc::clone(&app), request_id, input, out, ahead).await?;
         let mut turn = TurnLoop {
             turn,
             phase: Phase::Done,
@@ -185,7 +190,8 @@ impl TurnLoop {
                     "the conversation changed while the run opened; reading it again"
                 );
                 drop(turn);
-                let (turn, first, _) = opening::open(app, request_id, input, out, false).await?;
+                let ahead = opening::Ahead::default();
+                let (turn, first, _) = opening::open(app, request_id, input, out, ahead).await?;
                 let mut turn = TurnLoop {
                     turn,
                     phase: Phase::Done,

@@ -74,6 +74,9 @@ struct Request<'a> {
     /// Whether the run's opening commit may be left to the caller, to run while the first
     /// provider call is on its way (`PendingOpening`).
     defer: bool,
+    /// The start's reads made while the client was asked for its request context, taken by
+    /// the first `stored_with`.
+    prefetched: std::sync::Mutex<Option<Prefetched>>,
 }
 
 impl<'a> Request<'a> {
@@ -118,6 +121,7 @@ impl<'a> Request<'a> {
             start: None,
             started: AtomicBool::new(false),
             defer: false,
+            prefetched: std::sync::Mutex::new(None),
         }
     }
 
@@ -277,13 +281,22 @@ pub(super) fn without_client_state(input: &RunRequestInput) -> RunRequestInput {
     }
 }
 
+/// What a run start may do ahead of its order: leave its opening commit to run while its first
+/// provider call is on its way (`defer`, a user's message without `[auth]`), and use reads made
+/// while the client was asked for its request context (`reads`).
+#[derive(Default)]
+pub(super) struct Ahead {
+    pub defer: bool,
+    pub reads: Option<Prefetched>,
+}
+
 /// Records the run and commits what the action brings; returns the run and the turn's first step.
 pub(super) async fn open(
     app: Arc<AppState>,
     request_id: &str,
     input: RunRequestInput,
     out: &mut Downlink,
-    defer: bool,
+    ahead: Ahead,
 ) -> Result<(Turn, First, Option<PendingOpening>), ServerError> {
     let requested = input
         .model_id
@@ -313,7 +326,7 @@ pub(super) async fn open(
     log_subagent(request_id, &input.conversation_id, input.subagent.as_ref());
     let mut request = Request::of(&app, (&model, provider.kind), request_id, &input);
     request.start = start_unless_with_message(&app, start, &input.action).await?;
-    request.defer = defer;
+    (request.defer, request.prefetched) = (ahead.defer, ahead.reads.into());
     let mut opened = open_first(&request, &input, out).await?;
     let pending = opened.pending.take();
     let mode = mode_of(&input, &opened);
@@ -515,13 +528,11 @@ async fn stored_with(
     unset_base: Option<&mut Option<UnsetBase>>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
-    let (rows, reads) = tokio::try_join!(
-        async {
-            let rows = app.history.rows(&app.store, request.conversation_id).await;
-            rows.map_err(ServerError::from)
-        },
-        StartReads::read(&app.store, &app.history, request.conversation_id),
-    )?;
+    let prefetched = request.prefetched.lock().map(|mut held| held.take());
+    let Prefetched { rows, reads } = match prefetched.ok().flatten() {
+        Some(prefetched) => prefetched,
+        None => Prefetched::read(app, request.conversation_id).await?,
+    };
     let (system, _) = compiler::prompt_for(&app.prompts, request.mode, request.subagent);
     let checkpoints = Checkpoints::open(
         (app.store.clone(), reads),
@@ -537,6 +548,31 @@ async fn stored_with(
         rows.into_iter().map(|row| row.message).collect(),
         checkpoints,
     ))
+}
+
+/// A run start's reads of the store: the conversation's history and the rest (`StartReads`), at
+/// once. Made ahead (`Prefetched::read` in a task of its own) while a CLI client is asked for its
+/// request context, they are as good as reads made after: the opening commit checks that history
+/// did not move since, and opens the run again from the store if it did (`TurnLoop::start`).
+pub(super) struct Prefetched {
+    rows: Vec<messages::Stored>,
+    reads: StartReads,
+}
+
+impl Prefetched {
+    pub(super) async fn read(
+        app: &AppState,
+        conversation_id: &str,
+    ) -> Result<Prefetched, ServerError> {
+        let (rows, reads) = tokio::try_join!(
+            async {
+                let rows = app.history.rows(&app.store, conversation_id).await;
+                rows.map_err(ServerError::from)
+            },
+            StartReads::read(&app.store, &app.history, conversation_id),
+        )?;
+        Ok(Prefetched { rows, reads })
+    }
 }
 
 /// A conversation (or a user text) only the client has: its roots become our history first.
@@ -822,6 +858,7 @@ impl Import {
             start: None,
             started: AtomicBool::new(true),
             defer: false,
+            prefetched: std::sync::Mutex::new(None),
         };
         let user = UserMessage {
             images: Vec::new(),
