@@ -503,17 +503,7 @@ async fn a_cli_run_request_without_context_asks_for_it_first_and_its_rules_reach
         provider.requests().is_empty(),
         "asked before any provider call"
     );
-    turn.send(&exec_result(
-        ask.id,
-        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
-            result: Some(pb::request_context_result::Result::Success(
-                pb::RequestContextSuccess {
-                    request_context: Some(cli_context()),
-                },
-            )),
-        }),
-    ))
-    .await;
+    turn.send(&context_answer(ask.id, cli_context())).await;
     let transcript = turn.finish().await;
     assert!(transcript.is_success(), "{:?}", transcript.end);
     assert!(
@@ -552,6 +542,20 @@ async fn a_cli_run_request_without_context_asks_for_it_first_and_its_rules_reach
     );
 }
 
+/// A CLI client's answer to the server's request-context exec `id`.
+fn context_answer(id: u32, context: pb::RequestContext) -> pb::AgentClientMessage {
+    exec_result(
+        id,
+        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
+            result: Some(pb::request_context_result::Result::Success(
+                pb::RequestContextSuccess {
+                    request_context: Some(context),
+                },
+            )),
+        }),
+    )
+}
+
 /// A CLI client's own system prompt, which it sends both as a root and as a rule.
 const CLI_INSTRUCTIONS: &str = "You are the terminal agent (marker cli-7f3e). Keep answers short; run tests before you finish.";
 
@@ -581,17 +585,8 @@ async fn cli_turn<'a>(
     }
     let mut turn = Session::start_with_blobs(cursor, request_id, &request, blobs).await;
     let ask = turn.next_exec().await;
-    turn.send(&exec_result(
-        ask.id,
-        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
-            result: Some(pb::request_context_result::Result::Success(
-                pb::RequestContextSuccess {
-                    request_context: Some(cli_context_with_instructions()),
-                },
-            )),
-        }),
-    ))
-    .await;
+    turn.send(&context_answer(ask.id, cli_context_with_instructions()))
+        .await;
     while turn.next().await.is_some() {}
     assert!(turn.transcript.is_success(), "{:?}", turn.transcript.end);
     turn
@@ -711,17 +706,7 @@ async fn a_message_sent_while_a_cli_client_gathers_its_context_is_in_the_history
     let ask = cli.next_exec().await;
     // Another client's message, whole, while the CLI client has not answered yet.
     ide_turn("req-moved-2", "second").await;
-    cli.send(&exec_result(
-        ask.id,
-        pb::exec_client_message::Message::RequestContextResult(pb::RequestContextResult {
-            result: Some(pb::request_context_result::Result::Success(
-                pb::RequestContextSuccess {
-                    request_context: Some(cli_context()),
-                },
-            )),
-        }),
-    ))
-    .await;
+    cli.send(&context_answer(ask.id, cli_context())).await;
     let third = cli.finish().await;
     assert!(third.is_success(), "{:?}", third.end);
     assert_eq!(
