@@ -74,8 +74,9 @@ struct Request<'a> {
     /// Whether the run's opening commit may be left to the caller, to run while the first
     /// provider call is on its way (`PendingOpening`).
     defer: bool,
-    /// The start's reads made while the client was asked for its request context, taken by
-    /// the first `stored_with`.
+    /// The start's reads made while the client was asked for its request context: taken only by
+    /// the opener of a user's message whose commit is deferred, the one commit that checks that
+    /// history did not move since and opens the run again if it did (`open_user_message`).
     prefetched: std::sync::Mutex<Option<Prefetched>>,
 }
 
@@ -133,6 +134,15 @@ impl<'a> Request<'a> {
             self.started.store(true, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The reads made ahead (`Prefetched`), once.
+    fn take_prefetched(&self) -> Option<Prefetched> {
+        let mut held = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.take()
     }
 
     /// Blobs only the client holds that the message needs: attached text and images sent by id.
@@ -517,19 +527,19 @@ async fn stored(
     request: &Request<'_>,
     client_state: Option<&ConversationState>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
-    stored_with(request, client_state, None).await
+    stored_with(request, client_state, None, None).await
 }
 
 /// `stored`; with `unset_base`, a base the conversation lacks is left there to be stored with the
-/// run's first messages.
+/// run's first messages; with `prefetched`, the reads are those made ahead.
 async fn stored_with(
     request: &Request<'_>,
     client_state: Option<&ConversationState>,
     unset_base: Option<&mut Option<UnsetBase>>,
+    prefetched: Option<Prefetched>,
 ) -> Result<(Vec<CanonicalMessage>, Checkpoints), ServerError> {
     let app = request.app;
-    let prefetched = request.prefetched.lock().map(|mut held| held.take());
-    let Prefetched { rows, reads } = match prefetched.ok().flatten() {
+    let Prefetched { rows, reads } = match prefetched {
         Some(prefetched) => prefetched,
         None => Prefetched::read(app, request.conversation_id).await?,
     };
@@ -552,8 +562,9 @@ async fn stored_with(
 
 /// A run start's reads of the store: the conversation's history and the rest (`StartReads`), at
 /// once. Made ahead (`Prefetched::read` in a task of its own) while a CLI client is asked for its
-/// request context, they are as good as reads made after: the opening commit checks that history
-/// did not move since, and opens the run again from the store if it did (`TurnLoop::start`).
+/// request context, they are as good as reads made after for a user's message whose opening
+/// commit is deferred: that commit checks that history did not move since, and the run opens
+/// again from the store if it did (`TurnLoop::start`). Other openers read afresh.
 pub(super) struct Prefetched {
     rows: Vec<messages::Stored>,
     reads: StartReads,
@@ -630,7 +641,10 @@ async fn open_user_message(
 ) -> Result<Opened, ServerError> {
     let mut unset_base = None;
     let deferring = request.start.is_some().then_some(&mut unset_base);
-    let (mut history, mut checkpoints) = stored_with(request, None, deferring).await?;
+    let prefetched = (request.defer && deferring.is_some())
+        .then(|| request.take_prefetched())
+        .flatten();
+    let (mut history, mut checkpoints) = stored_with(request, None, deferring, prefetched).await?;
     let turn_start = Some(history.len());
     let user = UserMessage {
         images: Vec::new(),
