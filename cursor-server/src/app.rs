@@ -117,6 +117,7 @@ impl App {
             auth,
             history: Default::default(),
         });
+        learn_stored_conversations(&state).await;
         Ok(App { state, listener })
     }
 
@@ -228,6 +229,27 @@ async fn checkpoint_in_background(state: Arc<AppState>) {
             Ok(None) => return,
             Err(e) => tracing::warn!("checkpointing the database: {e}"),
         }
+    }
+}
+
+/// Reads which conversations the store has history of, so that a run start of one it has none of
+/// reads nothing (`HistoryCache::surely_new`): only where this node is the store's one writer (no
+/// `[cluster]`) and a run may take a conversation as new (no `[auth]`, `RunActor::read_ahead`).
+/// If it fails, every run start reads the store, as before.
+async fn learn_stored_conversations(state: &AppState) {
+    if state.cluster.is_some() || state.auth.is_some() {
+        return;
+    }
+    match state.history.learn_stored(&state.store).await {
+        Ok(conversations) => {
+            tracing::debug!(
+                conversations,
+                "the conversations with stored history are known"
+            )
+        }
+        Err(e) => tracing::warn!(
+            "listing the conversations with stored history failed (every run start reads the store): {e}"
+        ),
     }
 }
 

@@ -289,6 +289,76 @@ async fn a_checkpoint_follows_each_completed_tool_naming_the_calls_still_running
     );
 }
 
+/// A conversation the store had no message of when the server started, and no run of it wrote,
+/// is opened without reading the store. Should another process on the same database have written
+/// it meanwhile, the run's opening commit finds its messages and the turn is made on the whole
+/// history: every message once, in order, and only that call's answer reaches the client.
+#[tokio::test]
+async fn a_conversation_another_process_wrote_is_read_before_its_turn_is_made() {
+    let provider = FakeProvider::start().await;
+    // The call made on the empty history may reach the provider before it is dropped.
+    for _ in 0..2 {
+        provider.push(Reply::sse(text_events(&["Answer."], (10, 2, 0))));
+    }
+    let server = TestServer::start(&provider.base_url()).await;
+    let elsewhere = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
+    let written = CanonicalMessage::User(cursor_server::model::message::UserMessage {
+        images: Vec::new(),
+        shown_as: None,
+        state_before: None,
+        origin: cursor_server::model::message::Origin::User,
+        text: "written elsewhere".to_owned(),
+        client_message_id: String::new(),
+        mode: None,
+        runtime: None,
+    });
+    messages::append_with_tags(
+        &elsewhere,
+        "conv-elsewhere",
+        "req-other",
+        &[],
+        &[written],
+        &[],
+    )
+    .await
+    .expect("another process writes the conversation");
+
+    let cursor = FakeCursor::new(server.addr);
+    let session = Session::start(
+        &cursor,
+        "req-here",
+        &run_request_with_env("conv-elsewhere", "written here"),
+    )
+    .await;
+    let transcript = session.finish().await;
+    assert!(transcript.is_success(), "{:?}", transcript.end);
+    assert_eq!(transcript.text(), "Answer.");
+    let requests = provider.requests();
+    assert!(
+        (1..=2).contains(&requests.len()),
+        "{} calls",
+        requests.len()
+    );
+    let sent = requests.last().unwrap()["messages"].to_string();
+    let (first, second) = (
+        sent.find("written elsewhere")
+            .expect("the stored message is sent"),
+        sent.find("written here").expect("the new message is sent"),
+    );
+    assert!(first < second, "in order: {sent}");
+    assert_eq!(sent.matches("written here").count(), 1, "once: {sent}");
+    let stored = messages::load(&elsewhere, "conv-elsewhere").await.unwrap();
+    let users: Vec<&str> = stored
+        .iter()
+        .filter_map(|message| match message {
+            CanonicalMessage::User(user) if user.runtime.is_none() => Some(user.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, ["written elsewhere", "written here"]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn after_a_restart_the_second_turn_continues_from_the_servers_own_history() {
     let provider = FakeProvider::start().await;

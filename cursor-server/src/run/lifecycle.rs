@@ -445,7 +445,9 @@ fn fold(
 /// What a run start reads of the store besides its history: the conversation's head and base, the
 /// outbox and the ACKed blobs (kept in the history cache when it holds as many as the store
 /// counts). They are independent, so they are read at once (each read is a round trip to a
-/// database connection), and together with the history (`run/opening.rs`).
+/// database connection), and together with the history (`run/opening.rs`). The default is what
+/// they give for a conversation the store has nothing of.
+#[derive(Default)]
 pub struct StartReads {
     recorded: conversations::Recorded,
     owed: outbox::Pending,

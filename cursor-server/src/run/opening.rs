@@ -431,6 +431,8 @@ async fn open_first(
     input: &RunRequestInput,
     out: &mut Downlink,
 ) -> Result<Opened, ServerError> {
+    // From here the run may write the conversation's history: it is no longer new.
+    request.app.history.started(request.conversation_id);
     let client_state = input.client_state.as_deref();
     let mut attempts = 0;
     loop {
@@ -571,6 +573,19 @@ pub(super) struct Prefetched {
 }
 
 impl Prefetched {
+    /// What the reads give for a conversation the store has nothing of, not read: for a
+    /// conversation taken as new (`RunActor::read_ahead`). The deferred opening commit is the
+    /// check (`messages::append_opening`): it finds history moved when the conversation has a
+    /// message or a base other than the one this run sets, and without either a conversation has
+    /// nothing else a run start reads (no checkpoint, nothing owed or acknowledged: those follow
+    /// from messages). Runtime events are then new too (`commit_user_message`).
+    pub(super) fn new_conversation() -> Prefetched {
+        Prefetched {
+            rows: Vec::new(),
+            reads: StartReads::default(),
+        }
+    }
+
     pub(super) async fn read(
         app: &AppState,
         conversation_id: &str,
@@ -946,10 +961,14 @@ async fn commit_user_message(
         checkpoints.committed(&appended, out).await?;
         return Ok((appended, None));
     };
-    // Which runtime events are new is read before the run owns the conversation; the write checks
-    // that history did not move since, so it still holds.
-    let before = messages::unconsumed(&app.store, request.conversation_id, &before).await?;
-    let after = messages::unconsumed(&app.store, request.conversation_id, &after).await?;
+    // Which runtime events are new is read before the run owns the conversation (none is consumed
+    // in a history without messages); the write checks that history did not move since, so it
+    // still holds.
+    let (before, after) = if history.is_empty() {
+        (before, after)
+    } else {
+        messages::unconsumed_around(&app.store, request.conversation_id, before, after).await?
+    };
     let entering: Vec<CanonicalMessage> = before
         .iter()
         .map(RuntimeTag::message)

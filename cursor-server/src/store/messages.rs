@@ -307,6 +307,35 @@ pub async fn unconsumed(
         .collect())
 }
 
+/// `unconsumed` of the runtime events before a message and those after it, in one statement.
+pub async fn unconsumed_around(
+    store: &Store,
+    conversation_id: &str,
+    before: Vec<RuntimeTag>,
+    after: Vec<RuntimeTag>,
+) -> Result<(Vec<RuntimeTag>, Vec<RuntimeTag>), StoreError> {
+    let split = before.len();
+    let mut tags = before;
+    tags.extend(after);
+    let new = unconsumed(store, conversation_id, &tags).await?;
+    let is_new = |tag: &RuntimeTag| new.iter().any(|n| n.event_id == tag.event_id);
+    let after = tags.split_off(split);
+    Ok((
+        tags.into_iter().filter(is_new).collect(),
+        after.into_iter().filter(is_new).collect(),
+    ))
+}
+
+/// The conversations that have stored history.
+pub async fn conversations_with_history(store: &Store) -> Result<Vec<String>, StoreError> {
+    on_readers!(store, |p| sqlx::query_scalar(
+        "SELECT DISTINCT conversation_id FROM messages"
+    )
+    .fetch_all(p)
+    .await
+    .context("listing the conversations with history"))
+}
+
 /// Whether the conversation has any stored history (without loading it).
 pub async fn any(store: &Store, conversation_id: &str) -> Result<bool, StoreError> {
     let row: Option<i32> = on_readers!(store, |p| sqlx::query_scalar(

@@ -15,11 +15,16 @@
 //! a blob's id is the hash of its bytes, so a state kept under an id is the state stored under it.
 //! At turn 300 the newest checkpoint is a 34 KB blob, read and decoded again by every run start.
 //!
+//! It also knows which conversations the store has messages of (`Known`), to take a conversation
+//! it has no message of as new without reading the store; only on one node, where every message
+//! is written by a run of this process.
+//!
 //! Its own file because `sync/projection.rs` is the fold itself (a pure function of history) and
 //! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
 //! bounded, is a policy of its own.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use crate::cursor::proto::agent as pb;
@@ -109,6 +114,22 @@ impl Entries {
 #[derive(Default)]
 pub struct HistoryCache {
     entries: Mutex<Entries>,
+    /// The conversations the store may have messages of (`Known`).
+    known: Mutex<Known>,
+    /// Hashes conversation ids for `known` (a key of its own per process).
+    hasher: std::hash::RandomState,
+}
+
+/// The conversations the store may have messages of, as hashes of their ids: those it had when
+/// the node started, and every conversation a run of this node started on (on one node, the only
+/// writers of history), so a conversation not in it has none. Two ids with one hash only make one
+/// of them look known, and a known conversation is read: the safe way. About 16 bytes per
+/// conversation.
+#[derive(Default)]
+struct Known {
+    /// Whether the store's have been read (`HistoryCache::learn_stored`): nothing is new until then.
+    read: bool,
+    conversations: HashSet<u64>,
 }
 
 impl std::fmt::Debug for HistoryCache {
@@ -122,6 +143,42 @@ impl HistoryCache {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads which conversations the store has messages of (as the node starts, before it
+    /// serves); returns how many.
+    pub async fn learn_stored(&self, store: &Store) -> Result<usize, StoreError> {
+        let stored = messages::conversations_with_history(store).await?;
+        let mut known = self.known();
+        let hashes = stored.iter().map(|id| self.hasher.hash_one(id));
+        known.conversations.extend(hashes);
+        known.read = true;
+        Ok(stored.len())
+    }
+
+    /// A run of this node starts on the conversation: it may write messages from now on. Kept
+    /// only once the store's are read (before the node serves), so a node that never reads them
+    /// (several nodes, `[auth]`) keeps nothing.
+    pub fn started(&self, conversation_id: &str) {
+        let hash = self.hasher.hash_one(conversation_id);
+        let mut known = self.known();
+        if known.read {
+            known.conversations.insert(hash);
+        }
+    }
+
+    /// Whether the store surely has no message of the conversation: its conversations are known
+    /// and this is not one of them. Only for a node that is the store's only writer of history.
+    pub fn surely_new(&self, conversation_id: &str) -> bool {
+        let hash = self.hasher.hash_one(conversation_id);
+        let known = self.known();
+        known.read && !known.conversations.contains(&hash)
     }
 
     /// Whether messages of the conversation are held: then it has stored messages, since none is
@@ -326,6 +383,41 @@ mod tests {
         assert!(cache.extend("c", 0, vec![(0, row)]).is_some());
         assert!(cache.holds_messages("c"));
         assert!(!cache.holds_messages("d"));
+    }
+
+    #[tokio::test]
+    async fn a_conversation_is_new_only_when_the_stores_are_known_and_it_is_not_one_nor_started() {
+        use crate::model::message::{CanonicalMessage, Origin, UserMessage};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("known.db").display());
+        let store = Store::open(&url).await.expect("store");
+        let user = CanonicalMessage::User(UserMessage {
+            images: Vec::new(),
+            shown_as: None,
+            state_before: None,
+            origin: Origin::User,
+            text: "hello".to_owned(),
+            client_message_id: String::new(),
+            mode: None,
+            runtime: None,
+        });
+        messages::append_with_tags(&store, "stored", "r1", &[], &[user], &[])
+            .await
+            .expect("appended");
+
+        let cache = HistoryCache::default();
+        assert!(
+            !cache.surely_new("other"),
+            "nothing is new before the store's conversations are read"
+        );
+        assert_eq!(cache.learn_stored(&store).await.expect("read"), 1);
+        assert!(!cache.surely_new("stored"));
+        assert!(cache.surely_new("new"));
+        cache.started("new");
+        assert!(
+            !cache.surely_new("new"),
+            "a run started on it: it may have messages"
+        );
     }
 
     #[test]
