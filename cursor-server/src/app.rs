@@ -232,7 +232,7 @@ async fn checkpoint_in_background(state: Arc<AppState>) {
     }
 }
 
-/// Reads which conversations the store has history of, so that a run start of one it has none of
+/// Reads which conversations the store has a row of, so that a run start of one it has none of
 /// reads nothing (`HistoryCache::surely_new`): only where this node is the store's one writer (no
 /// `[cluster]`) and a run may take a conversation as new (no `[auth]`, `RunActor::read_ahead`).
 /// If it fails, every run start reads the store, as before.
@@ -248,7 +248,7 @@ async fn learn_stored_conversations(state: &AppState) {
             )
         }
         Err(e) => tracing::warn!(
-            "listing the conversations with stored history failed (every run start reads the store): {e}"
+            "listing the stored conversations failed (every run start reads the store): {e}"
         ),
     }
 }

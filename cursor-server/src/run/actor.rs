@@ -589,8 +589,8 @@ impl RunActor {
                 None
             }
             Err(request) => {
-                let known = self.read_ahead(&request, false);
-                self.start_turn(*request, known).await
+                let ahead = self.read_ahead(&request, false);
+                self.start_turn(*request, ahead).await
             }
         }
     }
@@ -673,11 +673,15 @@ impl RunActor {
         request: RunRequestInput,
         reads: Option<ReadAhead>,
     ) -> Option<RunEnd> {
-        let took_over = self.take_over_conversation(&request.conversation_id).await;
+        let conversation_id = &request.conversation_id;
+        let took_over = self.take_over_conversation(conversation_id).await;
         let prefetched = match reads {
             // Reads that failed are made again, where their error ends the run.
             Some(ReadAhead::Reading(reads)) if !took_over => reads.await.ok().and_then(Result::ok),
-            Some(ReadAhead::New) if !took_over => Some(opening::Prefetched::new_conversation()),
+            // Still new: a run may have started and ended on it while a CLI client answered.
+            Some(ReadAhead::New) if !took_over && self.app.history.surely_new(conversation_id) => {
+                Some(opening::Prefetched::new_conversation())
+            }
             // The run stopped may have written after them, or has written.
             Some(ReadAhead::Reading(reads)) => {
                 reads.abort();
@@ -833,9 +837,8 @@ impl RunActor {
     /// wrote). A conversation the client sends no state of and the store has no message of, as
     /// this node knows (`HistoryCache::surely_new`), is taken as new, with nothing read: on this
     /// machine the reads were a third of a new conversation's time to first token over the
-    /// provider's. Else, with `overlap` (a CLI client
-    /// is being asked for its request context, one round trip about as long as the reads), the
-    /// reads begin at once in a task of their own.
+    /// provider's. Else, with `overlap` (a CLI client is being asked for its request context, one
+    /// round trip about as long as the reads), the reads begin at once in a task of their own.
     fn read_ahead(&self, request: &RunRequestInput, overlap: bool) -> Option<ReadAhead> {
         let app = &self.app;
         let (conversation_id, history) = (&request.conversation_id, &app.history);

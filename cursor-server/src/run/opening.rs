@@ -574,11 +574,12 @@ pub(super) struct Prefetched {
 
 impl Prefetched {
     /// What the reads give for a conversation the store has nothing of, not read: for a
-    /// conversation taken as new (`RunActor::read_ahead`). The deferred opening commit is the
-    /// check (`messages::append_opening`): it finds history moved when the conversation has a
-    /// message or a base other than the one this run sets, and without either a conversation has
-    /// nothing else a run start reads (no checkpoint, nothing owed or acknowledged: those follow
-    /// from messages). Runtime events are then new too (`commit_user_message`).
+    /// conversation taken as new (`RunActor::read_ahead`: the store had no row of it). The
+    /// deferred opening commit is the check (`messages::append_opening`): it finds history moved
+    /// when the conversation has a message or a base other than the one this run sets. A base
+    /// with this one's id is what the reads would have given (it covers no message), and a
+    /// checkpoint, blobs owed or acknowledged come only after a base. Runtime events are then new
+    /// too (`commit_user_message`).
     pub(super) fn new_conversation() -> Prefetched {
         Prefetched {
             rows: Vec::new(),

@@ -176,6 +176,17 @@ pub(super) async fn set_base_in(
     ))
 }
 
+/// The id of every conversation the store has a row of: every one with messages, a base, a head,
+/// blobs owed or acknowledged, or a run.
+pub async fn ids(store: &Store) -> Result<Vec<String>, StoreError> {
+    on_readers!(store, |p| sqlx::query_scalar(
+        "SELECT id FROM conversations"
+    )
+    .fetch_all(p)
+    .await
+    .context("listing the conversations"))
+}
+
 /// Every state blob a conversation's graph hangs from: heads, bases and checkpoints built but not
 /// published (outbox), of every conversation (garbage collection's roots).
 pub async fn graph_tops(store: &Store) -> Result<Vec<BlobId>, StoreError> {

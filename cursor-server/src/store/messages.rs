@@ -326,16 +326,6 @@ pub async fn unconsumed_around(
     ))
 }
 
-/// The conversations that have stored history.
-pub async fn conversations_with_history(store: &Store) -> Result<Vec<String>, StoreError> {
-    on_readers!(store, |p| sqlx::query_scalar(
-        "SELECT DISTINCT conversation_id FROM messages"
-    )
-    .fetch_all(p)
-    .await
-    .context("listing the conversations with history"))
-}
-
 /// Whether the conversation has any stored history (without loading it).
 pub async fn any(store: &Store, conversation_id: &str) -> Result<bool, StoreError> {
     let row: Option<i32> = on_readers!(store, |p| sqlx::query_scalar(

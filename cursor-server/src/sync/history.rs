@@ -15,9 +15,9 @@
 //! a blob's id is the hash of its bytes, so a state kept under an id is the state stored under it.
 //! At turn 300 the newest checkpoint is a 34 KB blob, read and decoded again by every run start.
 //!
-//! It also knows which conversations the store has messages of (`Known`), to take a conversation
-//! it has no message of as new without reading the store; only on one node, where every message
-//! is written by a run of this process.
+//! It also knows which conversations the store has a row of (`Known`), to take a conversation it
+//! has none of as new without reading the store; only on one node, where every message is written
+//! by a run of this process. That set is not bounded: about 16 bytes per conversation.
 //!
 //! Its own file because `sync/projection.rs` is the fold itself (a pure function of history) and
 //! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::cursor::proto::agent as pb;
 use crate::model::conversation::BlobId;
+use crate::store::conversations;
 use crate::store::messages::{self, Stored};
 use crate::store::{Store, StoreError};
 use crate::sync::checkpoint::ConversationState;
@@ -114,20 +115,21 @@ impl Entries {
 #[derive(Default)]
 pub struct HistoryCache {
     entries: Mutex<Entries>,
-    /// The conversations the store may have messages of (`Known`).
+    /// The conversations the store may have a row of (`Known`).
     known: Mutex<Known>,
     /// Hashes conversation ids for `known` (a key of its own per process).
     hasher: std::hash::RandomState,
 }
 
-/// The conversations the store may have messages of, as hashes of their ids: those it had when
-/// the node started, and every conversation a run of this node started on (on one node, the only
-/// writers of history), so a conversation not in it has none. Two ids with one hash only make one
-/// of them look known, and a known conversation is read: the safe way. About 16 bytes per
-/// conversation.
+/// The conversations the store may have a row of, as hashes of their ids: those it had when the
+/// node started, and every conversation a run of this node started on (on one node, the only
+/// writers), so a conversation not in it has no message, no base, nothing owed. Two ids with one
+/// hash only make one of them look known, and a known conversation is read: the safe way. About
+/// 16 bytes per conversation.
 #[derive(Default)]
 struct Known {
-    /// Whether the store's have been read (`HistoryCache::learn_stored`): nothing is new until then.
+    /// Whether the store's rows have been read (`HistoryCache::learn_stored`): nothing is new until
+    /// then.
     read: bool,
     conversations: HashSet<u64>,
 }
@@ -151,10 +153,10 @@ impl HistoryCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Reads which conversations the store has messages of (as the node starts, before it
-    /// serves); returns how many.
+    /// Reads which conversations the store has a row of (as the node starts, before it serves);
+    /// returns how many.
     pub async fn learn_stored(&self, store: &Store) -> Result<usize, StoreError> {
-        let stored = messages::conversations_with_history(store).await?;
+        let stored = conversations::ids(store).await?;
         let mut known = self.known();
         let hashes = stored.iter().map(|id| self.hasher.hash_one(id));
         known.conversations.extend(hashes);
@@ -173,8 +175,8 @@ impl HistoryCache {
         }
     }
 
-    /// Whether the store surely has no message of the conversation: its conversations are known
-    /// and this is not one of them. Only for a node that is the store's only writer of history.
+    /// Whether the store surely has nothing of the conversation: its conversations are known and
+    /// this is not one of them. Only for a node that is the store's only writer of history.
     pub fn surely_new(&self, conversation_id: &str) -> bool {
         let hash = self.hasher.hash_one(conversation_id);
         let known = self.known();
