@@ -176,15 +176,22 @@ pub(super) async fn set_base_in(
     ))
 }
 
-/// The id of every conversation the store has a row of: every one with messages, a base, a head,
-/// blobs owed or acknowledged, or a run.
-pub async fn ids(store: &Store) -> Result<Vec<String>, StoreError> {
-    on_readers!(store, |p| sqlx::query_scalar(
-        "SELECT id FROM conversations"
-    )
-    .fetch_all(p)
-    .await
-    .context("listing the conversations"))
+/// Calls `each` with the id of every conversation the store has a row of (every one with
+/// messages, a base, a head, blobs owed or acknowledged, or a run), one row at a time (a store
+/// may have hundreds of thousands); returns how many.
+pub async fn each_id(store: &Store, mut each: impl FnMut(&str)) -> Result<usize, StoreError> {
+    use futures_util::TryStreamExt as _;
+    const SQL: &str = "SELECT id FROM conversations";
+    let mut count = 0;
+    on_readers!(store, |p| {
+        let mut rows = sqlx::query_scalar::<_, String>(SQL).fetch(p);
+        while let Some(id) = rows.try_next().await.context("listing the conversations")? {
+            each(&id);
+            count += 1;
+        }
+        Ok::<(), StoreError>(())
+    })?;
+    Ok(count)
 }
 
 /// Every state blob a conversation's graph hangs from: heads, bases and checkpoints built but not

@@ -156,12 +156,15 @@ impl HistoryCache {
     /// Reads which conversations the store has a row of (as the node starts, before it serves);
     /// returns how many.
     pub async fn learn_stored(&self, store: &Store) -> Result<usize, StoreError> {
-        let stored = conversations::ids(store).await?;
+        let mut read = HashSet::new();
+        let count = conversations::each_id(store, |id| {
+            read.insert(self.hasher.hash_one(id));
+        })
+        .await?;
         let mut known = self.known();
-        let hashes = stored.iter().map(|id| self.hasher.hash_one(id));
-        known.conversations.extend(hashes);
+        known.conversations.extend(read);
         known.read = true;
-        Ok(stored.len())
+        Ok(count)
     }
 
     /// A run of this node starts on the conversation: it may write messages from now on. Kept
