@@ -117,7 +117,10 @@ impl App {
             auth,
             history: Default::default(),
         });
-        learn_stored_conversations(&state).await;
+        if state.cluster.is_none() && state.auth.is_none() {
+            state.history.begin_learning();
+            tokio::spawn(learn_stored_conversations(Arc::clone(&state)));
+        }
         Ok(App { state, listener })
     }
 
@@ -235,17 +238,11 @@ async fn checkpoint_in_background(state: Arc<AppState>) {
 /// Reads which conversations the store has a row of, so that a run start of one it has none of
 /// reads nothing (`HistoryCache::surely_new`): only where this node is the store's one writer (no
 /// `[cluster]`) and a run may take a conversation as new (no `[auth]`, `RunActor::read_ahead`).
-/// If it fails, every run start reads the store, as before.
-async fn learn_stored_conversations(state: &AppState) {
-    if state.cluster.is_some() || state.auth.is_some() {
-        return;
-    }
+/// In the background: until it is done, or if it fails, every run start reads the store.
+async fn learn_stored_conversations(state: Arc<AppState>) {
     match state.history.learn_stored(&state.store).await {
         Ok(conversations) => {
-            tracing::debug!(
-                conversations,
-                "the conversations with stored history are known"
-            )
+            tracing::debug!(conversations, "the stored conversations are known")
         }
         Err(e) => tracing::warn!(
             "listing the stored conversations failed (every run start reads the store): {e}"

@@ -301,6 +301,7 @@ async fn a_conversation_another_process_wrote_is_read_before_its_turn_is_made() 
         provider.push(Reply::sse(text_events(&["Answer."], (10, 2, 0))));
     }
     let server = TestServer::start(&provider.base_url()).await;
+    server.until_conversations_known().await;
     let elsewhere = fixtures::open_store(&server.db_dir.path().join("test.db")).await;
     let written = CanonicalMessage::User(cursor_server::model::message::UserMessage {
         images: Vec::new(),

@@ -62,6 +62,8 @@ pub struct TestServer {
     pub shutdown: CancellationToken,
     pub db_dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
+    /// The server's state, not kept alive by the test (`stop` waits until its store is closed).
+    state: std::sync::Weak<cursor_server::state::AppState>,
 }
 
 impl TestServer {
@@ -119,6 +121,7 @@ impl TestServer {
         let app = App::bind(config).await.expect("server starts");
         let addr = app.local_addr().expect("addr");
         let shutdown = app.shutdown_token();
+        let state = std::sync::Arc::downgrade(app.state());
         let task = tokio::spawn(async move {
             app.serve().await.expect("server runs");
         });
@@ -127,7 +130,15 @@ impl TestServer {
             shutdown,
             db_dir,
             task,
+            state,
         }
+    }
+
+    /// Waits until the server knows which conversations its store has (read in the background as
+    /// it starts): from then on a conversation it has none of is opened without reading the store.
+    pub async fn until_conversations_known(&self) {
+        let state = self.state.upgrade().expect("the server runs");
+        state.history.until_learned().await;
     }
 
     /// Stops the server and waits until it has closed its database.
