@@ -21,7 +21,7 @@
 //!
 //! Its own file because `sync/projection.rs` is the fold itself (a pure function of history) and
 //! the store's `messages.rs` only reads and writes rows; keeping some of them between runs,
-//! bounded, is a policy of its own.
+//! bounded (all but the set of known conversations), is a policy of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
@@ -178,7 +178,8 @@ impl HistoryCache {
     }
 
     /// Reads which conversations the store has a row of, one row at a time (in the background:
-    /// 2.5 µs a row here); returns how many. On failure nothing is kept any more.
+    /// about 1.5 µs a row here, 0.3 s for 200,000); returns how many. On failure nothing is kept
+    /// any more.
     pub async fn learn_stored(&self, store: &Store) -> Result<usize, StoreError> {
         let mut read = HashSet::new();
         let counted = conversations::each_id(store, |id| {
