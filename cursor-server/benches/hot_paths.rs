@@ -6,7 +6,8 @@
 //! - at turn 300: one checkpoint's encoding (the state names every root and turn), a run
 //!   start's fold of the whole history beside the fold kept from the last run start, continued,
 //!   and decoding a BidiAppend as large as that turn's run request (hex of the 34 KB state);
-//! - the Chat stream parser's time per chunk (independent of history by construction);
+//! - a provider read's time per chunk: 256 chunks decoded as server-sent events, parsed by the
+//!   Chat parser and their deltas merged (independent of history by construction);
 //! - the projection time of a full provider request (O(history), once per provider call);
 //! - the key choice of a provider with 1, 2, 16 and 64 keys (O(keys), once per call attempt;
 //!   nothing per streamed event): take the least-loaded key and give it back;
@@ -41,10 +42,12 @@ use cursor_server::cursor::proto::agent::{self as pb, conversation_step};
 use cursor_server::cursor::proto::aiserver;
 use cursor_server::model::message::{AssistantMessage, CanonicalMessage, Origin, UserMessage};
 use cursor_server::prompting::compiler::{RequestParameters, compile};
+use cursor_server::provider::Batch;
 use cursor_server::provider::StreamParser;
 use cursor_server::provider::keys::KeyPool;
 use cursor_server::provider::openai_chat;
 use cursor_server::provider::openai_chat::ChatStreamParser;
+use cursor_server::provider::sse::SseDecoder;
 use cursor_server::sync::checkpoint::{ConversationGraph, StateDetails, roots};
 use cursor_server::sync::projection::{self, Base};
 
@@ -172,14 +175,33 @@ fn main() {
         );
     }
     turn_300(iterations);
-    let chunk = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}]}"#;
+    // One read from a provider that streams fast: 256 chunks as an OpenAI-compatible server
+    // sends them, decoded as server-sent events, parsed, and their deltas merged.
+    let one = r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}]}"#;
+    let read = format!("{one}\n\n").repeat(256);
     let mut parser = ChatStreamParser::new("bench");
-    let per_chunk = time(iterations * 10, || {
-        black_box(parser.feed("", chunk).expect("chunk"));
+    let mut decoder = SseDecoder::default();
+    let per_read = time(iterations, || {
+        decoder.push(read.as_bytes());
+        let mut batch = Batch::new(64 * 1024);
+        while decoder.advance().expect("event") {
+            let event = decoder.event();
+            parser
+                .feed(event.event, event.data, &mut batch)
+                .expect("chunk");
+        }
+        black_box(batch);
+    });
+    let per_decode = time(iterations, || {
+        decoder.push(read.as_bytes());
+        while decoder.advance().expect("event") {
+            black_box(decoder.event());
+        }
     });
     println!(
-        "chat parser: {:.2} µs per chunk",
-        per_chunk.as_secs_f64() * 1e6
+        "provider read (SSE, chat parser, merge): {:.3} µs per chunk, of which SSE decoding {:.3} µs",
+        per_read.as_secs_f64() * 1e6 / 256.0,
+        per_decode.as_secs_f64() * 1e6 / 256.0
     );
     route_per_run_start(iterations * 10);
     for keys in [1, 2, 16, 64] {

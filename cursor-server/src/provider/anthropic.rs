@@ -13,7 +13,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::family::{self, Family};
-use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field};
+use super::{
+    Batch, FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field,
+};
 use crate::config::Secret;
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
@@ -101,7 +103,7 @@ impl AnthropicStreamParser {
         }
     }
 
-    fn stop(&mut self) -> Vec<ResponseEvent> {
+    fn stop(&mut self, out: &mut Batch) {
         let blocks: Vec<Value> = self
             .blocks
             .values()
@@ -131,11 +133,9 @@ impl AnthropicStreamParser {
             }
             other => other,
         };
-        vec![
-            ResponseEvent::Usage(self.usage()),
-            ResponseEvent::Replay(ProviderReplay::Anthropic { blocks }),
-            ResponseEvent::Finished(reason),
-        ]
+        out.push(ResponseEvent::Usage(self.usage()));
+        out.push(ResponseEvent::Replay(ProviderReplay::Anthropic { blocks }));
+        out.push(ResponseEvent::Finished(reason));
     }
 }
 
@@ -144,11 +144,11 @@ impl StreamParser for AnthropicStreamParser {
         &mut self,
         event_name: &str,
         data: &str,
-    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+        out: &mut Batch,
+    ) -> Result<bool, ProviderError> {
         let Some((kind, event)) = super::typed_event(&self.provider, event_name, data)? else {
-            return Ok((Vec::new(), false));
+            return Ok(false);
         };
-        let mut out = Vec::new();
         match kind.as_str() {
             "message_start" => {
                 if let Some(usage) = event.pointer("/message/usage") {
@@ -163,9 +163,7 @@ impl StreamParser for AnthropicStreamParser {
                 let parsed = match block["type"].as_str() {
                     Some("text") => {
                         let text = str_field(block, "text");
-                        if !text.is_empty() {
-                            out.push(ResponseEvent::TextDelta(text.to_owned()));
-                        }
+                        out.text(text);
                         Block::Text
                     }
                     Some("thinking") => {
@@ -212,28 +210,19 @@ impl StreamParser for AnthropicStreamParser {
                 match (delta["type"].as_str(), block) {
                     (Some("text_delta"), _) => {
                         let text = str_field(delta, "text");
-                        if !text.is_empty() {
-                            out.push(ResponseEvent::TextDelta(text.to_owned()));
-                        }
+                        out.text(text);
                     }
                     (Some("thinking_delta"), Block::Thinking { thinking, .. }) => {
                         let text = str_field(delta, "thinking");
                         thinking.push_str(text);
-                        if !text.is_empty() {
-                            out.push(ResponseEvent::ReasoningDelta(text.to_owned()));
-                        }
+                        out.reasoning(text);
                     }
                     (Some("signature_delta"), Block::Thinking { signature, .. }) => {
                         signature.push_str(str_field(delta, "signature"));
                     }
                     (Some("input_json_delta"), Block::ToolUse { ordinal }) => {
                         let fragment = str_field(delta, "partial_json");
-                        if !fragment.is_empty() {
-                            out.push(ResponseEvent::ToolArgsDelta {
-                                index: *ordinal,
-                                fragment: fragment.to_owned(),
-                            });
-                        }
+                        out.args(*ordinal, fragment);
                     }
                     (other, block) => {
                         let message = format!("delta {other:?} does not fit block {block:?}");
@@ -252,7 +241,10 @@ impl StreamParser for AnthropicStreamParser {
                     self.take_usage(usage);
                 }
             }
-            "message_stop" => return Ok((self.stop(), true)),
+            "message_stop" => {
+                self.stop(out);
+                return Ok(true);
+            }
             "error" => {
                 return Err(ProviderError::InBand {
                     provider: self.provider.clone(),
@@ -262,7 +254,7 @@ impl StreamParser for AnthropicStreamParser {
             // ping, content_block_stop
             _ => {}
         }
-        Ok((out, false))
+        Ok(false)
     }
 
     fn terminal(&self) -> &'static str {

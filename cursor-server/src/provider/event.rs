@@ -1,5 +1,7 @@
 //! The canonical provider stream: every endpoint adapter maps its wire events onto `ResponseEvent`.
-//! The loop sees only these; deltas of one stream that are ready together merge (`absorb`).
+//! The loop sees only these; deltas of one stream that are ready together merge (`absorb`, and
+//! `Batch`, which a parser writes into so that a delta it borrows from the provider's bytes is
+//! copied once, into the event it continues).
 
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
@@ -55,6 +57,88 @@ impl ResponseEvent {
     }
 }
 
+/// The events parsed from what one read of a provider held, in order, each delta merged into the
+/// event before it when both continue one stream (`ResponseEvent::absorb`'s rule and limit).
+/// Parsers add deltas as borrowed text: a delta that continues the last event is appended to it,
+/// so a provider streaming fast costs no allocation per chunk.
+#[derive(Debug)]
+pub struct Batch {
+    events: Vec<ResponseEvent>,
+    /// A delta is appended to the last event only while that one carries less than this.
+    limit: usize,
+}
+
+impl Batch {
+    pub fn new(limit: usize) -> Batch {
+        Batch {
+            events: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Adds an event, merged into the last one when it continues it.
+    pub fn push(&mut self, event: ResponseEvent) {
+        let unmerged = match self.events.last_mut() {
+            Some(last) => last.absorb(event, self.limit).err(),
+            None => Some(event),
+        };
+        self.events.extend(unmerged);
+    }
+
+    /// Adds answer text (nothing when empty).
+    pub fn text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        match self.events.last_mut() {
+            Some(ResponseEvent::TextDelta(last)) if last.len() < self.limit => last.push_str(text),
+            _ => self.events.push(ResponseEvent::TextDelta(text.to_owned())),
+        }
+    }
+
+    /// Adds reasoning text (nothing when empty).
+    pub fn reasoning(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        match self.events.last_mut() {
+            Some(ResponseEvent::ReasoningDelta(last)) if last.len() < self.limit => {
+                last.push_str(text)
+            }
+            _ => self
+                .events
+                .push(ResponseEvent::ReasoningDelta(text.to_owned())),
+        }
+    }
+
+    /// Adds a fragment of tool call `index`'s arguments (nothing when empty).
+    pub fn args(&mut self, index: usize, fragment: &str) {
+        if fragment.is_empty() {
+            return;
+        }
+        match self.events.last_mut() {
+            Some(ResponseEvent::ToolArgsDelta {
+                index: last_index,
+                fragment: last,
+            }) if *last_index == index && last.len() < self.limit => last.push_str(fragment),
+            _ => self.events.push(ResponseEvent::ToolArgsDelta {
+                index,
+                fragment: fragment.to_owned(),
+            }),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Takes the events out, oldest first, leaving the batch empty (its memory kept for the next
+    /// read).
+    pub fn drain(&mut self) -> std::vec::Drain<'_, ResponseEvent> {
+        self.events.drain(..)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
     Stop,
@@ -81,6 +165,7 @@ impl FinishReason {
 
 #[cfg(test)]
 mod tests {
+    use super::Batch;
     use super::ResponseEvent::{self, ReasoningDelta, TextDelta, ToolArgsDelta};
 
     fn args(index: usize, fragment: &str) -> ResponseEvent {
@@ -113,5 +198,34 @@ mod tests {
             Err(args(1, "{")),
             "another call's arguments"
         );
+    }
+
+    #[test]
+    fn a_batch_merges_borrowed_deltas_by_the_same_rule_as_absorb() {
+        let mut batch = Batch::new(5);
+        batch.text("Hel");
+        batch.text("");
+        batch.text("lo");
+        batch.text("!"); // "Hello" is at the limit: a new event
+        batch.reasoning("hm");
+        batch.push(ReasoningDelta("m".into()));
+        batch.args(0, "{");
+        batch.args(1, "{");
+        batch.args(1, "}");
+        batch.push(ResponseEvent::Finished(super::FinishReason::Stop));
+        batch.text("after");
+        assert_eq!(
+            batch.drain().collect::<Vec<_>>(),
+            [
+                TextDelta("Hello".into()),
+                TextDelta("!".into()),
+                ReasoningDelta("hmm".into()),
+                args(0, "{"),
+                args(1, "{}"),
+                ResponseEvent::Finished(super::FinishReason::Stop),
+                TextDelta("after".into()),
+            ]
+        );
+        assert!(batch.is_empty());
     }
 }

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig, ProviderKind, Route, Secret};
 pub use crate::store::runs::FailedAttempt;
-pub use event::{FinishReason, ResponseEvent};
+pub use event::{Batch, FinishReason, ResponseEvent};
 use keys::{KeyLease, KeyPool};
 
 impl ProviderKind {
@@ -313,13 +313,10 @@ fn lock(log: &Mutex<CallLog>) -> std::sync::MutexGuard<'_, CallLog> {
 
 /// Turns one endpoint's SSE events into canonical events.
 pub trait StreamParser: Send {
-    /// Feeds one SSE event (`event:` name, possibly empty, and `data:`). Returns the events it
-    /// yields and whether the stream has properly ended.
-    fn feed(
-        &mut self,
-        event: &str,
-        data: &str,
-    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError>;
+    /// Feeds one SSE event (`event:` name, possibly empty, and `data:`), adding the events it
+    /// yields to `out` (deltas as borrowed text: `Batch::text`, `reasoning`, `args`). Returns
+    /// whether the stream has properly ended.
+    fn feed(&mut self, event: &str, data: &str, out: &mut Batch) -> Result<bool, ProviderError>;
     /// The terminal event a complete stream ends with (for the truncation error).
     fn terminal(&self) -> &'static str;
 }
@@ -617,7 +614,7 @@ impl HttpCall {
             body: idle_limited(response.bytes_stream(), self.limits.idle_timeout),
             decoder: sse::SseDecoder::default(),
         };
-        let mut batch: Vec<ResponseEvent> = Vec::new();
+        let mut batch = Batch::new(COALESCE_LIMIT);
         loop {
             // One event is waited for; those already read behind it (a read from a provider that
             // streams fast holds tens of them) are parsed without waiting and leave with it, their
@@ -645,7 +642,7 @@ impl HttpCall {
                     }
                 };
             };
-            for item in batch.drain(..) {
+            for item in batch.drain() {
                 if tx.send(Ok(item)).await.is_err() {
                     // The loop stopped listening (canceled); drop the connection.
                     return Ok(());
@@ -662,8 +659,8 @@ impl HttpCall {
     fn feed(
         &self,
         parser: &mut dyn StreamParser,
-        event: Option<Result<sse::SseEvent, BodyError>>,
-        batch: &mut Vec<ResponseEvent>,
+        event: Option<Result<sse::SseEvent<'_>, BodyError>>,
+        batch: &mut Batch,
     ) -> Result<bool, ProviderError> {
         let Some(event) = event else {
             return Err(ProviderError::Truncated {
@@ -681,15 +678,7 @@ impl HttpCall {
                 message: other.to_string(),
             },
         })?;
-        let (out, done) = parser.feed(&event.event, &event.data)?;
-        for item in out {
-            let unmerged = match batch.last_mut() {
-                Some(last) => last.absorb(item, COALESCE_LIMIT).err(),
-                None => Some(item),
-            };
-            batch.extend(unmerged);
-        }
-        Ok(done)
+        parser.feed(event.event, event.data, batch)
     }
 }
 
@@ -705,11 +694,12 @@ where
 {
     /// The next event; `None` once the body ended. Cancel-safe: bytes read are kept in the
     /// decoder, so a call dropped while waiting loses nothing.
-    async fn next(&mut self) -> Option<Result<sse::SseEvent, BodyError>> {
+    /// The event is borrowed from the decoder until the next call.
+    async fn next(&mut self) -> Option<Result<sse::SseEvent<'_>, BodyError>> {
         loop {
-            match self.decoder.next_event() {
-                Ok(Some(event)) => return Some(Ok(event)),
-                Ok(None) => {}
+            match self.decoder.advance() {
+                Ok(true) => break,
+                Ok(false) => {}
                 Err(error) => return Some(Err(BodyError::Sse(error))),
             }
             match self.body.next().await? {
@@ -717,6 +707,7 @@ where
                 Err(error) => return Some(Err(error)),
             }
         }
+        Some(Ok(self.decoder.event()))
     }
 }
 

@@ -3,6 +3,9 @@
 //!
 //! A stream succeeds only if it reaches `data: [DONE]` after a `finish_reason`; an in-band
 //! `{"error":...}` chunk, EOF before `[DONE]`, or an idle gap longer than the limit is an error.
+//!
+//! Length: one endpoint family whole, as each provider module is: its stream's wire types and
+//! parser, its request body, and the transcript tests of both, a little over 800 lines.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -10,7 +13,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::family::{self, Family};
-use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser};
+use super::{Batch, FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
@@ -45,14 +48,15 @@ impl ChatStreamParser {
         }
     }
 
-    /// Feeds one SSE `data` payload. Returns the events it yields and whether the stream is complete.
-    fn feed_data(&mut self, data: &str) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+    /// Feeds one SSE `data` payload, adding the events it yields to `out`. Returns whether the
+    /// stream is complete.
+    fn feed_data(&mut self, data: &str, out: &mut Batch) -> Result<bool, ProviderError> {
         let data = data.trim();
         if data == "[DONE]" {
-            return self.done().map(|events| (events, true));
+            return self.done(out).map(|()| true);
         }
         if data.is_empty() {
-            return Ok((Vec::new(), false));
+            return Ok(false);
         }
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| ProviderError::Decode {
             provider: self.provider.clone(),
@@ -64,7 +68,6 @@ impl ChatStreamParser {
                 message: error.message(),
             });
         }
-        let mut out = Vec::new();
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.normalise());
         }
@@ -74,10 +77,10 @@ impl ChatStreamParser {
                 self.usage = Some(usage.normalise());
             }
             if let Some(delta) = choice.delta {
-                self.delta(delta, &mut out);
+                self.delta(delta, out);
             }
-            if let Some(reason) = choice.finish_reason {
-                self.finish = Some(match reason.as_str() {
+            if let Some(Text(reason)) = choice.finish_reason {
+                self.finish = Some(match &*reason {
                     "stop" => FinishReason::Stop,
                     "length" => FinishReason::Length,
                     "tool_calls" | "function_call" => FinishReason::ToolCalls,
@@ -92,24 +95,23 @@ impl ChatStreamParser {
                 });
             }
         }
-        Ok((out, false))
+        Ok(false)
     }
 
-    fn delta(&mut self, delta: Delta, out: &mut Vec<ResponseEvent>) {
+    fn delta(&mut self, delta: Delta<'_>, out: &mut Batch) {
         for detail in delta.reasoning_details.unwrap_or_default() {
             merge_reasoning_detail(&mut self.reasoning_details, detail);
         }
-        let reasoning = delta.reasoning_content.or(delta.reasoning);
-        if let Some(reasoning) = reasoning.filter(|r| !r.is_empty()) {
+        if let Some(Text(reasoning)) = delta.reasoning_content.or(delta.reasoning) {
             self.reasoning.push_str(&reasoning);
-            out.push(ResponseEvent::ReasoningDelta(reasoning));
+            out.reasoning(&reasoning);
         }
-        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-            out.push(ResponseEvent::TextDelta(text));
+        if let Some(Text(text)) = delta.content {
+            out.text(&text);
         }
         for call in delta.tool_calls.unwrap_or_default() {
             let index = call.index.unwrap_or(0);
-            let id = call.id.filter(|id| !id.is_empty());
+            let id = call.id.map(|Text(id)| id).filter(|id| !id.is_empty());
             let function = call.function.unwrap_or_default();
             let ordinal = match (self.tool_slots.get(&index), &id) {
                 (Some((known, ordinal)), Some(id)) if known == id => *ordinal,
@@ -117,33 +119,35 @@ impl ChatStreamParser {
                 _ => {
                     let ordinal = self.next_tool_ordinal;
                     self.next_tool_ordinal += 1;
-                    let id = id.clone().unwrap_or_else(|| format!("call_{ordinal}"));
+                    let id = match id {
+                        Some(id) => id.into_owned(),
+                        None => format!("call_{ordinal}"),
+                    };
                     self.tool_slots.insert(index, (id.clone(), ordinal));
                     out.push(ResponseEvent::ToolCallStart {
                         index: ordinal,
                         id,
-                        name: function.name.clone().unwrap_or_default(),
+                        name: function
+                            .name
+                            .map(|Text(name)| name.into_owned())
+                            .unwrap_or_default(),
                     });
                     ordinal
                 }
             };
-            if let Some(fragment) = function.arguments.filter(|a| !a.is_empty()) {
-                out.push(ResponseEvent::ToolArgsDelta {
-                    index: ordinal,
-                    fragment,
-                });
+            if let Some(Text(fragment)) = function.arguments {
+                out.args(ordinal, &fragment);
             }
         }
     }
 
-    fn done(&mut self) -> Result<Vec<ResponseEvent>, ProviderError> {
+    fn done(&mut self, out: &mut Batch) -> Result<(), ProviderError> {
         let Some(finish) = self.finish.take() else {
             return Err(ProviderError::Truncated {
                 provider: self.provider.clone(),
                 missing: "finish_reason before [DONE]",
             });
         };
-        let mut out = Vec::new();
         if let Some(usage) = self.usage.take() {
             out.push(ResponseEvent::Usage(usage));
         }
@@ -157,17 +161,13 @@ impl ChatStreamParser {
             other => other,
         };
         out.push(ResponseEvent::Finished(finish));
-        Ok(out)
+        Ok(())
     }
 }
 
 impl StreamParser for ChatStreamParser {
-    fn feed(
-        &mut self,
-        _event: &str,
-        data: &str,
-    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
-        self.feed_data(data)
+    fn feed(&mut self, _event: &str, data: &str, out: &mut Batch) -> Result<bool, ProviderError> {
+        self.feed_data(data, out)
     }
 
     fn terminal(&self) -> &'static str {
@@ -182,10 +182,13 @@ pub(crate) fn truncate(text: &str, max: usize) -> &str {
     }
 }
 
+// The chunk's strings are borrowed from the event's data where they have no escapes (`Text`): a
+// fast stream's deltas are then copied once, into the event they continue.
+
 #[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<Choice<'a>>,
     usage: Option<ChatUsage>,
     error: Option<ChunkError>,
 }
@@ -214,19 +217,25 @@ impl ChunkError {
 }
 
 #[derive(Deserialize)]
-struct Choice {
-    delta: Option<Delta>,
-    finish_reason: Option<String>,
+struct Choice<'a> {
+    #[serde(borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Text<'a>>,
     usage: Option<ChatUsage>,
 }
 
 #[derive(Deserialize, Default)]
-struct Delta {
-    content: Option<String>,
-    reasoning_content: Option<String>,
+struct Delta<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Text<'a>>,
     /// OpenRouter's reasoning text.
-    reasoning: Option<String>,
-    tool_calls: Option<Vec<ToolCallDelta>>,
+    #[serde(borrow)]
+    reasoning: Option<Text<'a>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<ToolCallDelta<'a>>>,
     /// OpenRouter.
     reasoning_details: Option<Vec<serde_json::Value>>,
 }
@@ -260,16 +269,46 @@ fn merge_reasoning_detail(details: &mut Vec<serde_json::Value>, fragment: serde_
 }
 
 #[derive(Deserialize)]
-struct ToolCallDelta {
+struct ToolCallDelta<'a> {
     index: Option<u64>,
-    id: Option<String>,
-    function: Option<FunctionDelta>,
+    #[serde(borrow)]
+    id: Option<Text<'a>>,
+    #[serde(borrow)]
+    function: Option<FunctionDelta<'a>>,
 }
 
 #[derive(Deserialize, Default)]
-struct FunctionDelta {
-    name: Option<String>,
-    arguments: Option<String>,
+struct FunctionDelta<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    arguments: Option<Text<'a>>,
+}
+
+/// A JSON string, borrowed from the input when it has no escapes. (Serde's own `Cow<str>` is
+/// always owned when it sits inside an `Option`.)
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+            fn visit_string<E>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
 }
 
 #[derive(Deserialize)]
@@ -573,12 +612,14 @@ fn assistant_message<'a>(
 mod tests {
     use super::*;
 
+    /// Each line fed alone, as if each came in its own read: deltas of different lines stay apart.
     fn feed_all(lines: &[&str]) -> Result<Vec<ResponseEvent>, ProviderError> {
         let mut parser = ChatStreamParser::new("test");
         let mut all = Vec::new();
         for line in lines {
-            let (events, done) = parser.feed_data(line)?;
-            all.extend(events);
+            let mut out = Batch::new(usize::MAX);
+            let done = parser.feed_data(line, &mut out)?;
+            all.extend(out.drain());
             if done {
                 return Ok(all);
             }
@@ -617,6 +658,40 @@ mod tests {
                 }),
                 ResponseEvent::Finished(FinishReason::Stop),
             ]
+        );
+    }
+
+    #[test]
+    fn strings_with_escapes_are_decoded_and_plain_ones_borrowed_alike() {
+        let events = feed_all(&[
+            r#"{"choices":[{"delta":{"content":"say \"hi\"\n\u00e9","tool_calls":[{"index":0,"id":"call\u005f1","function":{"name":"read","arguments":"{\"path\":"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":" plain","tool_calls":[{"index":0,"function":{"arguments":"\"a\tb\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ])
+        .expect("complete");
+        assert_eq!(
+            events[..5],
+            [
+                ResponseEvent::TextDelta("say \"hi\"\né".into()),
+                ResponseEvent::ToolCallStart {
+                    index: 0,
+                    id: "call_1".into(),
+                    name: "read".into(),
+                },
+                ResponseEvent::ToolArgsDelta {
+                    index: 0,
+                    fragment: "{\"path\":".into(),
+                },
+                ResponseEvent::TextDelta(" plain".into()),
+                ResponseEvent::ToolArgsDelta {
+                    index: 0,
+                    fragment: "\"a\tb\"}".into(),
+                },
+            ]
+        );
+        assert_eq!(
+            events.last(),
+            Some(&ResponseEvent::Finished(FinishReason::ToolCalls))
         );
     }
 

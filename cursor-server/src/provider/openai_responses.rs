@@ -12,7 +12,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::family::{self, Family};
-use super::{FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field};
+use super::{
+    Batch, FinishReason, ProviderError, RequestBody, ResponseEvent, StreamParser, str_field,
+};
 use crate::model::message::ProviderReplay;
 use crate::model::usage::Usage;
 use crate::prompting::compiler::{Effort, ModelRequest};
@@ -63,8 +65,7 @@ impl ResponsesStreamParser {
             .copied()
     }
 
-    fn finish(&mut self, response: &Value, reason: FinishReason) -> Vec<ResponseEvent> {
-        let mut out = Vec::new();
+    fn finish(&mut self, response: &Value, reason: FinishReason, out: &mut Batch) {
         if let Some(usage) = response.get("usage").filter(|u| !u.is_null()) {
             out.push(ResponseEvent::Usage(usage_of(usage)));
         }
@@ -76,7 +77,6 @@ impl ResponsesStreamParser {
             items,
         }));
         out.push(ResponseEvent::Finished(reason));
-        out
     }
 }
 
@@ -96,11 +96,11 @@ impl StreamParser for ResponsesStreamParser {
         &mut self,
         event_name: &str,
         data: &str,
-    ) -> Result<(Vec<ResponseEvent>, bool), ProviderError> {
+        out: &mut Batch,
+    ) -> Result<bool, ProviderError> {
         let Some((kind, event)) = super::typed_event(&self.provider, event_name, data)? else {
-            return Ok((Vec::new(), false));
+            return Ok(false);
         };
-        let mut out = Vec::new();
         match kind.as_str() {
             "response.output_item.added" => {
                 let item = &event["item"];
@@ -119,12 +119,7 @@ impl StreamParser for ResponsesStreamParser {
                         name: str_field(item, "name").to_owned(),
                     });
                     let arguments = str_field(item, "arguments");
-                    if !arguments.is_empty() {
-                        out.push(ResponseEvent::ToolArgsDelta {
-                            index: ordinal,
-                            fragment: arguments.to_owned(),
-                        });
-                    }
+                    out.args(ordinal, arguments);
                 }
             }
             "response.function_call_arguments.delta" => {
@@ -133,24 +128,15 @@ impl StreamParser for ResponsesStreamParser {
                     message: "function call arguments for an unknown item".to_owned(),
                 })?;
                 let delta = str_field(&event, "delta");
-                if !delta.is_empty() {
-                    out.push(ResponseEvent::ToolArgsDelta {
-                        index: ordinal,
-                        fragment: delta.to_owned(),
-                    });
-                }
+                out.args(ordinal, delta);
             }
             "response.output_text.delta" | "response.refusal.delta" => {
                 let delta = str_field(&event, "delta");
-                if !delta.is_empty() {
-                    out.push(ResponseEvent::TextDelta(delta.to_owned()));
-                }
+                out.text(delta);
             }
             "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
                 let delta = str_field(&event, "delta");
-                if !delta.is_empty() {
-                    out.push(ResponseEvent::ReasoningDelta(delta.to_owned()));
-                }
+                out.reasoning(delta);
             }
             // Separate summary parts the way they are shown elsewhere: as paragraphs.
             "response.reasoning_summary_part.added"
@@ -172,7 +158,8 @@ impl StreamParser for ResponsesStreamParser {
                 } else {
                     FinishReason::Stop
                 };
-                return Ok((self.finish(&event["response"], reason), true));
+                self.finish(&event["response"], reason, out);
+                return Ok(true);
             }
             "response.incomplete" => {
                 let response = &event["response"];
@@ -185,7 +172,8 @@ impl StreamParser for ResponsesStreamParser {
                     Some(other) => FinishReason::Other(other.to_owned()),
                     None => FinishReason::Other("incomplete".to_owned()),
                 };
-                return Ok((self.finish(response, reason), true));
+                self.finish(response, reason, out);
+                return Ok(true);
             }
             "response.failed" => {
                 let response = &event["response"];
@@ -203,7 +191,7 @@ impl StreamParser for ResponsesStreamParser {
             // Lifecycle and `.done` echoes carry nothing the deltas did not.
             _ => {}
         }
-        Ok((out, false))
+        Ok(false)
     }
 
     fn terminal(&self) -> &'static str {
