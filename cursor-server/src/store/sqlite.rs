@@ -1,5 +1,6 @@
 //! SQLite: the connection pools (WAL, foreign keys, busy timeout), its write transactions, what
-//! counts as busy, and its migrations (`migrations/`), checked and applied at open.
+//! counts as busy, and its migrations (`migrations/`), checked and applied at open (version 15,
+//! which rebuilds `blobs` and `messages` as rowid tables, is tested here with rows written before).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -162,5 +163,143 @@ impl SqliteStore {
     pub(super) async fn close(&self) {
         self.pool.close().await;
         self.writer.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Row as _;
+
+    /// A database written before version 15 keeps every blob, edge and message through the rebuild
+    /// of `blobs` and `messages` as rowid tables, and every rule on them holds afterwards.
+    #[tokio::test]
+    async fn blobs_and_messages_rebuilt_as_rowid_tables_keep_their_rows_edges_and_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("old.db").display());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options(&url).unwrap().create_if_missing(true))
+            .await
+            .unwrap();
+        MIGRATOR.run_to(14, &pool).await.unwrap();
+        let state = vec![7u8; 34_000]; // larger than a page: its cell overflowed
+        let (parent, child) = ([1u8; 32], [2u8; 32]);
+        sqlx::query(
+            "INSERT INTO conversations (id, created_at_ms, owner_request_id) VALUES ('c', 0, 'r1')",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        for (id, data) in [(&parent[..], &state[..]), (&child[..], &b"turn"[..])] {
+            sqlx::query("INSERT INTO blobs (id, data, created_at_ms) VALUES (?1, ?2, 0)")
+                .bind(id)
+                .bind(data)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query(
+            "INSERT INTO blob_edges (parent, kind, ordinal, child) VALUES (?1, 'turns', 0, ?2)",
+        )
+        .bind(&parent[..])
+        .bind(&child[..])
+        .execute(&pool)
+        .await
+        .unwrap();
+        for seq in 0..3 {
+            sqlx::query(
+                "INSERT INTO messages (conversation_id, seq, role, origin, body, request_id, created_at_ms, tool_meta)
+                 VALUES ('c', ?1, 'user', 'user', ?2, 'r1', 0, ?3)",
+            )
+            .bind(seq)
+            .bind(format!("{{\"n\":{seq}}}"))
+            .bind((seq == 2).then_some("{\"m\":1}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+
+        MIGRATOR.run(&pool).await.unwrap();
+
+        let schema: Vec<String> =
+            sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE name IN ('blobs', 'messages')")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(schema.len(), 2);
+        assert!(
+            schema.iter().all(|sql| !sql.contains("WITHOUT ROWID")),
+            "{schema:?}"
+        );
+        let data: Vec<u8> = sqlx::query_scalar("SELECT data FROM blobs WHERE id = ?1")
+            .bind(&parent[..])
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(data, state);
+        let edges: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM blob_edges")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(edges, 1, "rebuilding blobs cascaded nothing");
+        let rows = sqlx::query("SELECT seq, body, tool_meta FROM messages ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let rows: Vec<(i64, String, Option<String>)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (0, "{\"n\":0}".into(), None),
+                (1, "{\"n\":1}".into(), None),
+                (2, "{\"n\":2}".into(), Some("{\"m\":1}".into())),
+            ]
+        );
+
+        // The rules: foreign keys are on again, a sequence number is taken once, only the owner
+        // appends, a blob's id is unique, and dropping a blob drops its edges.
+        let foreign_keys: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(foreign_keys, 1);
+        let problems = sqlx::query("PRAGMA foreign_key_check")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert!(problems.is_empty());
+        let append = |seq: i64, request: &'static str| {
+            sqlx::query(
+                "INSERT INTO messages (conversation_id, seq, role, origin, body, request_id, created_at_ms)
+                 VALUES ('c', ?1, 'user', 'user', '{}', ?2, 0)",
+            )
+            .bind(seq)
+            .bind(request)
+            .execute(&pool)
+        };
+        assert!(append(2, "r1").await.is_err(), "seq 2 is taken");
+        let refused = append(3, "r2").await.unwrap_err().to_string();
+        assert!(refused.contains("does not own"), "{refused}");
+        append(3, "r1").await.unwrap();
+        let twice =
+            sqlx::query("INSERT INTO blobs (id, data, created_at_ms) VALUES (?1, x'00', 0)")
+                .bind(&child[..])
+                .execute(&pool)
+                .await;
+        assert!(twice.is_err(), "a blob id is unique");
+        sqlx::query("DELETE FROM blobs WHERE id = ?1")
+            .bind(&parent[..])
+            .execute(&pool)
+            .await
+            .unwrap();
+        let edges: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM blob_edges")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(edges, 0, "a blob's edges go with it");
     }
 }

@@ -1,0 +1,7 @@
+-- cursor-server schema, version 15, on PostgreSQL: nothing to change.
+--
+-- SQLite's version 15 rebuilds `blobs` and `messages` as rowid tables, because a WITHOUT ROWID
+-- table keeps whole rows inside its key's b-tree and SQLite reads a large row whole to compare
+-- keys with it. PostgreSQL always keeps rows in a heap beside their indexes (large values
+-- TOASTed out of line), so its tables already have the shape SQLite's now take. The migration
+-- exists so that a version means the same schema on both databases.
