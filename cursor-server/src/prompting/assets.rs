@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use include_dir::{Dir, include_dir};
 use serde_json::Value;
@@ -124,8 +125,9 @@ impl Template {
 pub struct PromptSet {
     /// The system prompt: the common prefix, then the kind's own prompt.
     pub system: String,
-    /// Tool definitions, OpenAI Chat function format; every name is a registry tool.
-    pub tools: Vec<Value>,
+    /// Tool definitions, OpenAI Chat function format; every name is a registry tool. Each is
+    /// shared: a run holds the ones it offers, not copies (`tools::offered_tools`).
+    pub tools: Vec<Arc<Value>>,
     /// Appended (as a runtime message) to each user message of the mode, if the mode has one.
     pub reminder: Option<Template>,
 }
@@ -195,7 +197,7 @@ impl PromptAssets {
                 kind,
                 PromptSet {
                     system: format!("{}\n\n{}", common_prefix.trim_end(), prompt.trim_end()),
-                    tools,
+                    tools: tools.into_iter().map(Arc::new).collect(),
                     reminder,
                 },
             );

@@ -14,6 +14,7 @@ use crate::model::runtime_tag::{
     BackgroundCompletion, BackgroundKind, BackgroundOutcome, RuntimeEvent, RuntimeTag, UserAction,
 };
 use crate::sync::import::Known;
+use std::sync::Arc;
 
 /// The injected-context message for `context`, if the model has not seen this exact context yet
 /// (the first message of a conversation, or the environment, rules, skills, MCP servers or
@@ -401,7 +402,7 @@ pub fn prompt_for<'a>(
     assets: &'a PromptAssets,
     mode: Mode,
     subagent: Option<&SubagentRole>,
-) -> (String, &'a [serde_json::Value]) {
+) -> (String, &'a [Arc<serde_json::Value>]) {
     match subagent {
         None => {
             let set = assets.mode(mode);
@@ -503,7 +504,7 @@ pub struct ModelRequest<'a> {
     pub history: Vec<&'a CanonicalMessage>,
     pub model: &'a ModelConfig,
     /// Tool definitions, OpenAI Chat function format.
-    pub tools: &'a [serde_json::Value],
+    pub tools: &'a [Arc<serde_json::Value>],
     pub parameters: RequestParameters,
     /// The bytes of the images the history shows.
     pub images: &'a ImageSet,
@@ -513,7 +514,7 @@ pub fn compile<'a>(
     system: &'a str,
     history: &'a [CanonicalMessage],
     model: &'a ModelConfig,
-    tools: &'a [serde_json::Value],
+    tools: &'a [Arc<serde_json::Value>],
     parameters: RequestParameters,
     images: &'a ImageSet,
 ) -> ModelRequest<'a> {

@@ -396,7 +396,7 @@ struct ChatRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    tools: &'a [Value],
+    tools: &'a [std::sync::Arc<Value>],
     /// Other servers' output limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,

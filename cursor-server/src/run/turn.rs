@@ -85,7 +85,7 @@ pub(super) struct Turn {
     /// the current mode (recomputed only when the mode changes).
     pub tool_options: ToolOptions,
     pub system: String,
-    pub offered_tools: Vec<serde_json::Value>,
+    pub offered_tools: Vec<std::sync::Arc<serde_json::Value>>,
     /// Set when another agent's Task call started this run (subagent prompt and tools).
     pub subagent: Option<SubagentRole>,
     /// The subagents this conversation's finished Task calls started (refolded when one ends).
@@ -212,7 +212,7 @@ impl Turn {
         &self,
         system: &str,
         history: &[CanonicalMessage],
-        tools: &[serde_json::Value],
+        tools: &[std::sync::Arc<serde_json::Value>],
     ) -> RequestBody {
         let request = compiler::compile(
             system,

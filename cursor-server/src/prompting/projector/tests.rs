@@ -531,7 +531,9 @@ fn every_familys_bodies_match_the_recorded_bodies() {
             blocks: vec![json!({"type":"thinking","thinking":"t","signature":"sig"})],
         },
     ];
-    let tools = [json!({"name":"Read","description":"reads","parameters":{"type":"object"}})];
+    let tools = [std::sync::Arc::new(
+        json!({"name":"Read","description":"reads","parameters":{"type":"object"}}),
+    )];
     let effort = RequestParameters {
         effort: Some(Effort::High),
         fast: true,
