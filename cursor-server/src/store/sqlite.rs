@@ -14,6 +14,9 @@ use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
 /// SQLite's migrations, in order.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The migration that rebuilds `blobs` and `messages` as rowid tables (`0015_rowid_tables.sql`).
+const ROWID_TABLES: i64 = 15;
+
 /// How often `BEGIN IMMEDIATE` that found the database busy past the busy timeout is retried.
 const BUSY_RETRIES: u32 = 3;
 
@@ -79,9 +82,18 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await
             .map_err(open_error)?;
-        {
+        let status = {
             let mut conn = writer.acquire().await.map_err(open_error)?;
-            status_of(&mut conn).await?;
+            status_of(&mut conn).await?
+        };
+        if status.applied > 0 && status.applied < ROWID_TABLES {
+            // A store made by an older release: its largest tables are copied once.
+            tracing::info!(
+                from = status.applied,
+                to = status.known,
+                "migrating the database: version {ROWID_TABLES} rebuilds its blobs and messages \
+                 tables once, which takes a while and as much free disk as they use"
+            );
         }
         MIGRATOR.run(&writer).await?;
         // Every reader is opened now: opening one costs about a millisecond (the pragmas), which
