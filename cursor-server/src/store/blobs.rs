@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    Backend, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders,
+    Backend, DatabaseKind, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms,
+    row_placeholders,
 };
 use crate::model::conversation::BlobId;
 
@@ -99,8 +100,22 @@ pub async fn put_and_send(
     write_tx!(store, "committing blobs", |tx| {
         put(&mut tx, blobs).await?;
         super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, sent).await?;
-        if let Some(state) = built {
-            super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state).await?;
+        match built {
+            // The blobs' outbox rows made sure of the conversation's row.
+            Some(state) if !sent.is_empty() => {
+                super::outbox::checkpoint_built_to_existing(
+                    &mut tx,
+                    conversation_id,
+                    request_id,
+                    state,
+                )
+                .await?
+            }
+            Some(state) => {
+                super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state)
+                    .await?
+            }
+            None => {}
         }
         Ok(())
     })
@@ -294,10 +309,19 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
     if ids.is_empty() {
         return Ok(());
     }
-    super::conversations::ensure(tx, conversation_id).await?;
+    // On SQLite the conversation's row is made sure of in the first insert's command
+    // (`conversations::ensure_ahead`).
+    let mut ensure_ahead = tx.kind() == DatabaseKind::Sqlite;
+    if !ensure_ahead {
+        super::conversations::ensure(tx, conversation_id).await?;
+    }
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+        let ahead = match std::mem::take(&mut ensure_ahead) {
+            true => super::conversations::ensure_ahead(chunk.len() * 2 + 1),
+            false => String::new(),
+        };
         let sql = format!(
-            "INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
+            "{ahead}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
              ON CONFLICT DO NOTHING",
             row_placeholders(chunk.len(), 2)
         );
@@ -305,6 +329,9 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for id in chunk {
                 query = query.bind(conversation_id).bind(&id.0[..]);
+            }
+            if !ahead.is_empty() {
+                query = query.bind(conversation_id).bind(now_ms());
             }
             query
                 .execute(c)

@@ -54,9 +54,11 @@ pub async fn tool_result(
         )
         .await?;
         let (conversation_id, request_id) = (commit.conversation_id, commit.request_id);
-        outbox::blobs_sent_in(&mut tx, conversation_id, request_id, commit.sent).await?;
+        // `lock` made sure of the conversation's row.
+        outbox::blobs_sent_to_existing(&mut tx, (conversation_id, request_id), commit.sent).await?;
         if let Some(state) = commit.built {
-            outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state).await?;
+            outbox::checkpoint_built_to_existing(&mut tx, conversation_id, request_id, state)
+                .await?;
         }
         Ok(appended)
     })

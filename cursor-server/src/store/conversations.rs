@@ -7,6 +7,18 @@ use super::{QueryContext, Store, StoreError, Tx, now_ms};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 
+/// `ensure` as a statement to run ahead of another in one query, on SQLite: sqlx runs a query of
+/// several statements as one command on SQLite's worker thread, and each round trip to that thread
+/// costs two thread wake-ups, more than the statement itself. Its two parameters are numbered
+/// from `first`: bind the conversation's id and `now_ms()` after the other statement's own.
+/// (PostgreSQL prepares one statement per query: there the caller runs `ensure` first.)
+pub(crate) fn ensure_ahead(first: usize) -> String {
+    format!(
+        "INSERT INTO conversations (id, created_at_ms) VALUES (${first}, ${}) ON CONFLICT DO NOTHING;\n",
+        first + 1
+    )
+}
+
 /// Creates the conversation row if it does not exist yet.
 pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
     on_tx!(tx, |c| sqlx::query(

@@ -6,8 +6,8 @@
 
 use super::conversations;
 use super::{
-    QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders, now_ms,
-    row_placeholders,
+    DatabaseKind, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders,
+    now_ms, row_placeholders,
 };
 use crate::model::conversation::BlobId;
 
@@ -31,8 +31,12 @@ pub(super) async fn blobs_sent_in(
     if ids.is_empty() {
         return Ok(());
     }
-    conversations::ensure(tx, conversation_id).await?;
-    blobs_sent_to_existing(tx, (conversation_id, request_id), ids).await
+    // On SQLite the conversation's row is made sure of in the first insert's command.
+    let ensure_ahead = tx.kind() == DatabaseKind::Sqlite;
+    if !ensure_ahead {
+        conversations::ensure(tx, conversation_id).await?;
+    }
+    sent(tx, (conversation_id, request_id), ids, ensure_ahead).await
 }
 
 /// `blobs_sent_in` for a conversation whose row this transaction has made sure of.
@@ -41,15 +45,31 @@ pub(super) async fn blobs_sent_to_existing(
     (conversation_id, request_id): (&str, &str),
     ids: &[BlobId],
 ) -> Result<(), StoreError> {
+    sent(tx, (conversation_id, request_id), ids, false).await
+}
+
+/// Outbox rows for blobs sent; with `ensure_ahead`, the first statement's command also makes sure
+/// of the conversation's row (`conversations::ensure_ahead`, SQLite only).
+async fn sent(
+    tx: &mut Tx,
+    (conversation_id, request_id): (&str, &str),
+    ids: &[BlobId],
+    mut ensure_ahead: bool,
+) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let now = now_ms();
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+        let columns = 5;
+        let ahead = match std::mem::take(&mut ensure_ahead) {
+            true => conversations::ensure_ahead(chunk.len() * columns + 1),
+            false => String::new(),
+        };
         let sql = format!(
-            "INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+            "{ahead}INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
              VALUES {} ON CONFLICT DO NOTHING",
-            row_placeholders(chunk.len(), 5)
+            row_placeholders(chunk.len(), columns)
         );
         on_tx!(&mut *tx, |c| {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -60,6 +80,9 @@ pub(super) async fn blobs_sent_to_existing(
                     .bind(&id.0[..])
                     .bind(request_id)
                     .bind(now);
+            }
+            if !ahead.is_empty() {
+                query = query.bind(conversation_id).bind(now);
             }
             query
                 .execute(c)
@@ -123,7 +146,66 @@ pub(super) async fn checkpoint_built_in(
     request_id: &str,
     state: BlobId,
 ) -> Result<(), StoreError> {
-    conversations::ensure(tx, conversation_id).await?;
+    checkpoint_replaced(tx, (conversation_id, request_id), state, true).await
+}
+
+/// `checkpoint_built_in` for a conversation whose row this transaction has made sure of.
+pub(super) async fn checkpoint_built_to_existing(
+    tx: &mut Tx,
+    conversation_id: &str,
+    request_id: &str,
+    state: BlobId,
+) -> Result<(), StoreError> {
+    checkpoint_replaced(tx, (conversation_id, request_id), state, false).await
+}
+
+/// Makes `state` the conversation's one unpublished checkpoint; with `ensure`, makes sure of the
+/// conversation's row first. On SQLite all of it is one command on its worker thread
+/// (`conversations::ensure_ahead`).
+async fn checkpoint_replaced(
+    tx: &mut Tx,
+    (conversation_id, request_id): (&str, &str),
+    state: BlobId,
+    ensure: bool,
+) -> Result<(), StoreError> {
+    let refused = |source| {
+        super::owner_refusal(
+            source,
+            "recording the unpublished checkpoint",
+            (conversation_id, request_id),
+        )
+    };
+    let now = now_ms();
+    if tx.kind() == DatabaseKind::Sqlite {
+        let ahead = match ensure {
+            true => conversations::ensure_ahead(5),
+            false => String::new(),
+        };
+        let sql = format!(
+            "{ahead}DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
+             INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+             VALUES ($1, 'checkpoint', $2, $3, $4)"
+        );
+        on_tx!(tx, |c| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(conversation_id)
+                .bind(&state.0[..])
+                .bind(request_id)
+                .bind(now);
+            if ensure {
+                query = query.bind(conversation_id).bind(now);
+            }
+            query
+                .execute(c)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(refused)?
+        });
+        return Ok(());
+    }
+    if ensure {
+        conversations::ensure(tx, conversation_id).await?;
+    }
     on_tx!(tx, |c| {
         sqlx::query("DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint'")
             .bind(conversation_id)
@@ -138,17 +220,11 @@ pub(super) async fn checkpoint_built_in(
         .bind(conversation_id)
         .bind(&state.0[..])
         .bind(request_id)
-        .bind(now_ms())
+        .bind(now)
         .execute(&mut *c)
         .await
         .map(|done| done.rows_affected())
-        .map_err(|source| {
-            super::owner_refusal(
-                source,
-                "recording the unpublished checkpoint",
-                (conversation_id, request_id),
-            )
-        })?;
+        .map_err(refused)?;
     });
     Ok(())
 }
