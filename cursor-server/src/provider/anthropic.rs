@@ -167,12 +167,10 @@ impl StreamParser for AnthropicStreamParser {
                         Block::Text
                     }
                     Some("thinking") => {
-                        let thinking = str_field(block, "thinking").to_owned();
-                        if !thinking.is_empty() {
-                            out.push(ResponseEvent::ReasoningDelta(thinking.clone()));
-                        }
+                        let thinking = str_field(block, "thinking");
+                        out.reasoning(thinking);
                         Block::Thinking {
-                            thinking,
+                            thinking: thinking.to_owned(),
                             signature: str_field(block, "signature").to_owned(),
                         }
                     }

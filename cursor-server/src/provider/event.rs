@@ -28,31 +28,66 @@ pub enum ResponseEvent {
     Finished(FinishReason),
 }
 
+/// The stream a delta belongs to: deltas of one stream may merge, of two never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Text,
+    Reasoning,
+    /// One tool call's arguments (its ordinal).
+    Args(usize),
+}
+
 impl ResponseEvent {
     /// Appends `next` to this event when both continue the same stream (text, reasoning, or one
     /// tool call's arguments) and this one carries less than `limit` bytes; otherwise gives `next`
     /// back. What a client shows of a stream does not depend on where its deltas were cut, so
     /// deltas that are ready together leave together: one frame and one write instead of many.
     pub fn absorb(&mut self, next: ResponseEvent, limit: usize) -> Result<(), ResponseEvent> {
-        match (self, next) {
-            (ResponseEvent::TextDelta(text), ResponseEvent::TextDelta(more))
-            | (ResponseEvent::ReasoningDelta(text), ResponseEvent::ReasoningDelta(more))
-                if text.len() < limit =>
-            {
-                text.push_str(&more);
+        let Some((stream, more)) = next.delta() else {
+            return Err(next);
+        };
+        match self.continued(stream, limit) {
+            Some(text) => {
+                text.push_str(more);
                 Ok(())
             }
-            (
-                ResponseEvent::ToolArgsDelta { index, fragment },
-                ResponseEvent::ToolArgsDelta {
-                    index: next_index,
-                    fragment: more,
-                },
-            ) if *index == next_index && fragment.len() < limit => {
-                fragment.push_str(&more);
-                Ok(())
+            None => Err(next),
+        }
+    }
+
+    /// A delta's stream and text.
+    fn delta(&self) -> Option<(Stream, &str)> {
+        match self {
+            ResponseEvent::TextDelta(text) => Some((Stream::Text, text)),
+            ResponseEvent::ReasoningDelta(text) => Some((Stream::Reasoning, text)),
+            ResponseEvent::ToolArgsDelta { index, fragment } => {
+                Some((Stream::Args(*index), fragment))
             }
-            (_, next) => Err(next),
+            _ => None,
+        }
+    }
+
+    /// This event's text, to append to, when it is a delta of `stream` carrying less than `limit`
+    /// bytes: the one rule for merging deltas (`absorb`, `Batch`).
+    fn continued(&mut self, stream: Stream, limit: usize) -> Option<&mut String> {
+        let (own, text) = match self {
+            ResponseEvent::TextDelta(text) => (Stream::Text, text),
+            ResponseEvent::ReasoningDelta(text) => (Stream::Reasoning, text),
+            ResponseEvent::ToolArgsDelta { index, fragment } => (Stream::Args(*index), fragment),
+            _ => return None,
+        };
+        (own == stream && text.len() < limit).then_some(text)
+    }
+
+    /// A new delta of `stream`.
+    fn new_delta(stream: Stream, text: String) -> ResponseEvent {
+        match stream {
+            Stream::Text => ResponseEvent::TextDelta(text),
+            Stream::Reasoning => ResponseEvent::ReasoningDelta(text),
+            Stream::Args(index) => ResponseEvent::ToolArgsDelta {
+                index,
+                fragment: text,
+            },
         }
     }
 }
@@ -87,44 +122,32 @@ impl Batch {
 
     /// Adds answer text (nothing when empty).
     pub fn text(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        match self.events.last_mut() {
-            Some(ResponseEvent::TextDelta(last)) if last.len() < self.limit => last.push_str(text),
-            _ => self.events.push(ResponseEvent::TextDelta(text.to_owned())),
-        }
+        self.delta(Stream::Text, text);
     }
 
     /// Adds reasoning text (nothing when empty).
     pub fn reasoning(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        match self.events.last_mut() {
-            Some(ResponseEvent::ReasoningDelta(last)) if last.len() < self.limit => {
-                last.push_str(text)
-            }
-            _ => self
-                .events
-                .push(ResponseEvent::ReasoningDelta(text.to_owned())),
-        }
+        self.delta(Stream::Reasoning, text);
     }
 
     /// Adds a fragment of tool call `index`'s arguments (nothing when empty).
     pub fn args(&mut self, index: usize, fragment: &str) {
-        if fragment.is_empty() {
+        self.delta(Stream::Args(index), fragment);
+    }
+
+    /// Appends `text` to the last event when it continues `stream`, else adds it as a new one.
+    fn delta(&mut self, stream: Stream, text: &str) {
+        if text.is_empty() {
             return;
         }
-        match self.events.last_mut() {
-            Some(ResponseEvent::ToolArgsDelta {
-                index: last_index,
-                fragment: last,
-            }) if *last_index == index && last.len() < self.limit => last.push_str(fragment),
-            _ => self.events.push(ResponseEvent::ToolArgsDelta {
-                index,
-                fragment: fragment.to_owned(),
-            }),
+        let limit = self.limit;
+        match self
+            .events
+            .last_mut()
+            .and_then(|last| last.continued(stream, limit))
+        {
+            Some(last) => last.push_str(text),
+            None => (self.events).push(ResponseEvent::new_delta(stream, text.to_owned())),
         }
     }
 
