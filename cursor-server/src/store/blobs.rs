@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use super::{
-    Backend, DatabaseKind, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms,
-    row_placeholders,
+    Backend, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders,
 };
 use crate::model::conversation::BlobId;
 
@@ -309,17 +308,9 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
     if ids.is_empty() {
         return Ok(());
     }
-    // On SQLite the conversation's row is made sure of in the first insert's command
-    // (`conversations::ensure_ahead`).
-    let mut ensure_ahead = tx.kind() == DatabaseKind::Sqlite;
-    if !ensure_ahead {
-        super::conversations::ensure(tx, conversation_id).await?;
-    }
+    let mut ensure_ahead = super::conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
-        let ahead = match std::mem::take(&mut ensure_ahead) {
-            true => super::conversations::ensure_ahead(chunk.len() * 2 + 1),
-            false => String::new(),
-        };
+        let ahead = super::conversations::ensure_ahead(&mut ensure_ahead, chunk.len() * 2 + 1);
         let sql = format!(
             "{ahead}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
              ON CONFLICT DO NOTHING",

@@ -3,16 +3,33 @@
 
 use sqlx::Row;
 
-use super::{QueryContext, Store, StoreError, Tx, now_ms};
+use super::{DatabaseKind, QueryContext, Store, StoreError, Tx, now_ms};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 
-/// `ensure` as a statement to run ahead of another in one query, on SQLite: sqlx runs a query of
-/// several statements as one command on SQLite's worker thread, and each round trip to that thread
-/// costs two thread wake-ups, more than the statement itself. Its two parameters are numbered
-/// from `first`: bind the conversation's id and `now_ms()` after the other statement's own.
-/// (PostgreSQL prepares one statement per query: there the caller runs `ensure` first.)
-pub(crate) fn ensure_ahead(first: usize) -> String {
+/// Makes sure of the conversation's row now, or says it is to be done ahead of the caller's next
+/// statement (`ensure_ahead`): on SQLite, where sqlx runs a query of several statements as one
+/// command on SQLite's worker thread, and each round trip to that thread costs two thread
+/// wake-ups, more than the statement itself. PostgreSQL prepares one statement per query: there
+/// it is done now.
+pub(crate) async fn ensure_now_or_ahead(
+    tx: &mut Tx,
+    conversation_id: &str,
+) -> Result<bool, StoreError> {
+    if tx.kind() == DatabaseKind::Sqlite {
+        return Ok(true);
+    }
+    ensure(tx, conversation_id).await?;
+    Ok(false)
+}
+
+/// While `pending` (`ensure_now_or_ahead`), `ensure` as a statement to put ahead of another in one
+/// query, once: `pending` is cleared. Its two parameters are numbered from `first`: bind the
+/// conversation's id and `now_ms()` after the other statement's own. Empty otherwise.
+pub(crate) fn ensure_ahead(pending: &mut bool, first: usize) -> String {
+    if !std::mem::take(pending) {
+        return String::new();
+    }
     format!(
         "INSERT INTO conversations (id, created_at_ms) VALUES (${first}, ${}) ON CONFLICT DO NOTHING;\n",
         first + 1

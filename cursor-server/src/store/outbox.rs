@@ -31,11 +31,7 @@ pub(super) async fn blobs_sent_in(
     if ids.is_empty() {
         return Ok(());
     }
-    // On SQLite the conversation's row is made sure of in the first insert's command.
-    let ensure_ahead = tx.kind() == DatabaseKind::Sqlite;
-    if !ensure_ahead {
-        conversations::ensure(tx, conversation_id).await?;
-    }
+    let ensure_ahead = conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     sent(tx, (conversation_id, request_id), ids, ensure_ahead).await
 }
 
@@ -62,10 +58,7 @@ async fn sent(
     let now = now_ms();
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
         let columns = 5;
-        let ahead = match std::mem::take(&mut ensure_ahead) {
-            true => conversations::ensure_ahead(chunk.len() * columns + 1),
-            false => String::new(),
-        };
+        let ahead = conversations::ensure_ahead(&mut ensure_ahead, chunk.len() * columns + 1);
         let sql = format!(
             "{ahead}INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
              VALUES {} ON CONFLICT DO NOTHING",
@@ -176,11 +169,10 @@ async fn checkpoint_replaced(
         )
     };
     let now = now_ms();
+    let mut ensure_ahead =
+        ensure && conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     if tx.kind() == DatabaseKind::Sqlite {
-        let ahead = match ensure {
-            true => conversations::ensure_ahead(5),
-            false => String::new(),
-        };
+        let ahead = conversations::ensure_ahead(&mut ensure_ahead, 5);
         let sql = format!(
             "{ahead}DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
              INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
@@ -192,7 +184,7 @@ async fn checkpoint_replaced(
                 .bind(&state.0[..])
                 .bind(request_id)
                 .bind(now);
-            if ensure {
+            if !ahead.is_empty() {
                 query = query.bind(conversation_id).bind(now);
             }
             query
@@ -202,9 +194,6 @@ async fn checkpoint_replaced(
                 .map_err(refused)?
         });
         return Ok(());
-    }
-    if ensure {
-        conversations::ensure(tx, conversation_id).await?;
     }
     on_tx!(tx, |c| {
         sqlx::query("DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint'")
