@@ -99,22 +99,15 @@ pub async fn put_and_send(
     write_tx!(store, "committing blobs", |tx| {
         put(&mut tx, blobs).await?;
         super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, sent).await?;
-        match built {
-            // The blobs' outbox rows made sure of the conversation's row.
-            Some(state) if !sent.is_empty() => {
-                super::outbox::checkpoint_built_to_existing(
-                    &mut tx,
-                    conversation_id,
-                    request_id,
-                    state,
-                )
-                .await?
+        if let Some(state) = built {
+            let (conversation, request) = (conversation_id, request_id);
+            if sent.is_empty() {
+                super::outbox::checkpoint_built_in(&mut tx, conversation, request, state).await?;
+            } else {
+                // The sent blobs' outbox rows made sure of the conversation's row.
+                super::outbox::checkpoint_built_to_existing(&mut tx, conversation, request, state)
+                    .await?;
             }
-            Some(state) => {
-                super::outbox::checkpoint_built_in(&mut tx, conversation_id, request_id, state)
-                    .await?
-            }
-            None => {}
         }
         Ok(())
     })
