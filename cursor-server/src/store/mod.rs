@@ -46,14 +46,18 @@ macro_rules! on_readers {
 }
 
 /// Runs `$body` (one statement, its own transaction) with `$p` bound to the store's writer: the
-/// one SQLite writing connection, or the PostgreSQL pool.
+/// one SQLite writing connection (`&mut SqliteConnection`, held for the body), or the PostgreSQL
+/// pool. The body is an expression of type `Result<T, StoreError>`.
 macro_rules! on_writer {
     ($store:expr, |$p:ident| $body:expr) => {
         match $store.backend() {
-            $crate::store::Backend::Sqlite(s) => {
-                let $p: &sqlx::SqlitePool = s.writer();
-                $body
-            }
+            $crate::store::Backend::Sqlite(s) => match s.writer().await {
+                Ok(mut writer) => {
+                    let $p: &mut sqlx::SqliteConnection = &mut *writer;
+                    $body
+                }
+                Err(error) => Err(error),
+            },
             $crate::store::Backend::Postgres(s) => {
                 let $p: &sqlx::PgPool = s.pool();
                 $body
@@ -287,7 +291,7 @@ const CONFLICT_RETRIES: u32 = 3;
 
 /// An open write transaction on either backend. Dropped without `commit` it rolls back.
 pub(crate) enum Tx {
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    Sqlite(sqlite::SqliteTx),
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
 }
 
@@ -306,8 +310,9 @@ impl Tx {
         }
     }
 
-    /// Rolls back now: a dropped transaction is rolled back lazily, and on SQLite its write lock
-    /// could still be held when the next statement runs on another pooled connection.
+    /// Rolls back now: a dropped transaction is rolled back lazily (on SQLite by the writer's
+    /// next holder, on PostgreSQL when its connection goes back to the pool), holding its locks
+    /// until then.
     pub(crate) async fn rollback(self) {
         let _ = match self {
             Tx::Sqlite(tx) => tx.rollback().await,

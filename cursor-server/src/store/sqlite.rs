@@ -1,13 +1,22 @@
 //! SQLite: the connection pools (WAL, foreign keys, busy timeout), its write transactions, what
 //! counts as busy, and its migrations (`migrations/`), checked and applied at open (version 15,
 //! which rebuilds `blobs` and `messages` as rowid tables, is tested here with rows written before).
+//!
+//! The one writing connection is owned here, behind a fair lock, not pooled: sqlx's pool pings a
+//! connection when it is taken and again when it is given back, each ping a round trip to the
+//! connection's worker thread, so a write transaction cost four more thread hand-offs than its
+//! statements (about 20 of a short run's 65 on the worker, each waking a thread on each side).
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::migrate::Migrate as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use sqlx::{Connection as _, SqliteConnection, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
 
@@ -26,13 +35,77 @@ pub(super) fn is_busy(error: &sqlx::Error) -> bool {
         if db.code().is_some_and(|code| matches!(code.as_ref(), "5" | "261" | "517" | "773")))
 }
 
+/// How long a write waits for the writer before it fails, as sqlx's pool waited for a connection.
+const WRITER_WAIT: Duration = Duration::from_secs(30);
+
 /// Readers and the one writer. SQLite admits one writer at a time; a writer that finds the lock
 /// taken sleeps in its busy handler (up to 100 ms between tries), so writers queue here instead,
-/// on a pool of one connection: in order, woken as soon as the writer before them commits.
+/// on the writer's lock: in order (tokio's mutex is fair), woken as soon as the writer before
+/// them is done.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    writer: SqlitePool,
+    writer: Arc<Mutex<Writer>>,
+}
+
+/// The writing connection and what its last holder may have left open.
+#[derive(Debug)]
+struct Writer {
+    /// `None` once the store is closed.
+    conn: Option<SqliteConnection>,
+    /// A transaction was begun and not seen to end: its holder was cancelled between `BEGIN` and
+    /// the end of `COMMIT` or `ROLLBACK`. The next holder rolls it back before anything else (a
+    /// `ROLLBACK` with nothing open fails harmlessly), so it never writes inside a stranger's
+    /// transaction.
+    maybe_open: bool,
+}
+
+/// The writer, held: a `&mut SqliteConnection` for single statements, each its own transaction.
+pub(crate) struct WriterGuard(OwnedMutexGuard<Writer>);
+
+impl Deref for WriterGuard {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        // Checked when the guard was made (`SqliteStore::writer`), and only `close` empties it.
+        self.0.conn.as_ref().expect("an open writer")
+    }
+}
+
+impl DerefMut for WriterGuard {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.0.conn.as_mut().expect("an open writer")
+    }
+}
+
+/// A write transaction on the writer (`BEGIN IMMEDIATE` done). Dropped without `commit` or
+/// `rollback` it leaves the writer marked, and the next holder rolls it back.
+pub(crate) struct SqliteTx(WriterGuard);
+
+impl SqliteTx {
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("COMMIT").execute(&mut *self.0).await?;
+        self.0.0.maybe_open = false;
+        Ok(())
+    }
+
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("ROLLBACK").execute(&mut *self.0).await?;
+        self.0.0.maybe_open = false;
+        Ok(())
+    }
+}
+
+impl Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.0
+    }
+}
+
+impl DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.0
+    }
 }
 
 fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
@@ -77,13 +150,15 @@ impl SqliteStore {
             source,
         };
         let options = options(url)?.create_if_missing(true);
-        let writer = SqlitePoolOptions::new()
+        // Migrated on a pool of its own: sqlx's migrator takes a pool (given one connection, the
+        // future it makes is not `Send` for every lifetime, as a spawned task must be).
+        let migrating = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(options.clone())
             .await
             .map_err(open_error)?;
         let status = {
-            let mut conn = writer.acquire().await.map_err(open_error)?;
+            let mut conn = migrating.acquire().await.map_err(open_error)?;
             status_of(&mut conn).await?
         };
         if status.applied > 0 && status.applied < ROWID_TABLES {
@@ -95,17 +170,29 @@ impl SqliteStore {
                  tables once, which takes a while and as much free disk as they use"
             );
         }
-        MIGRATOR.run(&writer).await?;
+        MIGRATOR.run(&migrating).await?;
+        migrating.close().await;
+        let writer = SqliteConnection::connect_with(&options)
+            .await
+            .map_err(open_error)?;
         // Every reader is opened now: opening one costs about a millisecond (the pragmas), which
         // the first run starts after a restart or a quiet spell would otherwise wait for.
         let pool = SqlitePoolOptions::new()
             .max_connections(READERS)
             .min_connections(READERS)
+            .test_before_acquire(false)
             .idle_timeout(None)
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        Ok(SqliteStore { pool, writer })
+        let writer = Writer {
+            conn: Some(writer),
+            maybe_open: false,
+        };
+        Ok(SqliteStore {
+            pool,
+            writer: Arc::new(Mutex::new(writer)),
+        })
     }
 
     /// The schema state of the database at `url`, which must exist (nothing is created).
@@ -139,9 +226,31 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// The one writing connection, for a single statement outside a transaction.
-    pub(super) fn writer(&self) -> &SqlitePool {
-        &self.writer
+    /// The one writing connection, once the writers queued before have done with it.
+    pub(crate) async fn writer(&self) -> Result<WriterGuard, StoreError> {
+        let held = match self.writer.clone().try_lock_owned() {
+            Ok(held) => held,
+            Err(_) => tokio::time::timeout(WRITER_WAIT, self.writer.clone().lock_owned())
+                .await
+                .map_err(|_| StoreError::Query {
+                    context: "waiting for the database's writer",
+                    source: sqlx::Error::PoolTimedOut,
+                })?,
+        };
+        if held.conn.is_none() {
+            return Err(StoreError::Query {
+                context: "writing to the database",
+                source: sqlx::Error::PoolClosed,
+            });
+        }
+        let mut guard = WriterGuard(held);
+        if guard.0.maybe_open {
+            if let Err(error) = sqlx::query("ROLLBACK").execute(&mut *guard).await {
+                tracing::debug!(%error, "nothing was left open on the writer");
+            }
+            guard.0.maybe_open = false;
+        }
+        Ok(guard)
     }
 
     /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front, waiting for it up to
@@ -149,11 +258,14 @@ impl SqliteStore {
     /// snapshot may be stale, or waiting would deadlock with the writer it waits on — so SQLite
     /// fails it at once (`database is locked`, 5 / 517), which is how runs failed under
     /// concurrency. A lock still busy after the timeout is tried again a few times.
-    pub(super) async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+    pub(super) async fn begin_write(&self) -> Result<SqliteTx, StoreError> {
+        let mut writer = self.writer().await?;
         let mut attempt = 0;
         loop {
-            match self.writer.begin_with("BEGIN IMMEDIATE").await {
-                Ok(tx) => return Ok(tx),
+            // Marked first: cancelled while `BEGIN` is on its way, the transaction may still open.
+            writer.0.maybe_open = true;
+            match sqlx::query("BEGIN IMMEDIATE").execute(&mut *writer).await {
+                Ok(_) => return Ok(SqliteTx(writer)),
                 Err(source) if is_busy(&source) && attempt < BUSY_RETRIES => {
                     attempt += 1;
                     tracing::warn!(
@@ -174,7 +286,10 @@ impl SqliteStore {
 
     pub(super) async fn close(&self) {
         self.pool.close().await;
-        self.writer.close().await;
+        let conn = self.writer.lock().await.conn.take();
+        if let Some(conn) = conn {
+            let _ = conn.close().await;
+        }
     }
 }
 
@@ -182,6 +297,53 @@ impl SqliteStore {
 mod tests {
     use super::*;
     use sqlx::Row as _;
+
+    /// A write transaction whose holder is cancelled (its future dropped) between `BEGIN` and
+    /// `COMMIT` leaves nothing behind, and the next write is not swallowed by it: the next holder
+    /// of the writer rolls it back first. A closed store refuses writes with an error.
+    #[tokio::test]
+    async fn a_cancelled_write_transaction_is_rolled_back_before_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("w.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        let insert = |id: &'static str| {
+            sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ($1, 0)").bind(id)
+        };
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("abandoned").execute(&mut *tx).await.unwrap();
+        drop(tx);
+        {
+            let mut writer = store.writer().await.unwrap();
+            insert("kept").execute(&mut *writer).await.unwrap();
+        }
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM conversations ORDER BY id")
+            .fetch_all(store.readers())
+            .await
+            .unwrap();
+        assert_eq!(
+            ids,
+            ["kept"],
+            "the lone write committed, the abandoned one did not"
+        );
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("committed").execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
+            .fetch_one(store.readers())
+            .await
+            .unwrap();
+        assert_eq!(count, 2);
+
+        store.close().await;
+        let refused = store
+            .begin_write()
+            .await
+            .err()
+            .expect("a closed store refuses writes");
+        assert!(refused.to_string().contains("closed"), "{refused}");
+    }
 
     /// A database written before version 15 keeps every blob, edge and message through the rebuild
     /// of `blobs` and `messages` as rowid tables, and every rule on them holds afterwards.
