@@ -208,7 +208,7 @@ pub async fn collect_garbage(
 /// SQLite's collection: the extra roots in a temporary table, the message JSON read with
 /// `json_each`, ids decoded with `unhex`.
 async fn sqlite_gc(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut super::sqlite::SqliteTx,
     extra_roots: &[BlobId],
     cutoff: i64,
 ) -> Result<u64, StoreError> {

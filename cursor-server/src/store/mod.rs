@@ -12,13 +12,13 @@
 //! runtime events once, content-addressed blobs) are enforced by each database's schema.
 
 // The macros come first: the domain modules below use them.
-/// Runs `$body` with `$c` bound to the transaction's connection (`&mut SqliteConnection` or
-/// `&mut PgConnection`): the body is expanded once per backend and type-checked against each.
+/// Runs `$body` with `$c` bound to the transaction's executor (`&mut SqliteTx`, the writer whose
+/// first statement carries the `BEGIN`, or `&mut PgConnection`): the body is expanded once per backend and type-checked against each.
 macro_rules! on_tx {
     ($tx:expr, |$c:ident| $body:expr) => {
         match $tx {
             $crate::store::Tx::Sqlite(tx) => {
-                let $c: &mut sqlx::SqliteConnection = &mut **tx;
+                let $c: &mut $crate::store::sqlite::SqliteTx = tx;
                 $body
             }
             $crate::store::Tx::Postgres(tx) => {

@@ -15,7 +15,18 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use sqlx::{Connection as _, SqliteConnection, SqlitePool};
+use futures_util::TryStreamExt as _;
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+
+use sqlx::error::BoxDynError;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteQueryResult, SqliteRow, SqliteStatement, SqliteTypeInfo,
+};
+use sqlx::{
+    AssertSqlSafe, Connection as _, Describe, Either, Execute, Executor, SqlSafeStr as _, SqlStr,
+    Sqlite, SqliteConnection, SqlitePool,
+};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
@@ -25,9 +36,6 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// The migration that rebuilds `blobs` and `messages` as rowid tables (`0015_rowid_tables.sql`).
 const ROWID_TABLES: i64 = 15;
-
-/// How often `BEGIN IMMEDIATE` that found the database busy past the busy timeout is retried.
-const BUSY_RETRIES: u32 = 3;
 
 /// SQLITE_BUSY and its extended codes (BUSY_RECOVERY 261, BUSY_SNAPSHOT 517, BUSY_TIMEOUT 773).
 pub(super) fn is_busy(error: &sqlx::Error) -> bool {
@@ -61,6 +69,7 @@ struct Writer {
 }
 
 /// The writer, held: a `&mut SqliteConnection` for single statements, each its own transaction.
+#[derive(Debug)]
 pub(crate) struct WriterGuard(OwnedMutexGuard<Writer>);
 
 impl Deref for WriterGuard {
@@ -77,34 +86,126 @@ impl DerefMut for WriterGuard {
     }
 }
 
-/// A write transaction on the writer (`BEGIN IMMEDIATE` done). Dropped without `commit` or
-/// `rollback` it leaves the writer marked, and the next holder rolls it back.
-pub(crate) struct SqliteTx(WriterGuard);
+/// A write transaction on the writer. Its `BEGIN IMMEDIATE` goes in front of its first
+/// statement, in one query: one round trip to the worker thread instead of two. If `BEGIN` fails
+/// (the lock stayed busy), the statement does not run (a query stops at its first error) and the
+/// error is the statement's. Dropped without `commit` or `rollback` it leaves the writer marked,
+/// and the next holder rolls it back.
+#[derive(Debug)]
+pub(crate) struct SqliteTx {
+    writer: WriterGuard,
+    /// `BEGIN IMMEDIATE` is not sent yet: no statement has run.
+    begin_pending: bool,
+}
 
 impl SqliteTx {
     pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        sqlx::query("COMMIT").execute(&mut *self.0).await?;
-        self.0.0.maybe_open = false;
+        if !self.begin_pending {
+            sqlx::query("COMMIT").execute(&mut *self.writer).await?;
+        }
+        self.writer.0.maybe_open = false;
         Ok(())
     }
 
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        sqlx::query("ROLLBACK").execute(&mut *self.0).await?;
-        self.0.0.maybe_open = false;
+        if !self.begin_pending {
+            sqlx::query("ROLLBACK").execute(&mut *self.writer).await?;
+        }
+        self.writer.0.maybe_open = false;
         Ok(())
     }
 }
 
-impl Deref for SqliteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
-        &self.0
+/// A statement with the transaction's `BEGIN IMMEDIATE` in front (`SqliteTx`).
+struct BeginAhead<E>(E);
+
+impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for BeginAhead<E> {
+    fn sql(self) -> SqlStr {
+        AssertSqlSafe(format!("BEGIN IMMEDIATE;\n{}", self.0.sql().as_str())).into_sql_str()
+    }
+
+    fn statement(&self) -> Option<&SqliteStatement> {
+        // The text is not the prepared statement's any more.
+        None
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<SqliteArguments>, BoxDynError> {
+        self.0.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        self.0.persistent()
     }
 }
 
-impl DerefMut for SqliteTx {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.0
+/// The statements of a transaction run on the writer; the first carries the `BEGIN`.
+impl<'c> Executor<'c> for &'c mut SqliteTx {
+    type Database = Sqlite;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<SqliteQueryResult, SqliteRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Sqlite>,
+    {
+        let conn: &'c mut SqliteConnection = &mut self.writer;
+        if !std::mem::take(&mut self.begin_pending) {
+            return conn.fetch_many(query);
+        }
+        // `BEGIN`'s own result is left out: SQLite reports the changes of the last statement
+        // that made any, so it would add the previous transaction's count to this statement's.
+        let mut begin_result = true;
+        Box::pin(conn.fetch_many(BeginAhead(query)).try_filter(move |item| {
+            let keep = !(std::mem::take(&mut begin_result) && item.is_left());
+            std::future::ready(keep)
+        }))
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<SqliteRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Sqlite>,
+    {
+        if !self.begin_pending {
+            let conn: &'c mut SqliteConnection = &mut self.writer;
+            return conn.fetch_optional(query);
+        }
+        let rows = self.fetch_many(query);
+        Box::pin(async move {
+            let mut rows = std::pin::pin!(rows);
+            while let Some(item) = rows.try_next().await? {
+                if let Either::Right(row) = item {
+                    return Ok(Some(row));
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [SqliteTypeInfo],
+    ) -> BoxFuture<'e, Result<SqliteStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let conn: &'c mut SqliteConnection = &mut self.writer;
+        conn.prepare_with(sql, parameters)
+    }
+
+    // Part of the trait while sqlx's `offline` feature is on (its query macros turn it on).
+    fn describe<'e>(self, sql: SqlStr) -> BoxFuture<'e, Result<Describe<Sqlite>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let conn: &'c mut SqliteConnection = &mut self.writer;
+        conn.describe(sql)
     }
 }
 
@@ -257,31 +358,16 @@ impl SqliteStore {
     /// the busy timeout: a deferred transaction that read first and then writes cannot wait — its
     /// snapshot may be stale, or waiting would deadlock with the writer it waits on — so SQLite
     /// fails it at once (`database is locked`, 5 / 517), which is how runs failed under
-    /// concurrency. A lock still busy after the timeout is tried again a few times.
+    /// concurrency. It is sent with the first statement (`SqliteTx`); a lock still busy after the
+    /// timeout fails that statement, and `write_tx!` runs the transaction again a few times.
     pub(super) async fn begin_write(&self) -> Result<SqliteTx, StoreError> {
         let mut writer = self.writer().await?;
-        let mut attempt = 0;
-        loop {
-            // Marked first: cancelled while `BEGIN` is on its way, the transaction may still open.
-            writer.0.maybe_open = true;
-            match sqlx::query("BEGIN IMMEDIATE").execute(&mut *writer).await {
-                Ok(_) => return Ok(SqliteTx(writer)),
-                Err(source) if is_busy(&source) && attempt < BUSY_RETRIES => {
-                    attempt += 1;
-                    tracing::warn!(
-                        attempt,
-                        "the database stayed busy past its timeout; trying again"
-                    );
-                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
-                }
-                Err(source) => {
-                    return Err(StoreError::Query {
-                        context: "starting a write transaction",
-                        source,
-                    });
-                }
-            }
-        }
+        // Marked now: cancelled once its first statement is on its way, the transaction may open.
+        writer.0.maybe_open = true;
+        Ok(SqliteTx {
+            writer,
+            begin_pending: true,
+        })
     }
 
     pub(super) async fn close(&self) {
@@ -311,7 +397,7 @@ mod tests {
         };
 
         let mut tx = store.begin_write().await.unwrap();
-        insert("abandoned").execute(&mut *tx).await.unwrap();
+        insert("abandoned").execute(&mut tx).await.unwrap();
         drop(tx);
         {
             let mut writer = store.writer().await.unwrap();
@@ -328,7 +414,7 @@ mod tests {
         );
 
         let mut tx = store.begin_write().await.unwrap();
-        insert("committed").execute(&mut *tx).await.unwrap();
+        insert("committed").execute(&mut tx).await.unwrap();
         tx.commit().await.unwrap();
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
             .fetch_one(store.readers())
@@ -340,9 +426,105 @@ mod tests {
         let refused = store
             .begin_write()
             .await
-            .err()
-            .expect("a closed store refuses writes");
+            .expect_err("a closed store refuses writes");
         assert!(refused.to_string().contains("closed"), "{refused}");
+    }
+
+    /// A transaction's `BEGIN` rides on its first statement and changes none of that statement's
+    /// results: an update that matched nothing reports no change (SQLite itself still reports the
+    /// last statement that made any); a read first gets its row; the statements after run inside
+    /// the same transaction; one that ran nothing commits and rolls back.
+    #[tokio::test]
+    async fn the_begin_riding_on_a_first_statement_changes_none_of_its_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("b.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        let insert = |id: &'static str| {
+            sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ($1, 0)").bind(id)
+        };
+        let ids = || async {
+            sqlx::query_scalar::<_, String>("SELECT id FROM conversations ORDER BY id")
+                .fetch_all(store.readers())
+                .await
+                .unwrap()
+        };
+        insert("a")
+            .execute(&mut *store.writer().await.unwrap())
+            .await
+            .unwrap();
+
+        let mut tx = store.begin_write().await.unwrap();
+        let changed = sqlx::query("UPDATE conversations SET created_at_ms = 1 WHERE id = 'none'")
+            .execute(&mut tx)
+            .await
+            .unwrap();
+        assert_eq!(changed.rows_affected(), 0);
+        insert("b").execute(&mut tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            ids().await,
+            ["a"],
+            "the second statement was inside the transaction"
+        );
+
+        let mut tx = store.begin_write().await.unwrap();
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
+            .fetch_one(&mut tx)
+            .await
+            .unwrap();
+        assert_eq!(count, 1);
+        let inserted = insert("c").execute(&mut tx).await.unwrap();
+        assert_eq!(inserted.rows_affected(), 1);
+        tx.commit().await.unwrap();
+        assert_eq!(ids().await, ["a", "c"]);
+
+        store.begin_write().await.unwrap().commit().await.unwrap();
+        store.begin_write().await.unwrap().rollback().await.unwrap();
+        let mut tx = store.begin_write().await.unwrap();
+        insert("d").execute(&mut tx).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(ids().await, ["a", "c", "d"]);
+    }
+
+    /// While another connection holds SQLite's write lock past the busy timeout, a transaction's
+    /// first statement fails with the busy error and does not run (its `BEGIN` failed in front of
+    /// it), and once the lock is free the writer takes transactions again.
+    #[tokio::test]
+    async fn a_first_statement_whose_begin_stays_busy_fails_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("busy.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        let mut other = SqliteConnection::connect_with(&options(&url).unwrap())
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+
+        let mut tx = store.begin_write().await.unwrap();
+        let refused = sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('x', 0)")
+            .execute(&mut tx)
+            .await
+            .unwrap_err();
+        assert!(is_busy(&refused), "{refused}");
+        let _ = tx.rollback().await;
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
+            .fetch_one(store.readers())
+            .await
+            .unwrap();
+        assert_eq!(
+            count, 0,
+            "the statement behind the failed BEGIN did not run"
+        );
+        let mut tx = store.begin_write().await.unwrap();
+        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('y', 0)")
+            .execute(&mut tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
     }
 
     /// A database written before version 15 keeps every blob, edge and message through the rebuild
