@@ -29,14 +29,18 @@ macro_rules! on_tx {
     };
 }
 
-/// Runs `$body` with `$p` bound to the store's readers (`&SqlitePool` or `&PgPool`).
+/// Runs `$body` with `$p` bound to a reader (a held `&mut SqliteConnection`, or `&PgPool`). The
+/// body is an expression of type `Result<T, StoreError>`.
 macro_rules! on_readers {
     ($store:expr, |$p:ident| $body:expr) => {
         match $store.backend() {
-            $crate::store::Backend::Sqlite(s) => {
-                let $p: &sqlx::SqlitePool = s.readers();
-                $body
-            }
+            $crate::store::Backend::Sqlite(s) => match s.reader().await {
+                Ok(mut reader) => {
+                    let $p: &mut sqlx::SqliteConnection = &mut *reader;
+                    $body
+                }
+                Err(error) => Err(error),
+            },
             $crate::store::Backend::Postgres(s) => {
                 let $p: &sqlx::PgPool = s.pool();
                 $body

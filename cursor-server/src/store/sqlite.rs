@@ -2,10 +2,10 @@
 //! counts as busy, and its migrations (`migrations/`), checked and applied at open (version 15,
 //! which rebuilds `blobs` and `messages` as rowid tables, is tested here with rows written before).
 //!
-//! The one writing connection is owned here, behind a fair lock, not pooled: sqlx's pool pings a
-//! connection when it is taken and again when it is given back, each ping a round trip to the
-//! connection's worker thread, so a write transaction cost four more thread hand-offs than its
-//! statements (about 20 of a short run's 65 on the worker, each waking a thread on each side).
+//! The connections are owned here, not in sqlx's pool: the pool pings a connection when it is
+//! taken and again when it is given back, each ping a round trip to the connection's worker
+//! thread, waking a thread on each side. The one writer is behind a fair lock; the readers are a
+//! fair semaphore over a list of idle connections (`Readers`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -25,9 +25,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{
     AssertSqlSafe, Connection as _, Describe, Either, Execute, Executor, SqlSafeStr as _, SqlStr,
-    Sqlite, SqliteConnection, SqlitePool,
+    Sqlite, SqliteConnection,
 };
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
 
@@ -43,8 +43,8 @@ pub(super) fn is_busy(error: &sqlx::Error) -> bool {
         if db.code().is_some_and(|code| matches!(code.as_ref(), "5" | "261" | "517" | "773")))
 }
 
-/// How long a write waits for the writer before it fails, as sqlx's pool waited for a connection.
-const WRITER_WAIT: Duration = Duration::from_secs(30);
+/// How long a query waits for a connection before it fails, as sqlx's pool waited.
+const CONNECTION_WAIT: Duration = Duration::from_secs(30);
 
 /// Readers and the one writer. SQLite admits one writer at a time; a writer that finds the lock
 /// taken sleeps in its busy handler (up to 100 ms between tries), so writers queue here instead,
@@ -52,8 +52,54 @@ const WRITER_WAIT: Duration = Duration::from_secs(30);
 /// them is done.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    readers: Arc<Readers>,
     writer: Arc<Mutex<Writer>>,
+}
+
+/// The reading connections: a permit per connection, taken in turn, and the idle ones.
+#[derive(Debug)]
+struct Readers {
+    permits: Arc<Semaphore>,
+    idle: std::sync::Mutex<Vec<SqliteConnection>>,
+}
+
+/// A reading connection, held; back to the idle list when dropped (a query cut short by a
+/// cancelled future ends on the connection's worker before the next holder's query starts).
+#[derive(Debug)]
+pub(crate) struct ReaderGuard {
+    conn: Option<SqliteConnection>,
+    readers: Arc<Readers>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Deref for ReaderGuard {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        self.conn.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for ReaderGuard {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.conn.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Before the permit goes (a field, dropped after this): whoever it wakes finds it.
+            lock_idle(&self.readers).push(conn);
+        }
+    }
+}
+
+fn lock_idle(readers: &Readers) -> std::sync::MutexGuard<'_, Vec<SqliteConnection>> {
+    // Held for a push or a pop only: nothing in it can panic half-way.
+    readers
+        .idle
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The writing connection and what its last holder may have left open.
@@ -240,7 +286,7 @@ async fn status_of(conn: &mut sqlx::SqliteConnection) -> Result<SchemaStatus, St
 
 /// Reader connections: a run start reads three things at once (`run/lifecycle.rs` `StartReads`),
 /// and other runs and the console read beside it.
-const READERS: u32 = 4;
+const READERS: usize = 4;
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url`, refuses one newer than this binary and
@@ -278,20 +324,23 @@ impl SqliteStore {
             .map_err(open_error)?;
         // Every reader is opened now: opening one costs about a millisecond (the pragmas), which
         // the first run starts after a restart or a quiet spell would otherwise wait for.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(READERS)
-            .min_connections(READERS)
-            .test_before_acquire(false)
-            .idle_timeout(None)
-            .connect_with(options)
-            .await
-            .map_err(open_error)?;
+        let mut idle = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            idle.push(
+                SqliteConnection::connect_with(&options)
+                    .await
+                    .map_err(open_error)?,
+            );
+        }
         let writer = Writer {
             conn: Some(writer),
             maybe_open: false,
         };
         Ok(SqliteStore {
-            pool,
+            readers: Arc::new(Readers {
+                permits: Arc::new(Semaphore::new(READERS)),
+                idle: std::sync::Mutex::new(idle),
+            }),
             writer: Arc::new(Mutex::new(writer)),
         })
     }
@@ -315,23 +364,44 @@ impl SqliteStore {
     /// WAL over. Returns the WAL's frames and how many of them are now in the database.
     pub(super) async fn checkpoint(&self) -> Result<(i64, i64), StoreError> {
         use sqlx::Row as _;
+        let mut reader = self.reader().await?;
         let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *reader)
             .await
             .context("checkpointing the WAL")?;
         Ok((row.get::<i64, _>(1), row.get::<i64, _>(2)))
     }
 
-    /// The readers (WAL: they never wait for the writer).
-    pub(super) fn readers(&self) -> &SqlitePool {
-        &self.pool
+    /// A reading connection (WAL: readers never wait for the writer), once one is free: they are
+    /// handed out in the order asked for.
+    pub(crate) async fn reader(&self) -> Result<ReaderGuard, StoreError> {
+        let permits = self.readers.permits.clone();
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(_) => tokio::time::timeout(CONNECTION_WAIT, permits.acquire_owned())
+                .await
+                .map_err(|_| StoreError::Query {
+                    context: "waiting for a database reader",
+                    source: sqlx::Error::PoolTimedOut,
+                })?,
+        }
+        .map_err(|_| StoreError::Query {
+            context: "reading the database",
+            source: sqlx::Error::PoolClosed,
+        })?;
+        let conn = lock_idle(&self.readers).pop();
+        Ok(ReaderGuard {
+            conn: Some(conn.expect("a permit is an idle connection")),
+            readers: self.readers.clone(),
+            _permit: permit,
+        })
     }
 
     /// The one writing connection, once the writers queued before have done with it.
     pub(crate) async fn writer(&self) -> Result<WriterGuard, StoreError> {
         let held = match self.writer.clone().try_lock_owned() {
             Ok(held) => held,
-            Err(_) => tokio::time::timeout(WRITER_WAIT, self.writer.clone().lock_owned())
+            Err(_) => tokio::time::timeout(CONNECTION_WAIT, self.writer.clone().lock_owned())
                 .await
                 .map_err(|_| StoreError::Query {
                     context: "waiting for the database's writer",
@@ -371,7 +441,11 @@ impl SqliteStore {
     }
 
     pub(super) async fn close(&self) {
-        self.pool.close().await;
+        self.readers.permits.close();
+        let idle = std::mem::take(&mut *lock_idle(&self.readers));
+        for conn in idle {
+            let _ = conn.close().await;
+        }
         let conn = self.writer.lock().await.conn.take();
         if let Some(conn) = conn {
             let _ = conn.close().await;
@@ -404,7 +478,7 @@ mod tests {
             insert("kept").execute(&mut *writer).await.unwrap();
         }
         let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM conversations ORDER BY id")
-            .fetch_all(store.readers())
+            .fetch_all(&mut *store.reader().await.unwrap())
             .await
             .unwrap();
         assert_eq!(
@@ -417,7 +491,7 @@ mod tests {
         insert("committed").execute(&mut tx).await.unwrap();
         tx.commit().await.unwrap();
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
-            .fetch_one(store.readers())
+            .fetch_one(&mut *store.reader().await.unwrap())
             .await
             .unwrap();
         assert_eq!(count, 2);
@@ -444,7 +518,7 @@ mod tests {
         };
         let ids = || async {
             sqlx::query_scalar::<_, String>("SELECT id FROM conversations ORDER BY id")
-                .fetch_all(store.readers())
+                .fetch_all(&mut *store.reader().await.unwrap())
                 .await
                 .unwrap()
         };
@@ -512,7 +586,7 @@ mod tests {
         sqlx::query("COMMIT").execute(&mut other).await.unwrap();
 
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations")
-            .fetch_one(store.readers())
+            .fetch_one(&mut *store.reader().await.unwrap())
             .await
             .unwrap();
         assert_eq!(
@@ -525,6 +599,54 @@ mod tests {
             .await
             .unwrap();
         tx.commit().await.unwrap();
+    }
+
+    /// Reads take the reading connections in turn: a read past the four waits until one comes
+    /// back, and a connection given back in the middle of a query (its future dropped) serves the
+    /// next read with its own answer.
+    #[tokio::test]
+    async fn a_read_waits_for_a_free_reader_and_a_cancelled_read_gives_its_reader_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('a', 0)")
+            .execute(&mut *store.writer().await.unwrap())
+            .await
+            .unwrap();
+        let count = |store: SqliteStore| async move {
+            let mut reader = store.reader().await.unwrap();
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM conversations")
+                .fetch_one(&mut *reader)
+                .await
+                .unwrap()
+        };
+
+        let mut held = Vec::new();
+        for _ in 0..READERS {
+            held.push(store.reader().await.unwrap());
+        }
+        let waiting = tokio::spawn(count(store.clone()));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "every reader is held");
+        held.pop();
+        assert_eq!(waiting.await.unwrap(), 1);
+
+        {
+            let mut reader = held.pop().unwrap();
+            let long = sqlx::query_scalar::<_, i64>(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000)
+                 SELECT x FROM c",
+            )
+            .fetch_all(&mut *reader);
+            let mut long = std::pin::pin!(long);
+            assert!(futures_util::poll!(long.as_mut()).is_pending());
+        }
+        drop(held);
+        for _ in 0..READERS * 2 {
+            assert_eq!(count(store.clone()).await, 1);
+        }
     }
 
     /// A database written before version 15 keeps every blob, edge and message through the rebuild
