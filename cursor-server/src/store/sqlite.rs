@@ -1,11 +1,12 @@
-//! SQLite: the connection pools (WAL, foreign keys, busy timeout), its write transactions, what
+//! SQLite: its connections (WAL, foreign keys, busy timeout), its write transactions, what
 //! counts as busy, and its migrations (`migrations/`), checked and applied at open (version 15,
 //! which rebuilds `blobs` and `messages` as rowid tables, is tested here with rows written before).
 //!
 //! The connections are owned here, not in sqlx's pool: the pool pings a connection when it is
 //! taken and again when it is given back, each ping a round trip to the connection's worker
 //! thread, waking a thread on each side. The one writer is behind a fair lock; the readers are a
-//! fair semaphore over a list of idle connections (`Readers`).
+//! fair semaphore over a list of idle connections (`Readers`). A write transaction's `BEGIN`
+//! travels with its first statement (`SqliteTx`). 783 lines, most of them tests of these rules.
 
 use std::str::FromStr;
 use std::time::Duration;
