@@ -109,9 +109,9 @@ struct Writer {
     /// `None` once the store is closed.
     conn: Option<SqliteConnection>,
     /// A transaction was begun and not seen to end: its holder was cancelled between `BEGIN` and
-    /// the end of `COMMIT` or `ROLLBACK`. The next holder rolls it back before anything else (a
-    /// `ROLLBACK` with nothing open fails harmlessly), so it never writes inside a stranger's
-    /// transaction.
+    /// the end of `COMMIT` or `ROLLBACK`. `SqliteTx`'s `Drop` rolls it back at once; failing that,
+    /// the next holder does before anything else (a `ROLLBACK` with nothing open fails
+    /// harmlessly), so nobody writes inside a stranger's transaction.
     maybe_open: bool,
 }
 
@@ -136,39 +136,83 @@ impl DerefMut for WriterGuard {
 /// A write transaction on the writer. Its `BEGIN IMMEDIATE` goes in front of its first
 /// statement, in one query: one round trip to the worker thread instead of two. If `BEGIN` fails
 /// (the lock stayed busy), the statement does not run (a query stops at its first error) and the
-/// error is the statement's. Dropped without `commit` or `rollback` it leaves the writer marked,
-/// and the next holder rolls it back.
+/// error is the statement's. Dropped without `commit` or `rollback` (its future cancelled), it
+/// is rolled back by a task of its own that holds the writer until then, so neither SQLite's
+/// write lock nor the writer stays taken; the writer's mark (`Writer::maybe_open`) is the
+/// fallback where no task can be spawned.
 #[derive(Debug)]
 pub(crate) struct SqliteTx {
-    writer: WriterGuard,
-    /// `BEGIN IMMEDIATE` is not sent yet: no statement has run.
+    /// Taken only by `Drop`.
+    writer: Option<WriterGuard>,
+    /// `BEGIN IMMEDIATE` is not sent yet: no statement has been sent.
     begin_pending: bool,
 }
 
 impl SqliteTx {
+    fn writer(&mut self) -> &mut WriterGuard {
+        self.writer.as_mut().expect("held until dropped")
+    }
+
     pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
         if !self.begin_pending {
-            sqlx::query("COMMIT").execute(&mut *self.writer).await?;
+            sqlx::query("COMMIT").execute(&mut **self.writer()).await?;
         }
-        self.writer.0.maybe_open = false;
+        self.writer().0.maybe_open = false;
         Ok(())
     }
 
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        if !self.begin_pending {
-            sqlx::query("ROLLBACK").execute(&mut *self.writer).await?;
+        if self.begin_pending {
+            self.writer().0.maybe_open = false;
+            return Ok(());
         }
-        self.writer.0.maybe_open = false;
-        Ok(())
+        rolled_back(self.writer()).await
     }
 }
 
-/// A statement with the transaction's `BEGIN IMMEDIATE` in front (`SqliteTx`).
-struct BeginAhead<E>(E);
+/// Rolls back whatever transaction the writer has open. SQLite answering that none is (a `BEGIN`
+/// that failed, or a transaction SQLite ended itself) also leaves nothing open; only a connection
+/// that did not answer keeps the writer marked.
+async fn rolled_back(writer: &mut WriterGuard) -> Result<(), sqlx::Error> {
+    let result = sqlx::query("ROLLBACK").execute(&mut **writer).await;
+    if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
+        writer.0.maybe_open = false;
+    }
+    result.map(|_| ())
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        let Some(mut writer) = self.writer.take() else {
+            return;
+        };
+        if !writer.0.maybe_open {
+            return;
+        }
+        if self.begin_pending {
+            writer.0.maybe_open = false;
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = rolled_back(&mut writer).await {
+                    tracing::warn!(%error, "rolling back an abandoned write transaction");
+                }
+            });
+        }
+    }
+}
+
+/// A statement with the transaction's `BEGIN IMMEDIATE` in front (`SqliteTx`), its arguments
+/// already taken (so that `BEGIN` is known to be sent once this is).
+struct BeginAhead<E> {
+    query: E,
+    arguments: Option<SqliteArguments>,
+}
 
 impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for BeginAhead<E> {
     fn sql(self) -> SqlStr {
-        AssertSqlSafe(format!("BEGIN IMMEDIATE;\n{}", self.0.sql().as_str())).into_sql_str()
+        AssertSqlSafe(format!("BEGIN IMMEDIATE;\n{}", self.query.sql().as_str())).into_sql_str()
     }
 
     fn statement(&self) -> Option<&SqliteStatement> {
@@ -177,11 +221,28 @@ impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for BeginAhead<E> {
     }
 
     fn take_arguments(&mut self) -> Result<Option<SqliteArguments>, BoxDynError> {
-        self.0.take_arguments()
+        Ok(self.arguments.take())
     }
 
     fn persistent(&self) -> bool {
-        self.0.persistent()
+        self.query.persistent()
+    }
+}
+
+impl SqliteTx {
+    /// `query` with the `BEGIN` in front if it is the transaction's first statement (then no
+    /// longer pending), or as it is. Arguments that fail to encode are the statement's error,
+    /// with nothing sent.
+    fn first_or_next<'q, E: Execute<'q, Sqlite>>(
+        &mut self,
+        mut query: E,
+    ) -> Result<Either<BeginAhead<E>, E>, sqlx::Error> {
+        if !self.begin_pending {
+            return Ok(Either::Right(query));
+        }
+        let arguments = query.take_arguments().map_err(sqlx::Error::Encode)?;
+        self.begin_pending = false;
+        Ok(Either::Left(BeginAhead { query, arguments }))
     }
 }
 
@@ -197,17 +258,24 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
         'c: 'e,
         E: 'q + Execute<'q, Sqlite>,
     {
-        let conn: &'c mut SqliteConnection = &mut self.writer;
-        if !std::mem::take(&mut self.begin_pending) {
-            return conn.fetch_many(query);
+        let query = match self.first_or_next(query) {
+            Ok(query) => query,
+            Err(error) => return Box::pin(futures_util::stream::once(async { Err(error) })),
+        };
+        let conn: &'c mut SqliteConnection = self.writer();
+        match query {
+            Either::Right(query) => conn.fetch_many(query),
+            Either::Left(first) => {
+                // `BEGIN`'s own result is left out: SQLite reports the changes of the last
+                // statement that made any, which would add the previous transaction's count to
+                // this statement's.
+                let mut begin_result = true;
+                Box::pin(conn.fetch_many(first).try_filter(move |item| {
+                    let keep = !(std::mem::take(&mut begin_result) && item.is_left());
+                    std::future::ready(keep)
+                }))
+            }
         }
-        // `BEGIN`'s own result is left out: SQLite reports the changes of the last statement
-        // that made any, so it would add the previous transaction's count to this statement's.
-        let mut begin_result = true;
-        Box::pin(conn.fetch_many(BeginAhead(query)).try_filter(move |item| {
-            let keep = !(std::mem::take(&mut begin_result) && item.is_left());
-            std::future::ready(keep)
-        }))
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -218,20 +286,16 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
         'c: 'e,
         E: 'q + Execute<'q, Sqlite>,
     {
-        if !self.begin_pending {
-            let conn: &'c mut SqliteConnection = &mut self.writer;
-            return conn.fetch_optional(query);
+        let query = match self.first_or_next(query) {
+            Ok(query) => query,
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
+        };
+        // `BEGIN` returns no row: the first row is the statement's either way.
+        let conn: &'c mut SqliteConnection = self.writer();
+        match query {
+            Either::Right(query) => conn.fetch_optional(query),
+            Either::Left(first) => conn.fetch_optional(first),
         }
-        let rows = self.fetch_many(query);
-        Box::pin(async move {
-            let mut rows = std::pin::pin!(rows);
-            while let Some(item) = rows.try_next().await? {
-                if let Either::Right(row) = item {
-                    return Ok(Some(row));
-                }
-            }
-            Ok(None)
-        })
     }
 
     fn prepare_with<'e>(
@@ -242,7 +306,7 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
     where
         'c: 'e,
     {
-        let conn: &'c mut SqliteConnection = &mut self.writer;
+        let conn: &'c mut SqliteConnection = self.writer();
         conn.prepare_with(sql, parameters)
     }
 
@@ -251,7 +315,7 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
     where
         'c: 'e,
     {
-        let conn: &'c mut SqliteConnection = &mut self.writer;
+        let conn: &'c mut SqliteConnection = self.writer();
         conn.describe(sql)
     }
 }
@@ -390,9 +454,13 @@ impl SqliteStore {
             context: "reading the database",
             source: sqlx::Error::PoolClosed,
         })?;
-        let conn = lock_idle(&self.readers).pop();
+        // Empty only once `close` has taken the idle connections.
+        let conn = lock_idle(&self.readers).pop().ok_or(StoreError::Query {
+            context: "reading the database",
+            source: sqlx::Error::PoolClosed,
+        })?;
         Ok(ReaderGuard {
-            conn: Some(conn.expect("a permit is an idle connection")),
+            conn: Some(conn),
             readers: self.readers.clone(),
             _permit: permit,
         })
@@ -417,10 +485,10 @@ impl SqliteStore {
         }
         let mut guard = WriterGuard(held);
         if guard.0.maybe_open {
-            if let Err(error) = sqlx::query("ROLLBACK").execute(&mut *guard).await {
+            // An abandoned transaction no task could roll back (`SqliteTx`'s `Drop`).
+            if let Err(error) = rolled_back(&mut guard).await {
                 tracing::debug!(%error, "nothing was left open on the writer");
             }
-            guard.0.maybe_open = false;
         }
         Ok(guard)
     }
@@ -436,7 +504,7 @@ impl SqliteStore {
         // Marked now: cancelled once its first statement is on its way, the transaction may open.
         writer.0.maybe_open = true;
         Ok(SqliteTx {
-            writer,
+            writer: Some(writer),
             begin_pending: true,
         })
     }
@@ -460,8 +528,9 @@ mod tests {
     use sqlx::Row as _;
 
     /// A write transaction whose holder is cancelled (its future dropped) between `BEGIN` and
-    /// `COMMIT` leaves nothing behind, and the next write is not swallowed by it: the next holder
-    /// of the writer rolls it back first. A closed store refuses writes with an error.
+    /// `COMMIT` leaves nothing behind: it is rolled back at once, so SQLite's write lock is free
+    /// for another process, and the next write is not swallowed by it. A closed store refuses
+    /// writes with an error.
     #[tokio::test]
     async fn a_cancelled_write_transaction_is_rolled_back_before_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
@@ -474,6 +543,16 @@ mod tests {
         let mut tx = store.begin_write().await.unwrap();
         insert("abandoned").execute(&mut tx).await.unwrap();
         drop(tx);
+        // SQLite's write lock is free again without this store writing anything more: another
+        // process (`cursor-server users add`) can write.
+        let mut other = SqliteConnection::connect_with(&options(&url).unwrap())
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
         {
             let mut writer = store.writer().await.unwrap();
             insert("kept").execute(&mut *writer).await.unwrap();
