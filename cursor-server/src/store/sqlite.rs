@@ -531,31 +531,48 @@ mod tests {
     use super::*;
     use sqlx::Row as _;
 
-    /// A write transaction whose holder is cancelled (its future dropped) between `BEGIN` and
-    /// `COMMIT` leaves nothing behind: it is rolled back at once, so SQLite's write lock is free
-    /// for another process, and the next write is not swallowed by it. A closed store refuses
-    /// writes with an error.
-    #[tokio::test]
-    async fn a_cancelled_write_transaction_is_rolled_back_before_the_next_write() {
+    /// A new store in a directory of its own (kept alive by the returned guard), and its URL.
+    async fn new_store() -> (tempfile::TempDir, String, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("w.db").display());
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
         let store = SqliteStore::open(&url).await.unwrap();
-        let insert = |id: &'static str| {
-            sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ($1, 0)").bind(id)
-        };
+        (dir, url, store)
+    }
 
-        let mut tx = store.begin_write().await.unwrap();
-        insert("abandoned").execute(&mut tx).await.unwrap();
-        drop(tx);
-        // SQLite's write lock is free again without this store writing anything more: another
-        // process (`cursor-server users add`) can write.
-        let mut other = SqliteConnection::connect_with(&options(&url).unwrap())
+    /// Another connection to the store's file (another process, as far as SQLite can tell),
+    /// holding SQLite's write lock.
+    async fn lock_from_outside(url: &str) -> SqliteConnection {
+        let mut other = SqliteConnection::connect_with(&options(url).unwrap())
             .await
             .unwrap();
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut other)
             .await
             .unwrap();
+        other
+    }
+
+    /// Inserts the conversation row `id`.
+    fn insert(
+        id: &'static str,
+    ) -> sqlx::query::Query<'static, Sqlite, <Sqlite as sqlx::Database>::Arguments> {
+        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ($1, 0)").bind(id)
+    }
+
+    /// A write transaction whose holder is cancelled (its future dropped) between `BEGIN` and
+    /// `COMMIT` leaves nothing behind: it is rolled back at once, so SQLite's write lock is free
+    /// for another process, and the next write is not swallowed by it. A closed store refuses
+    /// writes with an error.
+    #[tokio::test]
+    async fn a_cancelled_write_transaction_is_rolled_back_before_the_next_write() {
+        let (_dir, url, store) = new_store().await;
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("abandoned").execute(&mut tx).await.unwrap();
+        drop(tx);
+        // SQLite's write lock is free again without this store writing anything more: another
+        // process (`cursor-server users add`) can write.
+        let mut other = lock_from_outside(&url).await;
         sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
         {
             let mut writer = store.writer().await.unwrap();
@@ -594,12 +611,7 @@ mod tests {
     /// the same transaction; one that ran nothing commits and rolls back.
     #[tokio::test]
     async fn the_begin_riding_on_a_first_statement_changes_none_of_its_results() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("b.db").display());
-        let store = SqliteStore::open(&url).await.unwrap();
-        let insert = |id: &'static str| {
-            sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ($1, 0)").bind(id)
-        };
+        let (_dir, _, store) = new_store().await;
         let ids = || async {
             sqlx::query_scalar::<_, String>("SELECT id FROM conversations ORDER BY id")
                 .fetch_all(&mut *store.reader().await.unwrap())
@@ -649,22 +661,11 @@ mod tests {
     /// it), and once the lock is free the writer takes transactions again.
     #[tokio::test]
     async fn a_first_statement_whose_begin_stays_busy_fails_and_writes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("busy.db").display());
-        let store = SqliteStore::open(&url).await.unwrap();
-        let mut other = SqliteConnection::connect_with(&options(&url).unwrap())
-            .await
-            .unwrap();
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut other)
-            .await
-            .unwrap();
+        let (_dir, url, store) = new_store().await;
+        let mut other = lock_from_outside(&url).await;
 
         let mut tx = store.begin_write().await.unwrap();
-        let refused = sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('x', 0)")
-            .execute(&mut tx)
-            .await
-            .unwrap_err();
+        let refused = insert("x").execute(&mut tx).await.unwrap_err();
         assert!(is_busy(&refused), "{refused}");
         let _ = tx.rollback().await;
         sqlx::query("COMMIT").execute(&mut other).await.unwrap();
@@ -678,10 +679,7 @@ mod tests {
             "the statement behind the failed BEGIN did not run"
         );
         let mut tx = store.begin_write().await.unwrap();
-        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('y', 0)")
-            .execute(&mut tx)
-            .await
-            .unwrap();
+        insert("y").execute(&mut tx).await.unwrap();
         tx.commit().await.unwrap();
     }
 
@@ -690,10 +688,8 @@ mod tests {
     /// next read with its own answer.
     #[tokio::test]
     async fn a_read_waits_for_a_free_reader_and_a_cancelled_read_gives_its_reader_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("r.db").display());
-        let store = SqliteStore::open(&url).await.unwrap();
-        sqlx::query("INSERT INTO conversations (id, created_at_ms) VALUES ('a', 0)")
+        let (_dir, _, store) = new_store().await;
+        insert("a")
             .execute(&mut *store.writer().await.unwrap())
             .await
             .unwrap();
