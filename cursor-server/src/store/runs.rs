@@ -285,14 +285,67 @@ impl ProviderCallRecord {
     }
 }
 
-/// Records a provider call (`budgets::record_charged_call` also charges it to a person).
+/// The statement that records a provider call `$call` (`&ProviderCallRecord`) with its retries'
+/// JSON `$retries` (`&Option<String>`). A macro, so that each backend's expansion in `on_tx!` or
+/// `on_writer!` is typed by its own driver.
+macro_rules! provider_call_insert {
+    ($call:expr, $retries:expr) => {{
+        let call: &ProviderCallRecord = $call;
+        let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        sqlx::query(
+            "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider,
+                 model_id, purpose, request_bytes, started_at_ms, first_event_ms, total_ms,
+                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                 reasoning_tokens, finish_reason, error, attempts, retries_json, fallback_from,
+                 key_index)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                 $18, $19, $20, $21)",
+        )
+        .bind(&call.model_call_id)
+        .bind(&call.request_id)
+        .bind(&call.conversation_id)
+        .bind(&call.provider)
+        .bind(&call.model_id)
+        .bind(call.purpose.as_str())
+        .bind(as_i64(Some(call.request_bytes)))
+        .bind(call.started_at_ms)
+        .bind(as_i64(call.first_event_ms))
+        .bind(as_i64(Some(call.total_ms)))
+        .bind(as_i64(call.usage.input_tokens))
+        .bind(as_i64(call.usage.output_tokens))
+        .bind(as_i64(call.usage.cache_read_tokens))
+        .bind(as_i64(call.usage.cache_write_tokens))
+        .bind(as_i64(call.usage.reasoning_tokens))
+        .bind(&call.finish_reason)
+        .bind(&call.error)
+        .bind(i64::from(call.attempts()))
+        .bind($retries)
+        .bind(&call.fallback_from)
+        .bind(call.key_index.map(i64::from))
+    }};
+}
+
+/// The call's retries as stored (`retries_json`), `None` for a call that needed none.
+fn retries_json(call: &ProviderCallRecord) -> Result<Option<String>, StoreError> {
+    if call.retries.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(serde_json::to_string(&call.retries)?))
+}
+
+/// Records a provider call (`budgets::record_charged_call` also charges it to a person). One
+/// statement, so no transaction around it: on SQLite one command to the writer's thread instead
+/// of a `BEGIN` riding on it and a `COMMIT` after.
 pub async fn record_provider_call(
     store: &Store,
     call: &ProviderCallRecord,
 ) -> Result<(), StoreError> {
-    write_tx!(store, "recording a provider call", |tx| {
-        insert_provider_call(&mut tx, call).await
-    })
+    let retries = retries_json(call)?;
+    on_writer!(store, |w| provider_call_insert!(call, &retries)
+        .execute(w)
+        .await
+        .map(|_| ())
+        .context("recording a provider call"))
 }
 
 /// Writes a provider call's record inside a write transaction.
@@ -300,48 +353,12 @@ pub(super) async fn insert_provider_call(
     tx: &mut super::Tx,
     call: &ProviderCallRecord,
 ) -> Result<(), StoreError> {
-    let as_i64 = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
-    let retries = if call.retries.is_empty() {
-        None
-    } else {
-        Some(serde_json::to_string(&call.retries)?)
-    };
-    on_tx!(&mut *tx, |w| {
-        sqlx::query(
-        "INSERT INTO provider_calls (model_call_id, request_id, conversation_id, provider, model_id,
-             purpose, request_bytes, started_at_ms, first_event_ms, total_ms, input_tokens,
-             output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, finish_reason,
-             error, attempts, retries_json, fallback_from,
-             key_index)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
-    )
-    .bind(&call.model_call_id)
-    .bind(&call.request_id)
-    .bind(&call.conversation_id)
-    .bind(&call.provider)
-    .bind(&call.model_id)
-    .bind(call.purpose.as_str())
-    .bind(as_i64(Some(call.request_bytes)))
-    .bind(call.started_at_ms)
-    .bind(as_i64(call.first_event_ms))
-    .bind(as_i64(Some(call.total_ms)))
-    .bind(as_i64(call.usage.input_tokens))
-    .bind(as_i64(call.usage.output_tokens))
-    .bind(as_i64(call.usage.cache_read_tokens))
-    .bind(as_i64(call.usage.cache_write_tokens))
-    .bind(as_i64(call.usage.reasoning_tokens))
-    .bind(&call.finish_reason)
-    .bind(&call.error)
-    .bind(i64::from(call.attempts()))
-    .bind(&retries)
-    .bind(&call.fallback_from)
-    .bind(call.key_index.map(i64::from))
-    .execute(w)
-    .await
-    .map(|done| done.rows_affected())
-    .context("recording a provider call")
-    })?;
-    Ok(())
+    let retries = retries_json(call)?;
+    on_tx!(&mut *tx, |w| provider_call_insert!(call, &retries)
+        .execute(w)
+        .await
+        .map(|_| ())
+        .context("recording a provider call"))
 }
 
 /// The provider calls of a run, in the order they started.
