@@ -303,10 +303,15 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
     }
     let mut ensure_ahead = super::conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
-        let ahead = super::conversations::ensure_ahead(&mut ensure_ahead, chunk.len() * 2 + 1);
+        let ahead = super::conversations::ensure_ahead(
+            &mut ensure_ahead,
+            conversation_id,
+            chunk.len() * 2 + 1,
+        );
         let sql = format!(
-            "{ahead}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
+            "{}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
              ON CONFLICT DO NOTHING",
+            ahead.sql(),
             row_placeholders(chunk.len(), 2)
         );
         on_tx!(&mut *tx, |c| {
@@ -314,10 +319,8 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
             for id in chunk {
                 query = query.bind(conversation_id).bind(&id.0[..]);
             }
-            if !ahead.is_empty() {
-                query = query.bind(conversation_id).bind(now_ms());
-            }
-            query
+            ahead
+                .bind(query)
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())

@@ -24,16 +24,57 @@ pub(crate) async fn ensure_now_or_ahead(
 }
 
 /// While `pending` (`ensure_now_or_ahead`), `ensure` as a statement to put ahead of another in one
-/// query, once: `pending` is cleared. Its two parameters are numbered from `first`: bind the
-/// conversation's id and `now_ms()` after the other statement's own. Empty otherwise.
-pub(crate) fn ensure_ahead(pending: &mut bool, first: usize) -> String {
+/// query, once: `pending` is cleared. Its two parameters are numbered from `first`, after the other
+/// statement's own; `Ahead::bind` binds them. Nothing otherwise.
+pub(crate) fn ensure_ahead<'a>(
+    pending: &mut bool,
+    conversation_id: &'a str,
+    first: usize,
+) -> Ahead<'a> {
     if !std::mem::take(pending) {
-        return String::new();
+        return Ahead {
+            sql: String::new(),
+            row: None,
+        };
     }
-    format!(
-        "INSERT INTO conversations (id, created_at_ms) VALUES (${first}, ${}) ON CONFLICT DO NOTHING;\n",
-        first + 1
-    )
+    Ahead {
+        sql: format!(
+            "INSERT INTO conversations (id, created_at_ms) VALUES (${first}, ${}) ON CONFLICT DO NOTHING;\n",
+            first + 1
+        ),
+        row: Some((conversation_id, now_ms())),
+    }
+}
+
+/// The conversation's `ensure` riding ahead of another statement (`ensure_ahead`), or nothing: its
+/// text goes in front of the statement's, its parameters after the statement's own.
+#[derive(Debug)]
+pub(crate) struct Ahead<'a> {
+    sql: String,
+    row: Option<(&'a str, i64)>,
+}
+
+impl<'a> Ahead<'a> {
+    /// The statement to put in front, with its `;`, or an empty string.
+    pub(crate) fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// `query` with this statement's parameters bound after its own (none if there is nothing
+    /// ahead).
+    pub(crate) fn bind<'q, DB: sqlx::Database>(
+        &self,
+        query: sqlx::query::Query<'q, DB, DB::Arguments>,
+    ) -> sqlx::query::Query<'q, DB, DB::Arguments>
+    where
+        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    {
+        match self.row {
+            Some((conversation_id, now)) => query.bind(conversation_id).bind(now),
+            None => query,
+        }
+    }
 }
 
 /// Creates the conversation row if it does not exist yet.

@@ -58,10 +58,15 @@ async fn sent(
     let now = now_ms();
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
         let columns = 5;
-        let ahead = conversations::ensure_ahead(&mut ensure_ahead, chunk.len() * columns + 1);
+        let ahead = conversations::ensure_ahead(
+            &mut ensure_ahead,
+            conversation_id,
+            chunk.len() * columns + 1,
+        );
         let sql = format!(
-            "{ahead}INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+            "{}INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
              VALUES {} ON CONFLICT DO NOTHING",
+            ahead.sql(),
             row_placeholders(chunk.len(), columns)
         );
         on_tx!(&mut *tx, |c| {
@@ -74,10 +79,8 @@ async fn sent(
                     .bind(request_id)
                     .bind(now);
             }
-            if !ahead.is_empty() {
-                query = query.bind(conversation_id).bind(now);
-            }
-            query
+            ahead
+                .bind(query)
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())
@@ -172,22 +175,21 @@ async fn checkpoint_replaced(
     let mut ensure_ahead =
         ensure && conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     if tx.kind() == DatabaseKind::Sqlite {
-        let ahead = conversations::ensure_ahead(&mut ensure_ahead, 5);
+        let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 5);
         let sql = format!(
-            "{ahead}DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
+            "{}DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
              INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-             VALUES ($1, 'checkpoint', $2, $3, $4)"
+             VALUES ($1, 'checkpoint', $2, $3, $4)",
+            ahead.sql()
         );
         on_tx!(tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            let query = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(conversation_id)
                 .bind(&state.0[..])
                 .bind(request_id)
                 .bind(now);
-            if !ahead.is_empty() {
-                query = query.bind(conversation_id).bind(now);
-            }
-            query
+            ahead
+                .bind(query)
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())
