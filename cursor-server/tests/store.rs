@@ -81,6 +81,7 @@ on_both_backends!(
     the_database_refuses_history_from_a_run_that_no_longer_owns_the_conversation,
     a_refused_tool_result_commit_leaves_nothing_half_written,
     concurrent_appends_to_one_conversation_get_every_sequence_number_once,
+    writes_of_several_statements_each_land_whole,
     concurrent_runs_never_fail_with_a_locked_database,
     a_consumed_runtime_event_is_never_appended_again,
     concurrent_writers_consume_a_runtime_event_once,
@@ -279,6 +280,39 @@ async fn concurrent_appends_to_one_conversation_get_every_sequence_number_once(d
             assert_eq!(history[at + 1], format!("{first}-1"), "{history:?}");
         }
     }
+}
+
+async fn writes_of_several_statements_each_land_whole(db: TestDb) {
+    // More rows than one statement takes (256): each write below sends several statements, and the
+    // transaction's COMMIT (on SQLite riding on its last statement) comes after all of them.
+    runs::start(&db.store, "r", "c", "m", "m").await.unwrap();
+    let batch: Vec<_> = (0..600).map(|i| user_in(None, &format!("m{i}"))).collect();
+    messages::append(&db.store, "c", "r", &batch).await.unwrap();
+    let history = texts(&messages::load(&db.store, "c").await.unwrap());
+    let expected: Vec<String> = (0..600).map(|i| format!("m{i}")).collect();
+    assert_eq!(history, expected);
+
+    let sent: Vec<BlobId> = (0..600u32).map(|i| BlobId::of(&i.to_be_bytes())).collect();
+    blobs::put_and_send(&db.store, &[], ("c", "r", &sent), None)
+        .await
+        .unwrap();
+    let pending = outbox::pending(&db.store, "c").await.unwrap();
+    assert_eq!(pending.blobs.len(), 600, "every sent blob owed");
+    let mut owed = pending.blobs;
+    owed.sort();
+    let mut all = sent.clone();
+    all.sort();
+    assert_eq!(owed, all);
+
+    blobs::acknowledge(&db.store, "c", &sent).await.unwrap();
+    assert_eq!(
+        outbox::pending(&db.store, "c").await.unwrap(),
+        outbox::Pending::default(),
+        "nothing owed once acknowledged"
+    );
+    let mut acked = blobs::acked(&db.store, "c").await.unwrap();
+    acked.sort();
+    assert_eq!(acked, all);
 }
 
 async fn concurrent_runs_never_fail_with_a_locked_database(db: TestDb) {

@@ -98,9 +98,14 @@ pub async fn put_and_send(
     }
     write_tx!(store, "committing blobs", |tx| {
         put(&mut tx, blobs).await?;
+        if built.is_none() {
+            tx.end_with_next();
+        }
         super::outbox::blobs_sent_in(&mut tx, conversation_id, request_id, sent).await?;
         if let Some(state) = built {
             let (conversation, request) = (conversation_id, request_id);
+            // One statement on SQLite, and nothing after it can fail.
+            tx.end_with_next();
             if sent.is_empty() {
                 super::outbox::checkpoint_built_in(&mut tx, conversation, request, state).await?;
             } else {
@@ -296,21 +301,39 @@ async fn postgres_gc(
     Ok(deleted)
 }
 
-/// Records that the client stored `ids` for `conversation_id` (part of a publication).
+/// Records that the client stored `ids` for `conversation_id` (part of a publication), and that
+/// they are no longer owed. On SQLite each chunk's acks and outbox rows go in one query, the
+/// deletion naming the blobs by the insert's own parameters: one round trip.
 async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
+    let sqlite = tx.kind() == super::DatabaseKind::Sqlite;
     let mut ensure_ahead = super::conversations::ensure_now_or_ahead(tx, conversation_id).await?;
-    for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+    let chunks = ids.len().div_ceil(ROWS_PER_STATEMENT);
+    for (index, chunk) in ids.chunks(ROWS_PER_STATEMENT).enumerate() {
+        if index + 1 < chunks {
+            tx.not_last();
+        }
         let ahead = super::conversations::ensure_ahead(
             &mut ensure_ahead,
             conversation_id,
             chunk.len() * 2 + 1,
         );
+        // Row i binds ($2i-1, $2i): the conversation, then the blob.
+        let cleared = match sqlite {
+            true => format!(
+                ";\nDELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id IN ({})",
+                (1..=chunk.len())
+                    .map(|row| format!("${}", 2 * row))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            false => String::new(),
+        };
         let sql = format!(
             "{}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
-             ON CONFLICT DO NOTHING",
+             ON CONFLICT DO NOTHING{cleared}",
             ahead.sql(),
             row_placeholders(chunk.len(), 2)
         );
@@ -326,6 +349,9 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
                 .map(|done| done.rows_affected())
                 .context("recording blob acks")?
         });
+    }
+    if sqlite {
+        return Ok(());
     }
     super::outbox::blobs_acknowledged(tx, conversation_id, ids).await
 }
@@ -351,6 +377,7 @@ pub async fn acknowledge_and_publish(
         )
         .await?;
         if moved {
+            tx.end_with_next();
             super::outbox::checkpoint_published(&mut tx, conversation_id, state).await?;
         }
         Ok(moved)
@@ -367,12 +394,11 @@ pub async fn acknowledge(
     if ids.is_empty() {
         return Ok(());
     }
-    write_tx!(store, "committing blob acks", |tx| acks_in(
-        &mut tx,
-        conversation_id,
-        ids
-    )
-    .await)
+    write_tx!(store, "committing blob acks", |tx| {
+        // Nothing after the acks can fail.
+        tx.end_with_next();
+        acks_in(&mut tx, conversation_id, ids).await
+    })
 }
 
 /// Blobs the client already holds for `conversation_id`.

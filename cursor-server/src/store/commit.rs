@@ -54,9 +54,14 @@ pub async fn tool_result(
         )
         .await?;
         let (conversation_id, request_id) = (commit.conversation_id, commit.request_id);
+        // Nothing after the last statement can fail: its COMMIT goes with it.
+        if commit.built.is_none() {
+            tx.end_with_next();
+        }
         // `lock` made sure of the conversation's row.
         outbox::blobs_sent_to_existing(&mut tx, (conversation_id, request_id), commit.sent).await?;
         if let Some(state) = commit.built {
+            tx.end_with_next();
             outbox::checkpoint_built_to_existing(&mut tx, conversation_id, request_id, state)
                 .await?;
         }

@@ -91,6 +91,17 @@ pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), Sto
     Ok(())
 }
 
+/// `lock`, or on SQLite (where the one writer is the lock) says its `ensure` is to go ahead of the
+/// caller's next statement (`ensure_ahead`).
+pub(crate) async fn lock_now_or_ahead(
+    tx: &mut Tx,
+    conversation_id: &str,
+) -> Result<bool, StoreError> {
+    let ahead = ensure_now_or_ahead(tx, conversation_id).await?;
+    lock_existing(tx, conversation_id).await?;
+    Ok(ahead)
+}
+
 /// Creates the conversation row if needed and, on PostgreSQL, locks it until the transaction
 /// ends: writers of one conversation's history take turns, so the end of history they read is the
 /// end they write after (SQLite has one writer at a time already).

@@ -15,8 +15,10 @@ pub async fn append(
     messages: &[CanonicalMessage],
 ) -> Result<(), StoreError> {
     write_tx!(store, "committing messages", |tx| {
-        conversations::lock(&mut tx, conversation_id).await?;
-        insert(&mut tx, conversation_id, request_id, messages, None).await
+        let ensure_ahead = conversations::lock_now_or_ahead(&mut tx, conversation_id).await?;
+        tx.end_with_next();
+        let rows = rows_of(messages, None);
+        insert_rows(&mut tx, (conversation_id, request_id), &rows, ensure_ahead).await
     })
 }
 
@@ -125,7 +127,8 @@ pub async fn append_opening(
             }
             insert_rows_at(&mut tx, (conversation_id, request_id), &rows, read).await?;
             blobs::put_in(&mut tx, opening.blobs).await?;
-            // The run's record made sure of the conversation's row.
+            // The run's record made sure of the conversation's row. Nothing after can fail.
+            tx.end_with_next();
             super::outbox::blobs_sent_to_existing(
                 &mut tx,
                 (conversation_id, request_id),
@@ -143,13 +146,27 @@ pub async fn append_opening(
 
 /// The next sequence number of the conversation's history (its length: sequences have no gaps).
 async fn end(tx: &mut Tx, conversation_id: &str) -> Result<i64, StoreError> {
-    on_tx!(&mut *tx, |c| sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
-    )
-    .bind(conversation_id)
-    .fetch_one(c)
-    .await
-    .context("finding the end of history"))
+    end_after(tx, conversation_id, false).await
+}
+
+/// `end`; with `ensure_ahead`, the conversation's `ensure` goes in the same query, in front
+/// (`conversations::ensure_ahead`).
+async fn end_after(
+    tx: &mut Tx,
+    conversation_id: &str,
+    mut ensure_ahead: bool,
+) -> Result<i64, StoreError> {
+    let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 2);
+    let sql = format!(
+        "{}SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
+        ahead.sql()
+    );
+    on_tx!(&mut *tx, |c| ahead
+        .bind(sqlx::query(sqlx::AssertSqlSafe(sql)).bind(conversation_id))
+        .fetch_one(c)
+        .await
+        .and_then(|row| sqlx::Row::try_get::<i64, _>(&row, 0))
+        .context("finding the end of history"))
 }
 
 async fn append_tags(
@@ -197,24 +214,37 @@ async fn insert(
     messages: &[CanonicalMessage],
     runtime_event_id: Option<&str>,
 ) -> Result<(), StoreError> {
-    let rows: Vec<(&CanonicalMessage, Option<&str>)> = messages
-        .iter()
-        .map(|message| (message, runtime_event_id))
-        .collect();
-    insert_rows(tx, conversation_id, request_id, &rows).await
+    let rows = rows_of(messages, runtime_event_id);
+    insert_rows(tx, (conversation_id, request_id), &rows, false).await
 }
 
-/// `insert` of messages each with its own runtime event (or none), as multi-row statements.
+/// `messages`, each with `runtime_event_id`.
+fn rows_of<'a>(
+    messages: &'a [CanonicalMessage],
+    runtime_event_id: Option<&'a str>,
+) -> Vec<(&'a CanonicalMessage, Option<&'a str>)> {
+    messages
+        .iter()
+        .map(|message| (message, runtime_event_id))
+        .collect()
+}
+
+/// `insert` of messages each with its own runtime event (or none), as multi-row statements; with
+/// `ensure_ahead`, the conversation's `ensure` goes with the read of the end of history.
 async fn insert_rows(
     tx: &mut Tx,
-    conversation_id: &str,
-    request_id: &str,
+    (conversation_id, request_id): (&str, &str),
     rows: &[(&CanonicalMessage, Option<&str>)],
+    ensure_ahead: bool,
 ) -> Result<(), StoreError> {
     if rows.is_empty() {
+        if ensure_ahead {
+            conversations::ensure(tx, conversation_id).await?;
+        }
         return Ok(());
     }
-    let next = end(tx, conversation_id).await?;
+    tx.not_last();
+    let next = end_after(tx, conversation_id, ensure_ahead).await?;
     insert_rows_at(tx, (conversation_id, request_id), rows, next).await
 }
 
@@ -227,7 +257,11 @@ async fn insert_rows_at(
 ) -> Result<(), StoreError> {
     let created = now_ms();
     let mut seq = next;
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+    let chunks = rows.len().div_ceil(ROWS_PER_STATEMENT);
+    for (index, chunk) in rows.chunks(ROWS_PER_STATEMENT).enumerate() {
+        if index + 1 < chunks {
+            tx.not_last();
+        }
         let mut bound = Vec::with_capacity(chunk.len());
         for (message, runtime_event_id) in chunk {
             let origin = match message {

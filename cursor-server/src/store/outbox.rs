@@ -56,7 +56,11 @@ async fn sent(
         return Ok(());
     }
     let now = now_ms();
-    for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+    let chunks = ids.len().div_ceil(ROWS_PER_STATEMENT);
+    for (index, chunk) in ids.chunks(ROWS_PER_STATEMENT).enumerate() {
+        if index + 1 < chunks {
+            tx.not_last();
+        }
         let columns = 5;
         let ahead = conversations::ensure_ahead(
             &mut ensure_ahead,

@@ -113,45 +113,76 @@ pub struct RunStart<'a> {
 /// Records the run as running and makes it the conversation's one writer, inside the caller's
 /// transaction (`start_on`, or the run's first messages: `messages::append_opening`).
 pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), StoreError> {
-    conversations::ensure(tx, start.conversation_id).await?;
-    let taken = on_tx!(tx, |c| {
-        sqlx::query(
-            "INSERT INTO runs (request_id, conversation_id, status, model_id, requested_model,
-                 started_at_ms, node)
-             VALUES ($1, $2, 'running', $3, $4, $5, $6)",
-        )
-        .bind(start.request_id)
-        .bind(start.conversation_id)
-        .bind(start.model_id)
-        .bind(start.requested_model)
-        .bind(now_ms())
-        .bind(start.node)
-        .execute(&mut *c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("recording run start")?;
-        // From now on only this run adds to the conversation's history (enforced by a
-        // trigger). With `[auth]` the same statement claims a conversation nobody has for the
-        // run's person and takes over only one that is theirs: no row means someone else's.
-        sqlx::query(
-            "UPDATE conversations SET owner_request_id = $1,
-                 owner_user = COALESCE(owner_user, $3)
-             WHERE id = $2 AND ($3 IS NULL OR owner_user IS NULL OR owner_user = $3)",
-        )
-        .bind(start.request_id)
-        .bind(start.conversation_id)
-        .bind(start.person)
-        .execute(&mut *c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("taking the conversation over")?
-    });
+    let taken = match tx {
+        // One query of three statements, one round trip to SQLite's worker thread: the row the
+        // update returns says whether the conversation was taken.
+        Tx::Sqlite(c) => {
+            let sql = format!(
+                "INSERT INTO conversations (id, created_at_ms) VALUES ($2, $5) ON CONFLICT DO NOTHING;
+                 {RUN_RECORD};
+                 {} RETURNING 1",
+                take_over(7)
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(start.request_id)
+                .bind(start.conversation_id)
+                .bind(start.model_id)
+                .bind(start.requested_model)
+                .bind(now_ms())
+                .bind(start.node)
+                .bind(start.person)
+                .fetch_optional(c)
+                .await
+                .context("recording run start")?;
+            u64::from(row.is_some())
+        }
+        Tx::Postgres(_) => {
+            conversations::ensure(tx, start.conversation_id).await?;
+            on_tx!(tx, |c| {
+                sqlx::query(RUN_RECORD)
+                    .bind(start.request_id)
+                    .bind(start.conversation_id)
+                    .bind(start.model_id)
+                    .bind(start.requested_model)
+                    .bind(now_ms())
+                    .bind(start.node)
+                    .execute(&mut *c)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .context("recording run start")?;
+                sqlx::query(sqlx::AssertSqlSafe(take_over(3)))
+                    .bind(start.request_id)
+                    .bind(start.conversation_id)
+                    .bind(start.person)
+                    .execute(&mut *c)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .context("taking the conversation over")?
+            })
+        }
+    };
     match taken {
         0 => Err(StoreError::NotYours {
             conversation_id: start.conversation_id.to_owned(),
         }),
         _ => Ok(()),
     }
+}
+
+/// The run's record, as running: $1 the run, $2 the conversation, $3 and $4 the model as routed
+/// and as asked, $5 the time, $6 the node.
+const RUN_RECORD: &str = "INSERT INTO runs (request_id, conversation_id, status, model_id,
+         requested_model, started_at_ms, node)
+     VALUES ($1, $2, 'running', $3, $4, $5, $6)";
+
+/// From now on only run $1 adds to conversation $2's history (enforced by a trigger). With
+/// `[auth]` the same statement claims a conversation nobody has for the run's person (parameter
+/// `person`) and takes over only one that is theirs: no row changed means someone else's.
+fn take_over(person: u8) -> String {
+    format!(
+        "UPDATE conversations SET owner_request_id = $1, owner_user = COALESCE(owner_user, ${person})
+         WHERE id = $2 AND (${person} IS NULL OR owner_user IS NULL OR owner_user = ${person})"
+    )
 }
 
 /// Runs a previous process left `running` (it was killed, or lost power): they can never finish,

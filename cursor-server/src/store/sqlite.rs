@@ -6,11 +6,13 @@
 //! taken and again when it is given back, each ping a round trip to the connection's worker
 //! thread, waking a thread on each side. The one writer is behind a fair lock; the readers are a
 //! fair semaphore over a list of idle connections (`Readers`). A write transaction's `BEGIN`
-//! travels with its first statement (`SqliteTx`).
+//! travels with its first statement, and its `COMMIT` with its last where the body names it
+//! (`SqliteTx`, `TxState`).
 //!
-//! Length: about 860 lines, of which the tests of these rules (cancellation, the riding `BEGIN`,
-//! a busy lock, readers taken in turn, the rowid migration) are 350: the rules and their tests
-//! read best beside the connections they govern.
+//! Length: about 1,120 lines, of which the tests of these rules (cancellation, the riding `BEGIN`
+//! and `COMMIT`, a busy lock, readers taken in turn, the rowid migration) are 420: the rules and
+//! their tests read best beside the connections they govern, and the statement framing shares the
+//! writer's state.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -140,16 +142,42 @@ impl DerefMut for WriterGuard {
 /// A write transaction on the writer. Its `BEGIN IMMEDIATE` goes in front of its first
 /// statement, in one query: one round trip to the worker thread instead of two. If `BEGIN` fails
 /// (the lock stayed busy), the statement does not run (a query stops at its first error) and the
-/// error is the statement's. Dropped without `commit` or `rollback` (its future cancelled), it
-/// is rolled back by a task of its own that holds the writer until then, so neither SQLite's
-/// write lock nor the writer stays taken; the writer's mark (`Writer::maybe_open`) is the
-/// fallback where no task can be spawned.
+/// error is the statement's. Its `COMMIT` goes behind its last statement, in the same way, where
+/// the body says which that is (`end_with_next`). Dropped without `commit` or `rollback` (its
+/// future cancelled), it is rolled back by a task of its own that holds the writer until then, so
+/// neither SQLite's write lock nor the writer stays taken; the writer's mark
+/// (`Writer::maybe_open`) is the fallback where no task can be spawned.
 #[derive(Debug)]
 pub(crate) struct SqliteTx {
     /// Taken only by `Drop`.
     writer: Option<WriterGuard>,
-    /// `BEGIN IMMEDIATE` is not sent yet: no statement has been sent.
-    begin_pending: bool,
+    state: TxState,
+    /// The next statement is not the last, though the transaction is `Ending` (one statement of
+    /// several that a function sends): it goes without the `COMMIT`.
+    not_last: bool,
+}
+
+/// Where a write transaction stands, by what has been sent to SQLite:
+///
+/// ```text
+///  NotBegun ──a statement, BEGIN in front──▶ Open ──commit(): COMMIT alone──▶ (ended)
+///     │                                        │
+///     └──end_with_next()──▶ Ending{begun} ◀────┘
+///                              │ the last statement: [BEGIN in front,] COMMIT behind, one query
+///                              ▼
+///                          CommitSent ──its results read to their end──▶ Committed
+///                              └──an error (the statement's or COMMIT's)──▶ Open (rollback ends it)
+/// ```
+///
+/// `commit` sends nothing where nothing is left open: `NotBegun` and `Ending{begun: false}` sent
+/// no statement, `Committed` is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxState {
+    NotBegun,
+    Open,
+    Ending { begun: bool },
+    CommitSent,
+    Committed,
 }
 
 impl SqliteTx {
@@ -157,20 +185,55 @@ impl SqliteTx {
         self.writer.as_mut().expect("held until dropped")
     }
 
+    /// The next statement is the transaction's last: its `COMMIT` goes behind it. Once that
+    /// statement has run the transaction is committed, whatever the body does next.
+    pub(crate) fn end_with_next(&mut self) {
+        self.state = match self.state {
+            TxState::NotBegun => TxState::Ending { begun: false },
+            TxState::Open => TxState::Ending { begun: true },
+            other => other,
+        };
+    }
+
+    /// While `Ending`, the next statement goes without the `COMMIT`: more follow it.
+    pub(crate) fn not_last(&mut self) {
+        self.not_last = true;
+    }
+
     pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        if !self.begin_pending {
-            sqlx::query("COMMIT").execute(&mut **self.writer()).await?;
+        match self.state {
+            TxState::NotBegun | TxState::Ending { begun: false } | TxState::Committed => {}
+            TxState::Open | TxState::Ending { begun: true } => {
+                sqlx::query("COMMIT").execute(&mut **self.writer()).await?;
+            }
+            TxState::CommitSent => {
+                // Left to `Drop`'s rollback: whether the `COMMIT` ran is not known here.
+                return Err(sqlx::Error::Protocol(
+                    "the statement carrying the transaction's COMMIT was not read to its end"
+                        .into(),
+                ));
+            }
         }
+        self.state = TxState::Committed;
         self.writer().0.maybe_open = false;
         Ok(())
     }
 
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        if self.begin_pending {
-            self.writer().0.maybe_open = false;
-            return Ok(());
+        match self.state {
+            TxState::NotBegun | TxState::Ending { begun: false } => {}
+            TxState::Committed => {
+                // The body failed after the statement carrying its COMMIT: a misuse of
+                // `end_with_next`, whose writes stay.
+                tracing::error!("a write transaction failed after it was committed");
+                debug_assert!(false, "a write transaction failed after it was committed");
+            }
+            TxState::Open | TxState::Ending { begun: true } | TxState::CommitSent => {
+                return rolled_back(self.writer()).await;
+            }
         }
-        rolled_back(self.writer()).await
+        self.writer().0.maybe_open = false;
+        Ok(())
     }
 }
 
@@ -193,7 +256,10 @@ impl Drop for SqliteTx {
         if !writer.0.maybe_open {
             return;
         }
-        if self.begin_pending {
+        if matches!(
+            self.state,
+            TxState::NotBegun | TxState::Ending { begun: false } | TxState::Committed
+        ) {
             writer.0.maybe_open = false;
             return;
         }
@@ -207,16 +273,23 @@ impl Drop for SqliteTx {
     }
 }
 
-/// A statement with the transaction's `BEGIN IMMEDIATE` in front (`SqliteTx`), its arguments
-/// already taken (so that `BEGIN` is known to be sent once this is).
-struct BeginAhead<E> {
+/// A statement with the transaction's `BEGIN IMMEDIATE` in front, its `COMMIT` behind, or both
+/// (`SqliteTx`), its arguments already taken (so that what rides with it is known to be sent once
+/// it is).
+struct Framed<E> {
     query: E,
     arguments: Option<SqliteArguments>,
+    begin: bool,
+    commit: bool,
 }
 
-impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for BeginAhead<E> {
+impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for Framed<E> {
     fn sql(self) -> SqlStr {
-        AssertSqlSafe(format!("BEGIN IMMEDIATE;\n{}", self.query.sql().as_str())).into_sql_str()
+        let sql = self.query.sql();
+        let statement = sql.as_str().trim_end().trim_end_matches(';');
+        let begin = if self.begin { "BEGIN IMMEDIATE;\n" } else { "" };
+        let commit = if self.commit { ";\nCOMMIT" } else { "" };
+        AssertSqlSafe(format!("{begin}{statement}{commit}")).into_sql_str()
     }
 
     fn statement(&self) -> Option<&SqliteStatement> {
@@ -234,50 +307,144 @@ impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for BeginAhead<E> {
 }
 
 impl SqliteTx {
-    /// `query` with the `BEGIN` in front if it is the transaction's first statement (then no
-    /// longer pending), or as it is. Arguments that fail to encode are the statement's error,
-    /// with nothing sent.
-    fn first_or_next<'q, E: Execute<'q, Sqlite>>(
+    /// `query` with what rides with it by the transaction's state (the state moved on), or as it
+    /// is. Arguments that fail to encode are the statement's error, with nothing sent.
+    fn framed<'q, E: Execute<'q, Sqlite>>(
         &mut self,
         mut query: E,
-    ) -> Result<Either<BeginAhead<E>, E>, sqlx::Error> {
-        if !self.begin_pending {
-            return Ok(Either::Right(query));
-        }
+    ) -> Result<Either<Framed<E>, E>, sqlx::Error> {
+        let not_last = std::mem::take(&mut self.not_last);
+        let (begin, commit, next) = match self.state {
+            TxState::Open => return Ok(Either::Right(query)),
+            TxState::Ending { begun: true } if not_last => return Ok(Either::Right(query)),
+            TxState::NotBegun => (true, false, TxState::Open),
+            TxState::Ending { begun: false } if not_last => {
+                (true, false, TxState::Ending { begun: true })
+            }
+            TxState::Ending { begun } => (!begun, true, TxState::CommitSent),
+            TxState::CommitSent | TxState::Committed => {
+                debug_assert!(false, "a statement after the transaction's last");
+                return Err(sqlx::Error::Protocol(
+                    "a statement after the one carrying the transaction's COMMIT".into(),
+                ));
+            }
+        };
         let arguments = query.take_arguments().map_err(sqlx::Error::Encode)?;
-        self.begin_pending = false;
-        Ok(Either::Left(BeginAhead { query, arguments }))
+        self.state = next;
+        Ok(Either::Left(Framed {
+            query,
+            arguments,
+            begin,
+            commit,
+        }))
     }
 }
 
-/// The statements of a transaction run on the writer; the first carries the `BEGIN`.
+type QueryItem = Result<Either<SqliteQueryResult, SqliteRow>, sqlx::Error>;
+
+/// The results of a `Framed` statement as the statement's own. `BEGIN`'s result is left out:
+/// SQLite reports the changes of the last statement that made any, which would add the previous
+/// transaction's count to this statement's; so is `COMMIT`'s, the last (each statement's result
+/// follows its rows, so each result is held until the next item shows it was not the last). The
+/// transaction is `Committed` once the results end without an error, `Open` again on an error.
+struct FramedResults<'c> {
+    results: BoxStream<'c, QueryItem>,
+    begin: bool,
+    commit: Option<&'c mut TxState>,
+    held: Option<SqliteQueryResult>,
+    row: Option<SqliteRow>,
+}
+
+impl<'c> FramedResults<'c> {
+    fn new(
+        results: BoxStream<'c, QueryItem>,
+        framed: (bool, bool),
+        state: &'c mut TxState,
+    ) -> Self {
+        let (begin, commit) = framed;
+        FramedResults {
+            results,
+            begin,
+            commit: commit.then_some(state),
+            held: None,
+            row: None,
+        }
+    }
+}
+
+impl futures_util::Stream for FramedResults<'_> {
+    type Item = QueryItem;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<QueryItem>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if let Some(row) = this.row.take() {
+            return Poll::Ready(Some(Ok(Either::Right(row))));
+        }
+        loop {
+            let item = match this.results.as_mut().poll_next(cx) {
+                Poll::Ready(item) => item,
+                Poll::Pending => return Poll::Pending,
+            };
+            match item {
+                Some(Ok(Either::Left(_))) if std::mem::take(&mut this.begin) => {}
+                Some(Ok(Either::Left(done))) if this.commit.is_some() => {
+                    if let Some(before) = this.held.replace(done) {
+                        return Poll::Ready(Some(Ok(Either::Left(before))));
+                    }
+                }
+                Some(Ok(Either::Right(row))) => match this.held.take() {
+                    Some(before) => {
+                        this.row = Some(row);
+                        return Poll::Ready(Some(Ok(Either::Left(before))));
+                    }
+                    None => return Poll::Ready(Some(Ok(Either::Right(row)))),
+                },
+                Some(Err(error)) => {
+                    if let Some(state) = this.commit.take() {
+                        *state = TxState::Open;
+                    }
+                    this.held = None;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                Some(done) => return Poll::Ready(Some(done)),
+                None => {
+                    if let Some(state) = this.commit.take()
+                        && this.held.take().is_some()
+                    {
+                        *state = TxState::Committed;
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
+
+/// The statements of a transaction run on the writer; the first carries the `BEGIN`, the last
+/// may carry the `COMMIT`.
 impl<'c> Executor<'c> for &'c mut SqliteTx {
     type Database = Sqlite;
 
-    fn fetch_many<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxStream<'e, Result<Either<SqliteQueryResult, SqliteRow>, sqlx::Error>>
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, QueryItem>
     where
         'c: 'e,
         E: 'q + Execute<'q, Sqlite>,
     {
-        let query = match self.first_or_next(query) {
+        let query = match self.framed(query) {
             Ok(query) => query,
             Err(error) => return Box::pin(futures_util::stream::once(async { Err(error) })),
         };
-        let conn: &'c mut SqliteConnection = self.writer();
+        let SqliteTx { writer, state, .. } = self;
+        let conn: &'c mut SqliteConnection = writer.as_mut().expect("held until dropped");
         match query {
             Either::Right(query) => conn.fetch_many(query),
-            Either::Left(first) => {
-                // `BEGIN`'s own result is left out: SQLite reports the changes of the last
-                // statement that made any, which would add the previous transaction's count to
-                // this statement's.
-                let mut begin_result = true;
-                Box::pin(conn.fetch_many(first).try_filter(move |item| {
-                    let keep = !(std::mem::take(&mut begin_result) && item.is_left());
-                    std::future::ready(keep)
-                }))
+            Either::Left(framed) => {
+                let riding = (framed.begin, framed.commit);
+                Box::pin(FramedResults::new(conn.fetch_many(framed), riding, state))
             }
         }
     }
@@ -290,15 +457,30 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
         'c: 'e,
         E: 'q + Execute<'q, Sqlite>,
     {
-        let query = match self.first_or_next(query) {
+        let query = match self.framed(query) {
             Ok(query) => query,
             Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
-        // `BEGIN` returns no row: the first row is the statement's either way.
-        let conn: &'c mut SqliteConnection = self.writer();
+        let SqliteTx { writer, state, .. } = self;
+        let conn: &'c mut SqliteConnection = writer.as_mut().expect("held until dropped");
         match query {
             Either::Right(query) => conn.fetch_optional(query),
-            Either::Left(first) => conn.fetch_optional(first),
+            // `BEGIN` returns no row: the first row is the statement's either way.
+            Either::Left(framed) if !framed.commit => conn.fetch_optional(framed),
+            // Read to the end, not stopped at the first row: the `COMMIT` is still behind it.
+            Either::Left(framed) => {
+                let riding = (framed.begin, framed.commit);
+                let mut results = FramedResults::new(conn.fetch_many(framed), riding, state);
+                Box::pin(async move {
+                    let mut first = None;
+                    while let Some(item) = results.try_next().await? {
+                        if let Either::Right(row) = item {
+                            first.get_or_insert(row);
+                        }
+                    }
+                    Ok(first)
+                })
+            }
         }
     }
 
@@ -509,7 +691,8 @@ impl SqliteStore {
         writer.0.maybe_open = true;
         Ok(SqliteTx {
             writer: Some(writer),
-            begin_pending: true,
+            state: TxState::NotBegun,
+            not_last: false,
         })
     }
 
@@ -654,6 +837,83 @@ mod tests {
         insert("d").execute(&mut tx).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(ids().await, ["a", "c", "d"]);
+    }
+
+    /// A transaction's `COMMIT` rides on the statement its body names as the last
+    /// (`end_with_next`) and changes none of its results: an update of one row reports one change
+    /// (SQLite reports that change again for `COMMIT`); the write is visible to another
+    /// connection before `commit` is called; a row the statement returns does not cut its `COMMIT`
+    /// off (sqlx stops a one-row read at its first row); a transaction of one statement carries
+    /// both `BEGIN` and `COMMIT`; a last statement that fails commits nothing; and a body that
+    /// names a last statement but sends none is committed by `commit`.
+    #[tokio::test]
+    async fn a_commit_riding_on_the_last_statement_commits_with_it_and_changes_none_of_its_results()
+    {
+        let (_dir, url, store) = new_store().await;
+        let mut outside = SqliteConnection::connect_with(&options(&url).unwrap())
+            .await
+            .unwrap();
+        let mut seen_outside = async || -> Vec<String> {
+            sqlx::query_scalar("SELECT id FROM conversations ORDER BY id")
+                .fetch_all(&mut outside)
+                .await
+                .unwrap()
+        };
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("a").execute(&mut tx).await.unwrap();
+        tx.end_with_next();
+        let changed = sqlx::query("UPDATE conversations SET created_at_ms = 1 WHERE id = 'a'")
+            .execute(&mut tx)
+            .await
+            .unwrap();
+        assert_eq!(changed.rows_affected(), 1, "COMMIT's own count left out");
+        assert_eq!(seen_outside().await, ["a"], "committed with the statement");
+        tx.commit().await.unwrap();
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("b").execute(&mut tx).await.unwrap();
+        tx.end_with_next();
+        let returned: Option<String> = sqlx::query_scalar(
+            "UPDATE conversations SET created_at_ms = 2 WHERE id = 'b' RETURNING id",
+        )
+        .fetch_optional(&mut tx)
+        .await
+        .unwrap();
+        assert_eq!(returned.as_deref(), Some("b"));
+        assert_eq!(
+            seen_outside().await,
+            ["a", "b"],
+            "read past its row to the COMMIT"
+        );
+        tx.commit().await.unwrap();
+
+        let mut tx = store.begin_write().await.unwrap();
+        tx.end_with_next();
+        let inserted = insert("c").execute(&mut tx).await.unwrap();
+        assert_eq!(inserted.rows_affected(), 1);
+        assert_eq!(seen_outside().await, ["a", "b", "c"]);
+        tx.commit().await.unwrap();
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("d").execute(&mut tx).await.unwrap();
+        tx.end_with_next();
+        insert("a")
+            .execute(&mut tx)
+            .await
+            .expect_err("a duplicate id");
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            seen_outside().await,
+            ["a", "b", "c"],
+            "nothing of it committed"
+        );
+
+        let mut tx = store.begin_write().await.unwrap();
+        insert("e").execute(&mut tx).await.unwrap();
+        tx.end_with_next();
+        tx.commit().await.unwrap();
+        assert_eq!(seen_outside().await, ["a", "b", "c", "e"]);
     }
 
     /// While another connection holds SQLite's write lock past the busy timeout, a transaction's
