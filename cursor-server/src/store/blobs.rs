@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use super::sqlite::Joined;
 use super::{
-    Backend, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms, row_placeholders,
+    Backend, Param, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, now_ms,
+    row_placeholders,
 };
 use crate::model::conversation::BlobId;
 
@@ -96,7 +98,45 @@ pub async fn put_and_send(
     if blobs.is_empty() && sent.is_empty() && built.is_none() {
         return Ok(());
     }
+    let edges = edges_of(blobs);
+    let one_query = [blobs.len(), edges.len(), sent.len()]
+        .iter()
+        .all(|rows| *rows <= ROWS_PER_STATEMENT);
     write_tx!(store, "committing blobs", |tx| {
+        if let (Tx::Sqlite(sqlite), true) = (&mut tx, one_query) {
+            // On SQLite every statement goes in one query with the transaction's BEGIN in front
+            // and its COMMIT behind: one round trip to the writer's thread.
+            hashes_checked(blobs)?;
+            let now = now_ms();
+            let mut joined = Joined::default();
+            if !blobs.is_empty() {
+                let (sql, params) = blob_rows(blobs, now);
+                joined.push(&sql, params);
+            }
+            if !edges.is_empty() {
+                let (sql, params) = edge_rows(&edges);
+                joined.push(&sql, params);
+            }
+            if !sent.is_empty() || built.is_some() {
+                let (sql, params) = super::conversations::ensure_row(conversation_id, now);
+                joined.push(sql, params);
+            }
+            let sending = (conversation_id, request_id);
+            if !sent.is_empty() {
+                let (sql, params) = super::outbox::sent_rows(sending, sent, now);
+                joined.push(&sql, params);
+            }
+            if let Some(state) = &built {
+                let (sql, params) = super::outbox::checkpoint_replacement(sending, state, now);
+                joined.push(sql, params);
+            }
+            sqlite.end_with_next();
+            return joined
+                .execute(sqlite)
+                .await
+                .map(|_| ())
+                .map_err(|source| super::owner_refusal(source, "committing blobs", sending));
+        }
         put(&mut tx, blobs).await?;
         if built.is_none() {
             tx.end_with_next();
@@ -130,6 +170,36 @@ pub(super) async fn put_in(
 /// its data's hash: blobs and edges each go in as multi-row statements, a round trip per
 /// `ROWS_PER_STATEMENT` rows rather than one per row.
 async fn put(tx: &mut Tx, blobs: &[(BlobId, &[u8], &[Edge<'_>])]) -> Result<(), StoreError> {
+    hashes_checked(blobs)?;
+    let now = now_ms();
+    for chunk in blobs.chunks(ROWS_PER_STATEMENT) {
+        let (sql, params) = blob_rows(chunk, now);
+        on_tx!(&mut *tx, |c| super::bound(
+            &params,
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+        )
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("storing blobs"))?;
+    }
+    let edges = edges_of(blobs);
+    for chunk in edges.chunks(ROWS_PER_STATEMENT) {
+        let (sql, params) = edge_rows(chunk);
+        on_tx!(&mut *tx, |c| super::bound(
+            &params,
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+        )
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("storing blob edges"))?;
+    }
+    Ok(())
+}
+
+/// Every id is its data's hash.
+fn hashes_checked(blobs: &[(BlobId, &[u8], &[Edge<'_>])]) -> Result<(), StoreError> {
     for (id, data, _) in blobs {
         let actual = BlobId::of(data);
         if actual != *id {
@@ -139,50 +209,52 @@ async fn put(tx: &mut Tx, blobs: &[(BlobId, &[u8], &[Edge<'_>])]) -> Result<(), 
             }));
         }
     }
-    let now = now_ms();
-    for chunk in blobs.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO blobs (id, data, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
-            row_placeholders(chunk.len(), 3)
-        );
-        on_tx!(&mut *tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (id, data, _) in chunk {
-                query = query.bind(&id.0[..]).bind(*data).bind(now);
-            }
-            query
-                .execute(c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("storing blobs")?
-        });
-    }
-    let edges: Vec<(BlobId, &Edge<'_>)> = blobs
+    Ok(())
+}
+
+/// Each blob's edges, with the blob they leave.
+fn edges_of<'a>(blobs: &'a [(BlobId, &[u8], &'a [Edge<'a>])]) -> Vec<(BlobId, &'a Edge<'a>)> {
+    blobs
         .iter()
         .flat_map(|(id, _, edges)| edges.iter().map(move |edge| (*id, edge)))
+        .collect()
+}
+
+/// The blobs' rows (a blob present is left as it is), to run alone or joined with other
+/// statements (`sqlite::Joined`).
+fn blob_rows<'a>(
+    blobs: &'a [(BlobId, &'a [u8], &[Edge<'_>])],
+    now: i64,
+) -> (String, Vec<Param<'a>>) {
+    let sql = format!(
+        "INSERT INTO blobs (id, data, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+        row_placeholders(blobs.len(), 3)
+    );
+    let params = blobs
+        .iter()
+        .flat_map(|(id, data, _)| [Param::Bytes(&id.0[..]), Param::Bytes(data), Param::Int(now)])
         .collect();
-    for chunk in edges.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO blob_edges (parent, kind, ordinal, child) VALUES {} ON CONFLICT DO NOTHING",
-            row_placeholders(chunk.len(), 4)
-        );
-        on_tx!(&mut *tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (parent, edge) in chunk {
-                query = query
-                    .bind(&parent.0[..])
-                    .bind(edge.kind)
-                    .bind(i64::from(edge.ordinal))
-                    .bind(&edge.child.0[..]);
-            }
-            query
-                .execute(c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("storing blob edges")?
-        });
-    }
-    Ok(())
+    (sql, params)
+}
+
+/// The edges' rows, as `blob_rows`.
+fn edge_rows<'a>(edges: &'a [(BlobId, &'a Edge<'a>)]) -> (String, Vec<Param<'a>>) {
+    let sql = format!(
+        "INSERT INTO blob_edges (parent, kind, ordinal, child) VALUES {} ON CONFLICT DO NOTHING",
+        row_placeholders(edges.len(), 4)
+    );
+    let params = edges
+        .iter()
+        .flat_map(|(parent, edge)| {
+            [
+                Param::Bytes(&parent.0[..]),
+                Param::Text(edge.kind),
+                Param::Int(i64::from(edge.ordinal)),
+                Param::Bytes(&edge.child.0[..]),
+            ]
+        })
+        .collect();
+    (sql, params)
 }
 
 pub async fn get(store: &Store, id: BlobId) -> Result<Option<Vec<u8>>, StoreError> {

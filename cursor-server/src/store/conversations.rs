@@ -3,7 +3,7 @@
 
 use sqlx::Row;
 
-use super::{DatabaseKind, QueryContext, Store, StoreError, Tx, now_ms};
+use super::{DatabaseKind, Param, QueryContext, Store, StoreError, Tx, now_ms};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 
@@ -79,16 +79,21 @@ impl<'a> Ahead<'a> {
 
 /// Creates the conversation row if it does not exist yet.
 pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
-    on_tx!(tx, |c| sqlx::query(
-        "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-    )
-    .bind(conversation_id)
-    .bind(now_ms())
-    .execute(c)
-    .await
-    .map(|done| done.rows_affected())
-    .context("creating conversation"))?;
+    let (sql, params) = ensure_row(conversation_id, now_ms());
+    on_tx!(tx, |c| super::bound(&params, sqlx::query(sql))
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .context("creating conversation"))?;
     Ok(())
+}
+
+/// `ensure`'s statement, to run alone or joined with others (`sqlite::Joined`).
+pub(crate) fn ensure_row(conversation_id: &str, now: i64) -> (&'static str, Vec<Param<'_>>) {
+    (
+        "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        vec![Param::Text(conversation_id), Param::Int(now)],
+    )
 }
 
 /// `lock`, or on SQLite (where the one writer is the lock) says its `ensure` is to go ahead of the

@@ -156,6 +156,8 @@ async fn end_after(
     conversation_id: &str,
     mut ensure_ahead: bool,
 ) -> Result<i64, StoreError> {
+    // Never the transaction's last: its row is read after.
+    tx.not_last();
     let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 2);
     let sql = format!(
         "{}SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
@@ -243,7 +245,6 @@ async fn insert_rows(
         }
         return Ok(());
     }
-    tx.not_last();
     let next = end_after(tx, conversation_id, ensure_ahead).await?;
     insert_rows_at(tx, (conversation_id, request_id), rows, next).await
 }

@@ -83,7 +83,9 @@ macro_rules! write_tx {
             let result = match result {
                 Ok(value) => $tx.commit($context).await.map(|()| value),
                 Err(error) => {
-                    $tx.rollback().await;
+                    if $tx.rollback().await {
+                        break Err(error);
+                    }
                     Err(error)
                 }
             };
@@ -334,12 +336,17 @@ impl Tx {
 
     /// Rolls back now: a dropped transaction is rolled back lazily (on SQLite by the writer's
     /// next holder, on PostgreSQL when its connection goes back to the pool), holding its locks
-    /// until then.
-    pub(crate) async fn rollback(self) {
-        let _ = match self {
+    /// until then. Returns whether it was committed already (a body that failed after the
+    /// statement carrying its `COMMIT`, a misuse of `end_with_next`): such a body must not run
+    /// again.
+    pub(crate) async fn rollback(self) -> bool {
+        match self {
             Tx::Sqlite(tx) => tx.rollback().await,
-            Tx::Postgres(tx) => tx.rollback().await,
-        };
+            Tx::Postgres(tx) => {
+                let _ = tx.rollback().await;
+                false
+            }
+        }
     }
 }
 
@@ -533,6 +540,35 @@ pub(crate) fn now_ms() -> i64 {
 /// as few statements as possible; 256 rows of at most 5 values stay far under either database's
 /// limit on bound parameters (32,766 on SQLite, 65,535 on PostgreSQL).
 pub(crate) const ROWS_PER_STATEMENT: usize = 256;
+
+/// A value bound to a statement's parameter, on either backend: a statement built as text and
+/// values runs alone, or on SQLite joined with others into one query (`sqlite::Joined`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Param<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Int(i64),
+}
+
+/// `query` with `params` bound in order.
+pub(crate) fn bound<'q, DB: sqlx::Database>(
+    params: &[Param<'q>],
+    mut query: sqlx::query::Query<'q, DB, DB::Arguments>,
+) -> sqlx::query::Query<'q, DB, DB::Arguments>
+where
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    for param in params {
+        query = match *param {
+            Param::Text(value) => query.bind(value),
+            Param::Bytes(value) => query.bind(value),
+            Param::Int(value) => query.bind(value),
+        };
+    }
+    query
+}
 
 /// `($1, $2, $3), ($4, $5, $6)` for `rows` rows of `columns` values each: the `VALUES` list of a
 /// multi-row insert, numbered as both dialects accept.

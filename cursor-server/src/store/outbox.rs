@@ -6,8 +6,8 @@
 
 use super::conversations;
 use super::{
-    DatabaseKind, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, list_placeholders,
-    now_ms, row_placeholders,
+    DatabaseKind, Param, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx,
+    list_placeholders, now_ms, row_placeholders,
 };
 use crate::model::conversation::BlobId;
 
@@ -61,30 +61,13 @@ async fn sent(
         if index + 1 < chunks {
             tx.not_last();
         }
-        let columns = 5;
-        let ahead = conversations::ensure_ahead(
-            &mut ensure_ahead,
-            conversation_id,
-            chunk.len() * columns + 1,
-        );
-        let sql = format!(
-            "{}INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-             VALUES {} ON CONFLICT DO NOTHING",
-            ahead.sql(),
-            row_placeholders(chunk.len(), columns)
-        );
+        let (sql, params) = sent_rows((conversation_id, request_id), chunk, now);
+        let ahead =
+            conversations::ensure_ahead(&mut ensure_ahead, conversation_id, params.len() + 1);
+        let sql = format!("{}{sql}", ahead.sql());
         on_tx!(&mut *tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                query = query
-                    .bind(conversation_id)
-                    .bind("blob")
-                    .bind(&id.0[..])
-                    .bind(request_id)
-                    .bind(now);
-            }
             ahead
-                .bind(query)
+                .bind(super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql))))
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())
@@ -98,6 +81,53 @@ async fn sent(
         });
     }
     Ok(())
+}
+
+/// The outbox rows of blobs run `request_id` sent, to run alone or joined with other statements
+/// (`sqlite::Joined`).
+pub(super) fn sent_rows<'a>(
+    (conversation_id, request_id): (&'a str, &'a str),
+    ids: &'a [BlobId],
+    now: i64,
+) -> (String, Vec<Param<'a>>) {
+    let sql = format!(
+        "INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+         VALUES {} ON CONFLICT DO NOTHING",
+        row_placeholders(ids.len(), 5)
+    );
+    let params = ids
+        .iter()
+        .flat_map(|id| {
+            [
+                Param::Text(conversation_id),
+                Param::Text("blob"),
+                Param::Bytes(&id.0[..]),
+                Param::Text(request_id),
+                Param::Int(now),
+            ]
+        })
+        .collect();
+    (sql, params)
+}
+
+/// On SQLite, `state` replaces the conversation's unpublished checkpoint in one query of two
+/// statements, alone or joined with others (`sqlite::Joined`).
+pub(super) fn checkpoint_replacement<'a>(
+    (conversation_id, request_id): (&'a str, &'a str),
+    state: &'a BlobId,
+    now: i64,
+) -> (&'static str, Vec<Param<'a>>) {
+    (
+        "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
+         INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
+         VALUES ($1, 'checkpoint', $2, $3, $4)",
+        vec![
+            Param::Text(conversation_id),
+            Param::Bytes(&state.0[..]),
+            Param::Text(request_id),
+            Param::Int(now),
+        ],
+    )
 }
 
 /// Blobs the client acknowledged: no longer owed.
@@ -179,21 +209,12 @@ async fn checkpoint_replaced(
     let mut ensure_ahead =
         ensure && conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     if tx.kind() == DatabaseKind::Sqlite {
+        let (sql, params) = checkpoint_replacement((conversation_id, request_id), &state, now);
         let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 5);
-        let sql = format!(
-            "{}DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
-             INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-             VALUES ($1, 'checkpoint', $2, $3, $4)",
-            ahead.sql()
-        );
+        let sql = format!("{}{sql}", ahead.sql());
         on_tx!(tx, |c| {
-            let query = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(conversation_id)
-                .bind(&state.0[..])
-                .bind(request_id)
-                .bind(now);
             ahead
-                .bind(query)
+                .bind(super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql))))
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())

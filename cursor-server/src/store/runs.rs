@@ -117,6 +117,8 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
         // One query of three statements, one round trip to SQLite's worker thread: the row the
         // update returns says whether the conversation was taken.
         Tx::Sqlite(c) => {
+            // Never the transaction's last: whether the conversation was taken is read after.
+            c.not_last();
             let sql = format!(
                 "INSERT INTO conversations (id, created_at_ms) VALUES ($2, $5) ON CONFLICT DO NOTHING;
                  {RUN_RECORD};

@@ -7,12 +7,13 @@
 //! thread, waking a thread on each side. The one writer is behind a fair lock; the readers are a
 //! fair semaphore over a list of idle connections (`Readers`). A write transaction's `BEGIN`
 //! travels with its first statement, and its `COMMIT` with its last where the body names it
-//! (`SqliteTx`, `TxState`).
+//! (`SqliteTx`, `TxState`); statements that need no answer in between go as one query
+//! (`Joined`).
 //!
-//! Length: about 1,120 lines, of which the tests of these rules (cancellation, the riding `BEGIN`
-//! and `COMMIT`, a busy lock, readers taken in turn, the rowid migration) are 420: the rules and
-//! their tests read best beside the connections they govern, and the statement framing shares the
-//! writer's state.
+//! Length: about 1,200 lines, of which the tests of these rules (cancellation, the riding `BEGIN`
+//! and `COMMIT`, joined statements, a busy lock, readers taken in turn, the rowid migration) are
+//! 470: the rules and their tests read best beside the connections they govern, and the statement
+//! framing shares the writer's state.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -36,7 +37,7 @@ use sqlx::{
 };
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
-use super::{DatabaseKind, QueryContext, SchemaStatus, StoreError};
+use super::{DatabaseKind, Param, QueryContext, SchemaStatus, StoreError};
 
 /// SQLite's migrations, in order.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -219,7 +220,8 @@ impl SqliteTx {
         Ok(())
     }
 
-    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+    /// Rolls back; returns whether the transaction was committed already, its writes kept.
+    pub(crate) async fn rollback(mut self) -> bool {
         match self.state {
             TxState::NotBegun | TxState::Ending { begun: false } => {}
             TxState::Committed => {
@@ -227,13 +229,18 @@ impl SqliteTx {
                 // `end_with_next`, whose writes stay.
                 tracing::error!("a write transaction failed after it was committed");
                 debug_assert!(false, "a write transaction failed after it was committed");
+                self.writer().0.maybe_open = false;
+                return true;
             }
             TxState::Open | TxState::Ending { begun: true } | TxState::CommitSent => {
-                return rolled_back(self.writer()).await;
+                if let Err(error) = rolled_back(self.writer()).await {
+                    tracing::debug!(%error, "rolling back a write transaction");
+                }
+                return false;
             }
         }
         self.writer().0.maybe_open = false;
-        Ok(())
+        false
     }
 }
 
@@ -288,7 +295,8 @@ impl<'q, E: Execute<'q, Sqlite>> Execute<'q, Sqlite> for Framed<E> {
         let sql = self.query.sql();
         let statement = sql.as_str().trim_end().trim_end_matches(';');
         let begin = if self.begin { "BEGIN IMMEDIATE;\n" } else { "" };
-        let commit = if self.commit { ";\nCOMMIT" } else { "" };
+        // On a line of its own: a statement ending in a `--` comment keeps its `;` out of it.
+        let commit = if self.commit { "\n;\nCOMMIT" } else { "" };
         AssertSqlSafe(format!("{begin}{statement}{commit}")).into_sql_str()
     }
 
@@ -506,6 +514,45 @@ impl<'c> Executor<'c> for &'c mut SqliteTx {
     }
 }
 
+/// Statements sent to SQLite as one query, one round trip to the writer's thread for all of them
+/// (a query stops at its first error). Each is written with its parameters numbered from `$1`
+/// and renumbered here after the ones before it; no statement has a `$` other than a parameter's.
+#[derive(Debug, Default)]
+pub(crate) struct Joined<'a> {
+    sql: String,
+    params: Vec<Param<'a>>,
+}
+
+impl<'a> Joined<'a> {
+    /// Appends `statement` (one or several, `;`-separated) with its parameters' values.
+    pub(crate) fn push(&mut self, statement: &str, params: Vec<Param<'a>>) {
+        if !self.sql.is_empty() {
+            // On a line of its own, as `Framed`'s `COMMIT`.
+            self.sql.push_str("\n;\n");
+        }
+        let offset = self.params.len();
+        let mut rest = statement;
+        while let Some(at) = rest.find('$') {
+            self.sql.push_str(&rest[..=at]);
+            rest = &rest[at + 1..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if let Ok(number) = rest[..digits].parse::<usize>() {
+                self.sql.push_str(&(number + offset).to_string());
+            }
+            rest = &rest[digits..];
+        }
+        self.sql.push_str(rest);
+        self.params.extend(params);
+    }
+
+    /// Runs the statements in `tx`, in order.
+    pub(crate) async fn execute(self, tx: &mut SqliteTx) -> Result<SqliteQueryResult, sqlx::Error> {
+        super::bound(&self.params, sqlx::query(AssertSqlSafe(self.sql)))
+            .execute(tx)
+            .await
+    }
+}
+
 fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
     Ok(SqliteConnectOptions::from_str(url)
         .map_err(|source| StoreError::Open {
@@ -516,6 +563,10 @@ fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
         .synchronous(SqliteSynchronous::Normal)
         .foreign_keys(true)
         .busy_timeout(Duration::from_secs(5))
+        // Each statement is prepared once per connection and kept: the texts include a
+        // transaction's `BEGIN` or `COMMIT` riding on them (`SqliteTx`) and row counts, more than
+        // sqlx's default of 100.
+        .statement_cache_capacity(400)
         // Checkpoints run in the background (`SqliteStore::checkpoint`), not in the commit that
         // happens to fill the WAL: that commit used to wait for the copy and its fsync (about
         // 12 ms, the slowest 1-2 % of first tokens).
@@ -813,7 +864,7 @@ mod tests {
             .unwrap();
         assert_eq!(changed.rows_affected(), 0);
         insert("b").execute(&mut tx).await.unwrap();
-        tx.rollback().await.unwrap();
+        assert!(!tx.rollback().await, "nothing was committed");
         assert_eq!(
             ids().await,
             ["a"],
@@ -832,7 +883,7 @@ mod tests {
         assert_eq!(ids().await, ["a", "c"]);
 
         store.begin_write().await.unwrap().commit().await.unwrap();
-        store.begin_write().await.unwrap().rollback().await.unwrap();
+        assert!(!store.begin_write().await.unwrap().rollback().await);
         let mut tx = store.begin_write().await.unwrap();
         insert("d").execute(&mut tx).await.unwrap();
         tx.commit().await.unwrap();
@@ -902,7 +953,7 @@ mod tests {
             .execute(&mut tx)
             .await
             .expect_err("a duplicate id");
-        tx.rollback().await.unwrap();
+        assert!(!tx.rollback().await, "nothing was committed");
         assert_eq!(
             seen_outside().await,
             ["a", "b", "c"],
@@ -914,6 +965,53 @@ mod tests {
         tx.end_with_next();
         tx.commit().await.unwrap();
         assert_eq!(seen_outside().await, ["a", "b", "c", "e"]);
+    }
+
+    /// Statements joined into one query are numbered in turn (each written from `$1`) and land
+    /// or fail together: one that fails leaves nothing of those before it once rolled back.
+    #[tokio::test]
+    async fn statements_joined_into_one_query_are_numbered_in_turn_and_land_or_fail_together() {
+        let (_dir, _, store) = new_store().await;
+        let row = |id: &'static str, at: i64| {
+            (
+                "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2)",
+                vec![Param::Text(id), Param::Int(at)],
+            )
+        };
+        let mut joined = Joined::default();
+        for (id, at) in [("x", 1), ("y", 2)] {
+            let (sql, params) = row(id, at);
+            joined.push(sql, params);
+        }
+        assert_eq!(
+            joined.sql,
+            "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2)\n;\n\
+             INSERT INTO conversations (id, created_at_ms) VALUES ($3, $4)"
+        );
+        let mut tx = store.begin_write().await.unwrap();
+        tx.end_with_next();
+        let done = joined.execute(&mut tx).await.unwrap();
+        assert_eq!(done.rows_affected(), 2);
+        tx.commit().await.unwrap();
+
+        let mut joined = Joined::default();
+        for (id, at) in [("z", 3), ("x", 4)] {
+            let (sql, params) = row(id, at);
+            joined.push(sql, params);
+        }
+        let mut tx = store.begin_write().await.unwrap();
+        tx.end_with_next();
+        joined
+            .execute(&mut tx)
+            .await
+            .expect_err("x is there already");
+        assert!(!tx.rollback().await, "nothing was committed");
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT id, created_at_ms FROM conversations ORDER BY id")
+                .fetch_all(&mut *store.reader().await.unwrap())
+                .await
+                .unwrap();
+        assert_eq!(rows, [("x".to_owned(), 1), ("y".to_owned(), 2)]);
     }
 
     /// While another connection holds SQLite's write lock past the busy timeout, a transaction's
