@@ -173,27 +173,11 @@ async fn put(tx: &mut Tx, blobs: &[(BlobId, &[u8], &[Edge<'_>])]) -> Result<(), 
     hashes_checked(blobs)?;
     let now = now_ms();
     for chunk in blobs.chunks(ROWS_PER_STATEMENT) {
-        let (sql, params) = blob_rows(chunk, now);
-        on_tx!(&mut *tx, |c| super::bound(
-            &params,
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-        )
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("storing blobs"))?;
+        super::run_alone(tx, blob_rows(chunk, now), "storing blobs").await?;
     }
     let edges = edges_of(blobs);
     for chunk in edges.chunks(ROWS_PER_STATEMENT) {
-        let (sql, params) = edge_rows(chunk);
-        on_tx!(&mut *tx, |c| super::bound(
-            &params,
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-        )
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("storing blob edges"))?;
+        super::run_alone(tx, edge_rows(chunk), "storing blob edges").await?;
     }
     Ok(())
 }

@@ -80,11 +80,7 @@ impl<'a> Ahead<'a> {
 /// Creates the conversation row if it does not exist yet.
 pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
     let (sql, params) = ensure_row(conversation_id, now_ms());
-    on_tx!(tx, |c| super::bound(&params, sqlx::query(sql))
-        .execute(c)
-        .await
-        .map(|done| done.rows_affected())
-        .context("creating conversation"))?;
+    super::run_alone(tx, (sql.to_owned(), params), "creating conversation").await?;
     Ok(())
 }
 

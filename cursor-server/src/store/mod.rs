@@ -546,6 +546,7 @@ pub(crate) const ROWS_PER_STATEMENT: usize = 256;
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Param<'a> {
     Text(&'a str),
+    MaybeText(Option<&'a str>),
     Bytes(&'a [u8]),
     Int(i64),
 }
@@ -557,17 +558,35 @@ pub(crate) fn bound<'q, DB: sqlx::Database>(
 ) -> sqlx::query::Query<'q, DB, DB::Arguments>
 where
     &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     for param in params {
         query = match *param {
             Param::Text(value) => query.bind(value),
+            Param::MaybeText(value) => query.bind(value),
             Param::Bytes(value) => query.bind(value),
             Param::Int(value) => query.bind(value),
         };
     }
     query
+}
+
+/// Runs one statement built as text and values (`Param`) on its own; returns the rows it changed.
+pub(crate) async fn run_alone(
+    tx: &mut Tx,
+    (sql, params): (String, Vec<Param<'_>>),
+    context: &'static str,
+) -> Result<u64, StoreError> {
+    on_tx!(tx, |c| bound(
+        &params,
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+    )
+    .execute(c)
+    .await
+    .map(|done| done.rows_affected())
+    .context(context))
 }
 
 /// `($1, $2, $3), ($4, $5, $6)` for `rows` rows of `columns` values each: the `VALUES` list of a

@@ -1,7 +1,9 @@
 //! Run records: one row per request id with its status, provider call count, usage and error; and
 //! one row per provider call of a run (timing, usage, finish reason or error).
 
-use super::{Columns, DatabaseKind, QueryContext, Store, StoreError, Tx, conversations, now_ms};
+use super::{
+    Columns, DatabaseKind, Param, QueryContext, Store, StoreError, Tx, conversations, now_ms,
+};
 use crate::model::usage::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +115,18 @@ pub struct RunStart<'a> {
 /// Records the run as running and makes it the conversation's one writer, inside the caller's
 /// transaction (`start_on`, or the run's first messages: `messages::append_opening`).
 pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), StoreError> {
+    let now = now_ms();
+    // $1 the run, $2 the conversation, $3 and $4 the model as routed and as asked, $5 the time,
+    // $6 the node (`RUN_RECORD`); $7 the person.
+    let values = [
+        Param::Text(start.request_id),
+        Param::Text(start.conversation_id),
+        Param::Text(start.model_id),
+        Param::Text(start.requested_model),
+        Param::Int(now),
+        Param::MaybeText(start.node),
+        Param::MaybeText(start.person),
+    ];
     let taken = match tx {
         // One query of three statements, one round trip to SQLite's worker thread: the row the
         // update returns says whether the conversation was taken.
@@ -125,14 +139,7 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
                  {} RETURNING 1",
                 take_over(7)
             );
-            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(start.request_id)
-                .bind(start.conversation_id)
-                .bind(start.model_id)
-                .bind(start.requested_model)
-                .bind(now_ms())
-                .bind(start.node)
-                .bind(start.person)
+            let row = super::bound(&values, sqlx::query(sqlx::AssertSqlSafe(sql)))
                 .fetch_optional(c)
                 .await
                 .context("recording run start")?;
@@ -140,27 +147,10 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
         }
         Tx::Postgres(_) => {
             conversations::ensure(tx, start.conversation_id).await?;
-            on_tx!(tx, |c| {
-                sqlx::query(RUN_RECORD)
-                    .bind(start.request_id)
-                    .bind(start.conversation_id)
-                    .bind(start.model_id)
-                    .bind(start.requested_model)
-                    .bind(now_ms())
-                    .bind(start.node)
-                    .execute(&mut *c)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .context("recording run start")?;
-                sqlx::query(sqlx::AssertSqlSafe(take_over(3)))
-                    .bind(start.request_id)
-                    .bind(start.conversation_id)
-                    .bind(start.person)
-                    .execute(&mut *c)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .context("taking the conversation over")?
-            })
+            let record = (RUN_RECORD.to_owned(), values[..6].to_vec());
+            super::run_alone(tx, record, "recording run start").await?;
+            let take = (take_over(3), vec![values[0], values[1], values[6]]);
+            super::run_alone(tx, take, "taking the conversation over").await?
         }
     };
     match taken {
