@@ -563,10 +563,6 @@ fn options(url: &str) -> Result<SqliteConnectOptions, StoreError> {
         .synchronous(SqliteSynchronous::Normal)
         .foreign_keys(true)
         .busy_timeout(Duration::from_secs(5))
-        // Each statement is prepared once per connection and kept: the texts include a
-        // transaction's `BEGIN` or `COMMIT` riding on them (`SqliteTx`) and row counts, more than
-        // sqlx's default of 100.
-        .statement_cache_capacity(400)
         // Checkpoints run in the background (`SqliteStore::checkpoint`), not in the commit that
         // happens to fill the WAL: that commit used to wait for the copy and its fsync (about
         // 12 ms, the slowest 1-2 % of first tokens).
