@@ -119,7 +119,7 @@ pub async fn put_and_send(
             }
             if !sent.is_empty() || built.is_some() {
                 let (sql, params) = super::conversations::ensure_row(conversation_id, now);
-                joined.push(sql, params);
+                joined.push(&sql, params);
             }
             let sending = (conversation_id, request_id);
             if !sent.is_empty() {
@@ -128,7 +128,7 @@ pub async fn put_and_send(
             }
             if let Some(state) = &built {
                 let (sql, params) = super::outbox::checkpoint_replacement(sending, state, now);
-                joined.push(sql, params);
+                joined.push(&sql, params);
             }
             sqlite.end_with_next();
             return joined
@@ -358,8 +358,8 @@ async fn postgres_gc(
 }
 
 /// Records that the client stored `ids` for `conversation_id` (part of a publication), and that
-/// they are no longer owed. On SQLite each chunk's acks and outbox rows go in one query, the
-/// deletion naming the blobs by the insert's own parameters: one round trip.
+/// they are no longer owed. On SQLite each chunk's acks and outbox rows go in one query: one round
+/// trip.
 async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
@@ -371,45 +371,33 @@ async fn acks_in(tx: &mut Tx, conversation_id: &str, ids: &[BlobId]) -> Result<(
         if index + 1 < chunks {
             tx.not_last();
         }
-        let ahead = super::conversations::ensure_ahead(
-            &mut ensure_ahead,
-            conversation_id,
-            chunk.len() * 2 + 1,
-        );
-        // Row i binds ($2i-1, $2i): the conversation, then the blob.
-        let cleared = match sqlite {
-            true => format!(
-                ";\nDELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id IN ({})",
-                (1..=chunk.len())
-                    .map(|row| format!("${}", 2 * row))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            false => String::new(),
-        };
-        let sql = format!(
-            "{}INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
-             ON CONFLICT DO NOTHING{cleared}",
-            ahead.sql(),
-            row_placeholders(chunk.len(), 2)
-        );
-        on_tx!(&mut *tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                query = query.bind(conversation_id).bind(&id.0[..]);
-            }
-            ahead
-                .bind(query)
-                .execute(c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("recording blob acks")?
-        });
+        let mut statement = ack_rows(conversation_id, chunk);
+        if sqlite {
+            let cleared = super::outbox::acknowledged_rows(conversation_id, chunk);
+            statement = Joined::of([statement, cleared]).into_parts();
+        }
+        let statement =
+            super::conversations::with_ensure_ahead(&mut ensure_ahead, conversation_id, statement);
+        super::run_alone(tx, statement, "recording blob acks").await?;
     }
     if sqlite {
         return Ok(());
     }
     super::outbox::blobs_acknowledged(tx, conversation_id, ids).await
+}
+
+/// The acks' rows (an ack already recorded is left as it is).
+fn ack_rows<'a>(conversation_id: &'a str, ids: &'a [BlobId]) -> (String, Vec<Param<'a>>) {
+    let sql = format!(
+        "INSERT INTO conversation_blob_acks (conversation_id, blob_id) VALUES {}
+         ON CONFLICT DO NOTHING",
+        row_placeholders(ids.len(), 2)
+    );
+    let params = ids
+        .iter()
+        .flat_map(|id| [Param::Text(conversation_id), Param::Bytes(&id.0[..])])
+        .collect();
+    (sql, params)
 }
 
 /// Records the client's ACKs for `acked` and publishes `state` as revision `revision` (unless a

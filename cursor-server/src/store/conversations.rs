@@ -3,12 +3,13 @@
 
 use sqlx::Row;
 
+use super::sqlite::Joined;
 use super::{DatabaseKind, Param, QueryContext, Store, StoreError, Tx, now_ms};
 use crate::model::conversation::BlobId;
 use crate::model::message::CanonicalMessage;
 
 /// Makes sure of the conversation's row now, or says it is to be done ahead of the caller's next
-/// statement (`ensure_ahead`): on SQLite, where sqlx runs a query of several statements as one
+/// statement (`with_ensure_ahead`): on SQLite, where sqlx runs a query of several statements as one
 /// command on SQLite's worker thread, and each round trip to that thread costs two thread
 /// wake-ups, more than the statement itself. PostgreSQL prepares one statement per query: there
 /// it is done now.
@@ -23,77 +24,41 @@ pub(crate) async fn ensure_now_or_ahead(
     Ok(false)
 }
 
-/// While `pending` (`ensure_now_or_ahead`), `ensure` as a statement to put ahead of another in one
-/// query, once: `pending` is cleared. Its two parameters are numbered from `first`, after the other
-/// statement's own; `Ahead::bind` binds them. Nothing otherwise.
-pub(crate) fn ensure_ahead<'a>(
+/// `statement` (its text and values), with the conversation's `ensure` in front of it in one
+/// query while `pending` (`ensure_now_or_ahead`), once: `pending` is cleared.
+pub(crate) fn with_ensure_ahead<'a>(
     pending: &mut bool,
     conversation_id: &'a str,
-    first: usize,
-) -> Ahead<'a> {
+    statement: (String, Vec<Param<'a>>),
+) -> (String, Vec<Param<'a>>) {
     if !std::mem::take(pending) {
-        return Ahead {
-            sql: String::new(),
-            row: None,
-        };
+        return statement;
     }
-    Ahead {
-        sql: format!(
-            "INSERT INTO conversations (id, created_at_ms) VALUES (${first}, ${}) ON CONFLICT DO NOTHING;\n",
-            first + 1
-        ),
-        row: Some((conversation_id, now_ms())),
-    }
-}
-
-/// The conversation's `ensure` riding ahead of another statement (`ensure_ahead`), or nothing: its
-/// text goes in front of the statement's, its parameters after the statement's own.
-#[derive(Debug)]
-pub(crate) struct Ahead<'a> {
-    sql: String,
-    row: Option<(&'a str, i64)>,
-}
-
-impl<'a> Ahead<'a> {
-    /// The statement to put in front, with its `;`, or an empty string.
-    pub(crate) fn sql(&self) -> &str {
-        &self.sql
-    }
-
-    /// `query` with this statement's parameters bound after its own (none if there is nothing
-    /// ahead).
-    pub(crate) fn bind<'q, DB: sqlx::Database>(
-        &self,
-        query: sqlx::query::Query<'q, DB, DB::Arguments>,
-    ) -> sqlx::query::Query<'q, DB, DB::Arguments>
-    where
-        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    {
-        match self.row {
-            Some((conversation_id, now)) => query.bind(conversation_id).bind(now),
-            None => query,
-        }
-    }
+    Joined::of([ensure_row(conversation_id, now_ms()), statement]).into_parts()
 }
 
 /// Creates the conversation row if it does not exist yet.
 pub(crate) async fn ensure(tx: &mut Tx, conversation_id: &str) -> Result<(), StoreError> {
-    let (sql, params) = ensure_row(conversation_id, now_ms());
-    super::run_alone(tx, (sql.to_owned(), params), "creating conversation").await?;
+    super::run_alone(
+        tx,
+        ensure_row(conversation_id, now_ms()),
+        "creating conversation",
+    )
+    .await?;
     Ok(())
 }
 
 /// `ensure`'s statement, to run alone or joined with others (`sqlite::Joined`).
-pub(crate) fn ensure_row(conversation_id: &str, now: i64) -> (&'static str, Vec<Param<'_>>) {
+pub(crate) fn ensure_row(conversation_id: &str, now: i64) -> (String, Vec<Param<'_>>) {
     (
-        "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        "INSERT INTO conversations (id, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            .to_owned(),
         vec![Param::Text(conversation_id), Param::Int(now)],
     )
 }
 
 /// `lock`, or on SQLite (where the one writer is the lock) says its `ensure` is to go ahead of the
-/// caller's next statement (`ensure_ahead`).
+/// caller's next statement (`with_ensure_ahead`).
 pub(crate) async fn lock_now_or_ahead(
     tx: &mut Tx,
     conversation_id: &str,

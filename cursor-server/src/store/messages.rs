@@ -2,7 +2,9 @@
 
 use super::blobs::{self, BaseWrite, Edge};
 use super::runs::{self, RunStart};
-use super::{QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, conversations, now_ms};
+use super::{
+    Param, QueryContext, ROWS_PER_STATEMENT, Store, StoreError, Tx, conversations, now_ms,
+};
 use crate::model::conversation::BlobId;
 use crate::model::message::{CanonicalMessage, Origin};
 use crate::model::runtime_tag::RuntimeTag;
@@ -150,7 +152,7 @@ async fn end(tx: &mut Tx, conversation_id: &str) -> Result<i64, StoreError> {
 }
 
 /// `end`; with `ensure_ahead`, the conversation's `ensure` goes in the same query, in front
-/// (`conversations::ensure_ahead`).
+/// (`conversations::with_ensure_ahead`).
 async fn end_after(
     tx: &mut Tx,
     conversation_id: &str,
@@ -158,17 +160,19 @@ async fn end_after(
 ) -> Result<i64, StoreError> {
     // Never the transaction's last: its row is read after.
     tx.not_last();
-    let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 2);
-    let sql = format!(
-        "{}SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1",
-        ahead.sql()
+    let read = (
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE conversation_id = $1".to_owned(),
+        vec![Param::Text(conversation_id)],
     );
-    on_tx!(&mut *tx, |c| ahead
-        .bind(sqlx::query(sqlx::AssertSqlSafe(sql)).bind(conversation_id))
-        .fetch_one(c)
-        .await
-        .and_then(|row| sqlx::Row::try_get::<i64, _>(&row, 0))
-        .context("finding the end of history"))
+    let (sql, params) = conversations::with_ensure_ahead(&mut ensure_ahead, conversation_id, read);
+    on_tx!(&mut *tx, |c| super::bound(
+        &params,
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+    )
+    .fetch_one(c)
+    .await
+    .and_then(|row| sqlx::Row::try_get::<i64, _>(&row, 0))
+    .context("finding the end of history"))
 }
 
 async fn append_tags(

@@ -45,7 +45,7 @@ pub(super) async fn blobs_sent_to_existing(
 }
 
 /// Outbox rows for blobs sent; with `ensure_ahead`, the first statement's command also makes sure
-/// of the conversation's row (`conversations::ensure_ahead`, SQLite only).
+/// of the conversation's row (`conversations::with_ensure_ahead`, SQLite only).
 async fn sent(
     tx: &mut Tx,
     (conversation_id, request_id): (&str, &str),
@@ -61,13 +61,11 @@ async fn sent(
         if index + 1 < chunks {
             tx.not_last();
         }
-        let (sql, params) = sent_rows((conversation_id, request_id), chunk, now);
-        let ahead =
-            conversations::ensure_ahead(&mut ensure_ahead, conversation_id, params.len() + 1);
-        let sql = format!("{}{sql}", ahead.sql());
+        let rows = sent_rows((conversation_id, request_id), chunk, now);
+        let (sql, params) =
+            conversations::with_ensure_ahead(&mut ensure_ahead, conversation_id, rows);
         on_tx!(&mut *tx, |c| {
-            ahead
-                .bind(super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql))))
+            super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql)))
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())
@@ -116,11 +114,12 @@ pub(super) fn checkpoint_replacement<'a>(
     (conversation_id, request_id): (&'a str, &'a str),
     state: &'a BlobId,
     now: i64,
-) -> (&'static str, Vec<Param<'a>>) {
+) -> (String, Vec<Param<'a>>) {
     (
         "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'checkpoint';
          INSERT INTO outbox (conversation_id, kind, blob_id, request_id, created_at_ms)
-         VALUES ($1, 'checkpoint', $2, $3, $4)",
+         VALUES ($1, 'checkpoint', $2, $3, $4)"
+            .to_owned(),
         vec![
             Param::Text(conversation_id),
             Param::Bytes(&state.0[..]),
@@ -137,23 +136,26 @@ pub(super) async fn blobs_acknowledged(
     ids: &[BlobId],
 ) -> Result<(), StoreError> {
     for chunk in ids.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id IN ({})",
-            list_placeholders(2, chunk.len())
-        );
-        on_tx!(&mut *tx, |c| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(conversation_id);
-            for id in chunk {
-                query = query.bind(&id.0[..]);
-            }
-            query
-                .execute(c)
-                .await
-                .map(|done| done.rows_affected())
-                .context("clearing acknowledged blobs")?
-        });
+        let rows = acknowledged_rows(conversation_id, chunk);
+        super::run_alone(tx, rows, "clearing acknowledged blobs").await?;
     }
     Ok(())
+}
+
+/// The deletion of acknowledged blobs' outbox rows, to run alone or joined with other statements
+/// (`sqlite::Joined`).
+pub(super) fn acknowledged_rows<'a>(
+    conversation_id: &'a str,
+    ids: &'a [BlobId],
+) -> (String, Vec<Param<'a>>) {
+    let sql = format!(
+        "DELETE FROM outbox WHERE conversation_id = $1 AND kind = 'blob' AND blob_id IN ({})",
+        list_placeholders(2, ids.len())
+    );
+    let params = std::iter::once(Param::Text(conversation_id))
+        .chain(ids.iter().map(|id| Param::Bytes(&id.0[..])))
+        .collect();
+    (sql, params)
 }
 
 /// Makes `state` the conversation's unpublished checkpoint (replacing an older one). Refused
@@ -191,7 +193,7 @@ pub(super) async fn checkpoint_built_to_existing(
 
 /// Makes `state` the conversation's one unpublished checkpoint; with `ensure`, makes sure of the
 /// conversation's row first. On SQLite all of it is one command on its worker thread
-/// (`conversations::ensure_ahead`).
+/// (`conversations::with_ensure_ahead`).
 async fn checkpoint_replaced(
     tx: &mut Tx,
     (conversation_id, request_id): (&str, &str),
@@ -209,12 +211,11 @@ async fn checkpoint_replaced(
     let mut ensure_ahead =
         ensure && conversations::ensure_now_or_ahead(tx, conversation_id).await?;
     if tx.kind() == DatabaseKind::Sqlite {
-        let (sql, params) = checkpoint_replacement((conversation_id, request_id), &state, now);
-        let ahead = conversations::ensure_ahead(&mut ensure_ahead, conversation_id, 5);
-        let sql = format!("{}{sql}", ahead.sql());
+        let replacement = checkpoint_replacement((conversation_id, request_id), &state, now);
+        let (sql, params) =
+            conversations::with_ensure_ahead(&mut ensure_ahead, conversation_id, replacement);
         on_tx!(tx, |c| {
-            ahead
-                .bind(super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql))))
+            super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql)))
                 .execute(c)
                 .await
                 .map(|done| done.rows_affected())

@@ -1,6 +1,7 @@
 //! Run records: one row per request id with its status, provider call count, usage and error; and
 //! one row per provider call of a run (timing, usage, finish reason or error).
 
+use super::sqlite::Joined;
 use super::{
     Columns, DatabaseKind, Param, QueryContext, Store, StoreError, Tx, conversations, now_ms,
 };
@@ -116,8 +117,7 @@ pub struct RunStart<'a> {
 /// transaction (`start_on`, or the run's first messages: `messages::append_opening`).
 pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), StoreError> {
     let now = now_ms();
-    // $1 the run, $2 the conversation, $3 and $4 the model as routed and as asked, $5 the time,
-    // $6 the node (`RUN_RECORD`); $7 the person.
+    // `RUN_RECORD`'s six, then the person (`TAKE_OVER`'s third).
     let values = [
         Param::Text(start.request_id),
         Param::Text(start.conversation_id),
@@ -133,13 +133,16 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
         Tx::Sqlite(c) => {
             // Never the transaction's last: whether the conversation was taken is read after.
             c.not_last();
-            let sql = format!(
-                "INSERT INTO conversations (id, created_at_ms) VALUES ($2, $5) ON CONFLICT DO NOTHING;
-                 {RUN_RECORD};
-                 {} RETURNING 1",
-                take_over(7)
-            );
-            let row = super::bound(&values, sqlx::query(sqlx::AssertSqlSafe(sql)))
+            let (sql, params) = Joined::of([
+                conversations::ensure_row(start.conversation_id, now),
+                (RUN_RECORD.to_owned(), values[..6].to_vec()),
+                (
+                    format!("{TAKE_OVER} RETURNING 1"),
+                    vec![values[0], values[1], values[6]],
+                ),
+            ])
+            .into_parts();
+            let row = super::bound(&params, sqlx::query(sqlx::AssertSqlSafe(sql)))
                 .fetch_optional(c)
                 .await
                 .context("recording run start")?;
@@ -149,7 +152,7 @@ pub(super) async fn start_in(tx: &mut Tx, start: &RunStart<'_>) -> Result<(), St
             conversations::ensure(tx, start.conversation_id).await?;
             let record = (RUN_RECORD.to_owned(), values[..6].to_vec());
             super::run_alone(tx, record, "recording run start").await?;
-            let take = (take_over(3), vec![values[0], values[1], values[6]]);
+            let take = (TAKE_OVER.to_owned(), vec![values[0], values[1], values[6]]);
             super::run_alone(tx, take, "taking the conversation over").await?
         }
     };
@@ -168,14 +171,11 @@ const RUN_RECORD: &str = "INSERT INTO runs (request_id, conversation_id, status,
      VALUES ($1, $2, 'running', $3, $4, $5, $6)";
 
 /// From now on only run $1 adds to conversation $2's history (enforced by a trigger). With
-/// `[auth]` the same statement claims a conversation nobody has for the run's person (parameter
-/// `person`) and takes over only one that is theirs: no row changed means someone else's.
-fn take_over(person: u8) -> String {
-    format!(
-        "UPDATE conversations SET owner_request_id = $1, owner_user = COALESCE(owner_user, ${person})
-         WHERE id = $2 AND (${person} IS NULL OR owner_user IS NULL OR owner_user = ${person})"
-    )
-}
+/// `[auth]` the same statement claims a conversation nobody has for the run's person ($3) and
+/// takes over only one that is theirs: no row changed means someone else's.
+const TAKE_OVER: &str = "UPDATE conversations SET owner_request_id = $1,
+         owner_user = COALESCE(owner_user, $3)
+     WHERE id = $2 AND ($3 IS NULL OR owner_user IS NULL OR owner_user = $3)";
 
 /// Runs a previous process left `running` (it was killed, or lost power): they can never finish,
 /// so they are marked failed with the reason. Called once at start, before any run begins.

@@ -545,6 +545,20 @@ impl<'a> Joined<'a> {
         self.params.extend(params);
     }
 
+    /// `statements` joined, in order.
+    pub(crate) fn of(statements: impl IntoIterator<Item = (String, Vec<Param<'a>>)>) -> Self {
+        let mut joined = Joined::default();
+        for (statement, params) in statements {
+            joined.push(&statement, params);
+        }
+        joined
+    }
+
+    /// The query's text and values, to run as one statement is (`store::bound`).
+    pub(crate) fn into_parts(self) -> (String, Vec<Param<'a>>) {
+        (self.sql, self.params)
+    }
+
     /// Runs the statements in `tx`, in order.
     pub(crate) async fn execute(self, tx: &mut SqliteTx) -> Result<SqliteQueryResult, sqlx::Error> {
         super::bound(&self.params, sqlx::query(AssertSqlSafe(self.sql)))
